@@ -1,0 +1,160 @@
+"""The registry of soft top-k methods: what each computes, its parameters and their checks.
+
+Every method works on rows: ``x`` of shape ``(B, n)`` in a floating compute dtype. The functional
+API (:mod:`softtopk.functional`) validates, reshapes and dispatches here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .ops.neuralsort import neuralsort_ranks
+from .ops.networks import NETWORK_TYPES
+from .ops.softsort import softsort_ranks
+from .ops.sorting_networks import network_label_ranks, network_mask, network_ranks
+from .ops.swaps import DISTRIBUTIONS
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """Public description of a registered method (see :func:`softtopk.methods`)."""
+
+    name: str
+    outputs: tuple[str, ...]
+    stochastic: bool
+    cost: str
+    params: dict[str, Any]
+    summary: str
+
+
+@dataclass(frozen=True)
+class _Method:
+    info: MethodInfo
+    ranks: Callable[..., torch.Tensor]
+    mask: Callable[..., torch.Tensor] | None = None
+    label_ranks: Callable[..., torch.Tensor] | None = None
+    checks: dict[str, Callable[[str, Any], None]] = field(default_factory=dict)
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    return float(value)
+
+
+def _positive(name: str, value: Any) -> None:
+    if not (math.isfinite(_number(name, value)) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
+def _at_least_one(name: str, value: Any) -> None:
+    if not (math.isfinite(_number(name, value)) and value >= 1):
+        raise ValueError(f"{name} must be a finite number >= 1, got {value!r}")
+
+
+def _unit_interval(name: str, value: Any) -> None:
+    if not 0 <= _number(name, value) < 1:
+        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+
+
+def _boolean(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+def _distribution(name: str, value: Any) -> None:
+    if value not in DISTRIBUTIONS:
+        raise ValueError(f"{name} must be one of {DISTRIBUTIONS}, got {value!r}")
+
+
+_NETWORK_COST = {
+    "bitonic": "O(n k log^2 n) time, O(n k log^2 n) memory per row (log^2 n layers)",
+    "odd_even": "O(n^2 k) time and memory per row (n layers); use small n",
+    "splitter_selection": "O(n k log n) time and memory per row for small k",
+}
+
+
+def _network_method(kind: str) -> _Method:
+    def ranks(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
+        return network_ranks(x, k, network=kind, **params)
+
+    def mask(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
+        return network_mask(x, k, network=kind, **params)
+
+    def label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
+        return network_label_ranks(x, position, k, network=kind, **params)
+
+    info = MethodInfo(
+        name=kind,
+        outputs=("mask", "ranks", "permutation"),
+        stochastic=False,
+        cost=_NETWORK_COST[kind],
+        params={"distribution": "cauchy", "steepness": 10.0, "art_lambda": 0.25},
+        summary=f"relaxed {kind} network (Petersen et al. 2021/2022); masks in [0, 1], doubly "
+        "stochastic ranks; not exactly permutation equivariant",
+    )
+    checks = {"distribution": _distribution, "steepness": _positive, "art_lambda": _unit_interval}
+    return _Method(info, ranks, mask, label_ranks, checks)
+
+
+_REGISTRY: dict[str, _Method] = {kind: _network_method(kind) for kind in NETWORK_TYPES}
+_REGISTRY["neuralsort"] = _Method(
+    MethodInfo(
+        name="neuralsort",
+        outputs=("mask", "ranks", "permutation"),
+        stochastic=False,
+        cost="O(n log n + n k) time, O(n k) memory per row",
+        params={"tau": 1.0, "hard": False},
+        summary="NeuralSort (Grover et al. 2019); permutation equivariant; rank columns sum to 1, "
+        "an item's mask may exceed 1",
+    ),
+    neuralsort_ranks,
+    checks={"tau": _positive, "hard": _boolean},
+)
+_REGISTRY["softsort"] = _Method(
+    MethodInfo(
+        name="softsort",
+        outputs=("mask", "ranks", "permutation"),
+        stochastic=False,
+        cost="O(n k) time and memory per row (plus a top-k)",
+        params={"tau": 1.0, "hard": False, "power": 1.0},
+        summary="SoftSort (Prillo & Eisenschlos 2020); permutation equivariant; rank columns sum "
+        "to 1, an item's mask may exceed 1",
+    ),
+    softsort_ranks,
+    checks={"tau": _positive, "hard": _boolean, "power": _at_least_one},
+)
+
+
+def methods() -> dict[str, MethodInfo]:
+    """All registered methods: what each returns, whether it is stochastic, its cost and defaults.
+
+    Example:
+        >>> import softtopk
+        >>> info = softtopk.methods()["bitonic"]
+        >>> info.outputs, info.stochastic
+        (('mask', 'ranks', 'permutation'), False)
+    """
+    return {name: method.info for name, method in _REGISTRY.items()}
+
+
+def resolve(method: Any, params: dict[str, Any], output: str) -> tuple[_Method, dict[str, Any]]:
+    """Look ``method`` up, check it can give ``output``, and return it with validated parameters."""
+    if not isinstance(method, str) or method not in _REGISTRY:
+        raise ValueError(f"method must be one of {sorted(_REGISTRY)}, got {method!r}")
+    spec = _REGISTRY[method]
+    if output not in spec.info.outputs:
+        raise ValueError(f"method {method!r} gives {spec.info.outputs}, not {output!r}")
+    unknown = sorted(set(params) - set(spec.info.params))
+    if unknown:
+        raise TypeError(
+            f"method {method!r} got unexpected parameter(s) {unknown}; it takes {sorted(spec.info.params)}"
+        )
+    resolved = {**spec.info.params, **params}
+    for name, value in resolved.items():
+        spec.checks[name](name, value)
+    return spec, resolved

@@ -1,0 +1,60 @@
+"""Relaxed conditional swaps: the probability that a comparator's pair is already in order.
+
+For a comparator whose max wire holds ``a`` and min wire holds ``b``, with ``d = a - b`` and
+``v = steepness * d``, the relaxed swap keeps ``alpha = f(d)`` of each value in place:
+
+.. math::
+    \\max{}' = \\alpha a + (1-\\alpha) b, \\qquad \\min{}' = (1-\\alpha) a + \\alpha b .
+
+=================  =====================================================================
+``logistic``       :math:`\\sigma(v)`
+``logistic_phi``   :math:`\\sigma(\\beta d / (d^2 + \\delta^2)^{\\lambda/2})` (ART, ``art_lambda`` = λ)
+``gaussian``       :math:`\\Phi(v)`
+``reciprocal``     :math:`\\tfrac12 (v / (2 + |v|) + 1)`
+``cauchy``         :math:`\\arctan(v)/\\pi + \\tfrac12`
+``optimal``        :math:`v + \\tfrac12` for :math:`|v| \\le \\tfrac14`, else
+                   :math:`1 - 1/(16 v)` (v > 0) or :math:`-1/(16 v)` (v < 0)
+=================  =====================================================================
+
+Every ``f`` satisfies ``f(-d) = 1 - f(d)``, so the two wires of a comparator share one ``alpha``.
+
+``logistic_phi`` differs from difftopk in one place on purpose: difftopk divides by
+``(|d| + 1e-10)**λ``, whose slope at ``d = 0`` is ``1e-10**-λ`` (1e5 for λ = 0.5), so tied scores
+(e.g. a zero-initialised classifier) get gradients thousands of times larger than with any other
+distribution. softtopk uses ``(d**2 + δ**2)**(λ/2)`` with ``δ = ART_DELTA = 1e-3``: identical to
+1e-6 relative for ``|d| >= 0.1`` and a slope of at most ``β·δ**-λ`` at a tie.
+
+References: Petersen et al., "Differentiable Sorting Networks for Scalable Sorting and Ranking
+Supervision", ICML 2021 (ART); "Monotonic Differentiable Sorting Networks", ICLR 2022.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DISTRIBUTIONS = ("cauchy", "logistic", "logistic_phi", "reciprocal", "optimal", "gaussian")
+ART_DELTA = 1e-3
+
+
+def swap_probability(
+    d: torch.Tensor, distribution: str, steepness: float, art_lambda: float
+) -> torch.Tensor:
+    """``alpha = f(d)`` for max-wire minus min-wire differences ``d`` (any shape)."""
+    if distribution == "logistic_phi":
+        scale = (d * d + ART_DELTA**2) ** (-0.5 * art_lambda)
+        return torch.sigmoid(steepness * d * scale)
+    v = steepness * d
+    if distribution == "cauchy":
+        return torch.atan(v) * (1.0 / math.pi) + 0.5
+    if distribution == "logistic":
+        return torch.sigmoid(v)
+    if distribution == "gaussian":
+        return torch.special.ndtr(v)
+    if distribution == "reciprocal":
+        return 0.5 * (v / (2.0 + v.abs()) + 1.0)
+    if distribution == "optimal":
+        tail = 1.0 / (16.0 * v.abs().clamp(min=0.25))
+        return torch.where(v.abs() <= 0.25, v + 0.5, torch.where(v > 0, 1.0 - tail, tail))
+    raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")

@@ -1,0 +1,29 @@
+"""Shared test helpers: the method matrix and parameters that make each method sharp or smooth."""
+
+from __future__ import annotations
+
+import torch
+
+import softtopk
+from softtopk.ops.networks import NETWORK_TYPES
+from softtopk.ops.swaps import DISTRIBUTIONS
+
+RANK_METHODS = tuple(name for name, info in softtopk.methods().items() if "ranks" in info.outputs)
+EQUIVARIANT_METHODS = ("neuralsort", "softsort")
+
+
+def method_params(method: str, *, sharp: bool = False, distribution: str = "cauchy") -> dict:
+    """Parameters for ``method``: smooth (temperature ~1) or sharp (close to the hard top-k)."""
+    if method in NETWORK_TYPES:
+        steepness = {"cauchy": 1e7, "reciprocal": 1e7, "optimal": 1e7}.get(distribution, 1e4)
+        return {"distribution": distribution, "steepness": steepness if sharp else 2.0, "art_lambda": 0.25}
+    return {"tau": 1e-4 if sharp else 1.0}
+
+
+def hard_topk_ranks(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Exact one-hot top-k ranks ``x.shape + (k,)`` along the last dim."""
+    index = x.topk(k, dim=-1).indices
+    return torch.nn.functional.one_hot(index, x.shape[-1]).transpose(-1, -2).to(x.dtype)
+
+
+__all__ = ["DISTRIBUTIONS", "EQUIVARIANT_METHODS", "NETWORK_TYPES", "RANK_METHODS", "hard_topk_ranks", "method_params"]
