@@ -62,7 +62,7 @@ def soft_topk_ranks(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **pa
     Example:
         >>> import torch, softtopk
         >>> x = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
-        >>> softtopk.soft_topk_ranks(x, 2, method="bitonic", steepness=100.0).round(decimals=2)
+        >>> softtopk.soft_topk_ranks(x, 2, method="bitonic", distribution="logistic", steepness=20.0).round(decimals=2)
         tensor([[[0., 0.],
                  [1., 0.],
                  [0., 0.],
@@ -91,7 +91,7 @@ def soft_topk(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **params: 
     Example:
         >>> import torch, softtopk
         >>> x = torch.tensor([0.0, 3.0, 1.0, 2.0])
-        >>> softtopk.soft_topk(x, 2, method="neuralsort", tau=0.01)
+        >>> softtopk.soft_topk(x, 2, method="neuralsort", tau=0.01).round(decimals=2)
         tensor([0., 1., 0., 1.])
     """
     spec, params = resolve(method, params, "mask")
@@ -111,7 +111,8 @@ def soft_permutation(x: torch.Tensor, *, method: str, dim: int = -1, **params: A
 
     Example:
         >>> import torch, softtopk
-        >>> P = softtopk.soft_permutation(torch.tensor([1.0, 3.0, 2.0]), method="odd_even", steepness=50.0)
+        >>> P = softtopk.soft_permutation(torch.tensor([1.0, 3.0, 2.0]), method="odd_even",
+        ...                               distribution="logistic", steepness=20.0)
         >>> (torch.tensor([1.0, 3.0, 2.0]) @ P).round(decimals=3)
         tensor([3., 2., 1.])
     """

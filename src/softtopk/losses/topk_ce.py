@@ -116,8 +116,8 @@ def topk_cross_entropy(
         >>> logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]])
         >>> loss = softtopk.functional.topk_cross_entropy(
         ...     logits, torch.tensor([1]), [0.5, 0.5], method="softsort", tau=0.5)
-        >>> round(loss.item(), 4)
-        0.3823
+        >>> round(loss.item(), 4)  # -log(.5 * softmax_1 + .5 * (R[1, 0] + R[1, 1]))
+        0.7734
     """
     input = check_scores(input, "input")
     if input.dim() < 2:

@@ -25,31 +25,33 @@ from .swaps import swap_probability
 
 
 def _forward_sweep(
-    x: torch.Tensor, network: Network, params: dict, label_row: torch.Tensor | None = None
+    wires: torch.Tensor, network: Network, params: dict, label_row: torch.Tensor | None = None
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """Run the relaxed network on ``x`` (B, n); return per-layer swap probabilities (B, n) and, if
-    ``label_row`` (B, n) is given, that row of ``P`` pushed through all layers."""
-    partner, sign = layer_tensors(network, x.device)
-    sign = sign.to(x.dtype)
-    z = x if label_row is None else torch.stack([x, label_row], dim=-2)
+    """Run the relaxed network on ``wires`` (n, B); return the per-layer swap probabilities (n, B)
+    and, if ``label_row`` (n, B) is given, that row of ``P`` pushed through all layers.
+
+    Wires come first so that each layer's partner gather moves contiguous rows of ``B`` values.
+    """
+    partner, sign = layer_tensors(network, wires.device)
+    sign = sign.to(wires.dtype).unsqueeze(-1)
+    z = wires if label_row is None else torch.stack([wires, label_row], dim=1)
     alphas = []
     for layer in range(partner.shape[0]):
-        zp = z.index_select(-1, partner[layer])
+        zp = z.index_select(0, partner[layer])
         diff = z - zp
-        values_diff = diff if label_row is None else diff[..., 0, :]
-        alpha = swap_probability(sign[layer] * values_diff, **params)
+        alpha = swap_probability(sign[layer] * (diff if label_row is None else diff[:, 0]), **params)
         alphas.append(alpha)
-        z = zp + (alpha if label_row is None else alpha.unsqueeze(-2)) * diff
-    return alphas, (None if label_row is None else z[..., 1, :])
+        z = zp + (alpha if label_row is None else alpha.unsqueeze(1)) * diff
+    return alphas, (None if label_row is None else z[:, 1])
 
 
 def _reverse_sweep(columns: torch.Tensor, alphas: list[torch.Tensor], network: Network) -> torch.Tensor:
-    """Apply ``M_1 ... M_L`` to ``columns`` (B, c, n): each of the c rows is one column of P^T."""
+    """Apply ``M_1 ... M_L`` to ``columns`` (n, c, B): column ``j`` of each row is one column of P."""
     partner, _ = layer_tensors(network, columns.device)
     z = columns
     for layer in range(len(alphas) - 1, -1, -1):
-        zp = z.index_select(-1, partner[layer])
-        z = zp + alphas[layer].unsqueeze(-2) * (z - zp)
+        zp = z.index_select(0, partner[layer])
+        z = zp + alphas[layer].unsqueeze(1) * (z - zp)
     return z
 
 
@@ -57,25 +59,26 @@ def _network(kind: str, n: int, k: int) -> Network:
     return build_network(kind, n, k if kind == "splitter_selection" else n)
 
 
+def _rank_columns(network: Network, k: int, x: torch.Tensor) -> torch.Tensor:
+    """``E`` (n, k, B): column ``r`` is the indicator of the wire that holds rank ``r``."""
+    start = torch.zeros(network.n, k, 1, dtype=x.dtype, device=x.device)
+    start[torch.tensor(network.out_wires[:k]), torch.arange(k)] = 1.0
+    return start.expand(network.n, k, x.shape[0])
+
+
 def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """Relaxed top-k attribution ``(B, n, k)`` of a sorting/selection network for ``x`` (B, n)."""
-    n = x.shape[-1]
-    net = _network(network, n, k)
-    alphas, _ = _forward_sweep(x, net, params)
-    start = torch.zeros(k, n, dtype=x.dtype, device=x.device)
-    start[torch.arange(k), torch.tensor(net.out_wires[:k])] = 1.0
-    columns = _reverse_sweep(start.expand(x.shape[0], k, n), alphas, net)
-    return columns.transpose(-1, -2)
+    net = _network(network, x.shape[-1], k)
+    alphas, _ = _forward_sweep(x.T.contiguous(), net, params)
+    return _reverse_sweep(_rank_columns(net, k, x), alphas, net).permute(2, 0, 1)
 
 
 def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """Relaxed top-k mask ``(B, n)``: the row sums of the top-k ranks, from one reverse sweep."""
-    n = x.shape[-1]
-    net = _network(network, n, k)
-    alphas, _ = _forward_sweep(x, net, params)
-    start = torch.zeros(1, n, dtype=x.dtype, device=x.device)
-    start[0, torch.tensor(net.out_wires[:k])] = 1.0
-    return _reverse_sweep(start.expand(x.shape[0], 1, n), alphas, net)[..., 0, :]
+    net = _network(network, x.shape[-1], k)
+    alphas, _ = _forward_sweep(x.T.contiguous(), net, params)
+    start = _rank_columns(net, k, x).sum(1, keepdim=True)
+    return _reverse_sweep(start, alphas, net)[:, 0].T
 
 
 def network_label_ranks(
@@ -84,6 +87,6 @@ def network_label_ranks(
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` lands, in one sweep."""
     n = x.shape[-1]
     net = _network(network, n, k)
-    row = torch.nn.functional.one_hot(position, n).to(x.dtype)
-    _, row = _forward_sweep(x, net, params, label_row=row)
-    return row[..., list(net.out_wires[:k])]
+    row = torch.nn.functional.one_hot(position, n).to(x.dtype).T.contiguous()
+    _, row = _forward_sweep(x.T.contiguous(), net, params, label_row=row)
+    return row.index_select(0, torch.tensor(net.out_wires[:k], device=x.device)).T

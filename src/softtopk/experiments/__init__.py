@@ -1,0 +1,1 @@
+"""Experiments and command-line tools built on softtopk (the demo for now)."""
