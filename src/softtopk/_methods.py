@@ -74,7 +74,8 @@ def _distribution(name: str, value: Any) -> None:
 _NETWORK_COST = {
     "bitonic": "O(n k log^2 n) time, O(n k log^2 n) memory per row (log^2 n layers)",
     "odd_even": "O(n^2 k) time and memory per row (n layers); use small n",
-    "splitter_selection": "O(n k log n) time and memory per row for small k",
+    "splitter_selection": "O(n k log n) time and memory per row for small k; as a full sorter "
+    "(soft_permutation) it is deeper than bitonic",
 }
 
 

@@ -14,13 +14,14 @@ top-K ranks), and the per-sample loss is
 Pre-selection with ``m``: only the ``m`` largest scores (the label's score replacing the m-th if the
 label is not among them) are relaxed. Unlike difftopk, which feeds the label on wire 0 (where an
 odd-even network gives a truly-top-5 label ~0.02 relaxed top-5 mass), the selected scores are fed in
-descending order, the label first among scores equal to it: the relaxed input depends only on the
+sorted order, the label last among scores equal to it: the relaxed input depends only on the
 values, so the loss is invariant to class order and to which class is the label.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Sequence
 
 import torch
@@ -58,7 +59,7 @@ def check_top1_mode(top1_mode: Any) -> str:
 def check_m(m: Any, k: int, classes: int | None = None) -> int | None:
     if m is None:
         return None
-    if isinstance(m, bool) or not isinstance(m, int):
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral):
         raise TypeError(f"m must be an int or None, got {type(m).__name__} {m!r}")
     if m <= k:
         raise ValueError(f"m must be larger than k = len(p_k) = {k}, got {m}")
@@ -100,8 +101,13 @@ def _top_indices(scores: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _select(logits: torch.Tensor, target: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``m`` largest scores in descending order with the label's score forced in, and the
-    label's position: first among the selected scores equal to it. Index ops only."""
+    """The ``m`` largest scores with the label's score forced in, in ascending order, and the label's
+    position (last among the selected scores equal to it). Index ops only.
+
+    Ascending order puts the score of rank ``r`` on the wire where the networks (max on the last
+    wire, as in difftopk) output rank ``r``; fed descending, an odd-even network would have to carry
+    every top score across all its wires and a truly-top-5 label would keep ~0.05 top-5 mass.
+    """
     with torch.no_grad():
         index = _top_indices(logits, m)
         label = target.unsqueeze(-1)
@@ -113,7 +119,7 @@ def _select(logits: torch.Tensor, target: torch.Tensor, m: int) -> tuple[torch.T
         label_score = logits.gather(-1, label)
         position = (logits.gather(-1, index) > label_score).sum(-1, keepdim=True)
         index = index.scatter(-1, own_slot, index.gather(-1, position)).scatter(-1, position, label)
-    return logits.gather(-1, index), position.squeeze(-1)
+    return logits.gather(-1, index.flip(-1)), m - 1 - position.squeeze(-1)
 
 
 def topk_cross_entropy(
@@ -181,4 +187,6 @@ def topk_cross_entropy(
     loss = reduce_loss(
         per_sample, flat_target, weight=weight, ignore_index=ignore_index, reduction=reduction, shape=target.shape
     )
-    return loss.to(input.dtype)
+    # like F.cross_entropy, a loss under autocast comes back in float32
+    autocast = torch.is_autocast_enabled(input.device.type)
+    return loss if autocast else loss.to(input.dtype)

@@ -34,9 +34,13 @@ import torch
 NETWORK_TYPES = ("bitonic", "odd_even", "splitter_selection")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Network:
-    """A comparator network: ``layers[l]`` is a tuple of ``(hi, lo)`` wire pairs."""
+    """A comparator network: ``layers[l]`` is a tuple of ``(hi, lo)`` wire pairs.
+
+    Compared and hashed by identity: :func:`build_network` returns one object per key, so the
+    per-device tensor cache does not re-hash every comparator on each call.
+    """
 
     kind: str
     n: int

@@ -21,21 +21,21 @@ import torch
 from ._straight_through import straight_through_ranks
 
 
-def _absolute_deviation_sums(s: torch.Tensor) -> torch.Tensor:
-    """``A_i = sum_l |s_i - s_l|`` for rows of ``s`` (B, n), in ``O(n log n)``."""
-    n = s.shape[-1]
-    values, order = s.sort(dim=-1)
-    before = values.cumsum(-1) - values  # sum of the values sorted before position j
-    position = torch.arange(n, device=s.device, dtype=s.dtype)
-    sums_sorted = (2 * position - n) * values + values.sum(-1, keepdim=True) - 2 * before
-    return torch.empty_like(s).scatter(-1, order, sums_sorted)
-
-
 def neuralsort_ranks(x: torch.Tensor, k: int, *, tau: float, hard: bool) -> torch.Tensor:
     """NeuralSort top-k ranks ``(B, n, k)`` of ``x`` (B, n)."""
     n = x.shape[-1]
-    s = x - x.mean(-1, keepdim=True)  # the relaxation is shift invariant; centring helps precision
+    values, order = x.sort(dim=-1)
+    # The relaxation is shift invariant: centring helps precision, and the mean of the *sorted*
+    # values rounds the same way for any input order (keeps the result exactly equivariant).
+    shift = values.mean(-1, keepdim=True)
+    s, values = x - shift, values - shift
+    # A_i = sum_l |s_i - s_l| from prefix sums of the sorted values: at sorted position j,
+    # A = (2j - n) v_j + sum(v) - 2 sum_{l<j} v_l.
+    before = values.cumsum(-1) - values
+    position = torch.arange(n, device=x.device, dtype=x.dtype)
+    deviation_sorted = (2 * position - n) * values + values.sum(-1, keepdim=True) - 2 * before
+    deviation = torch.empty_like(s).scatter(-1, order, deviation_sorted)
     coefficient = n - 1 - 2 * torch.arange(k, device=x.device, dtype=x.dtype)
-    logits = s.unsqueeze(-1) * coefficient - _absolute_deviation_sums(s).unsqueeze(-1)
+    logits = s.unsqueeze(-1) * coefficient - deviation.unsqueeze(-1)
     ranks = torch.softmax(logits / tau, dim=-2)
     return straight_through_ranks(x, ranks) if hard else ranks

@@ -66,11 +66,17 @@ def _rank_columns(network: Network, k: int, x: torch.Tensor) -> torch.Tensor:
     return start.expand(network.n, k, x.shape[0])
 
 
+def _in_graph(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A network without comparators (``n = 1``) gives constant outputs; tie them to ``x``'s graph
+    (with zero gradient) so that backward works as for every other input size."""
+    return out if out.requires_grad or not x.requires_grad else out + x[..., :0].sum()
+
+
 def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """Relaxed top-k attribution ``(B, n, k)`` of a sorting/selection network for ``x`` (B, n)."""
     net = _network(network, x.shape[-1], k)
     alphas, _ = _forward_sweep(x.T.contiguous(), net, params)
-    return _reverse_sweep(_rank_columns(net, k, x), alphas, net).permute(2, 0, 1)
+    return _in_graph(_reverse_sweep(_rank_columns(net, k, x), alphas, net).permute(2, 0, 1), x)
 
 
 def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
@@ -78,7 +84,7 @@ def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Te
     net = _network(network, x.shape[-1], k)
     alphas, _ = _forward_sweep(x.T.contiguous(), net, params)
     start = _rank_columns(net, k, x).sum(1, keepdim=True)
-    return _reverse_sweep(start, alphas, net)[:, 0].T
+    return _in_graph(_reverse_sweep(start, alphas, net)[:, 0].T, x)
 
 
 def network_label_ranks(
@@ -89,4 +95,4 @@ def network_label_ranks(
     net = _network(network, n, k)
     row = torch.nn.functional.one_hot(position, n).to(x.dtype).T.contiguous()
     _, row = _forward_sweep(x.T.contiguous(), net, params, label_row=row)
-    return row.index_select(0, torch.tensor(net.out_wires[:k], device=x.device)).T
+    return _in_graph(row.index_select(0, torch.tensor(net.out_wires[:k], device=x.device)).T, x)
