@@ -5,7 +5,7 @@ from importlib.metadata import PackageNotFoundError, version
 from . import functional
 from ._methods import MethodInfo, methods
 from .functional import soft_permutation, soft_topk, soft_topk_ranks, topk_cross_entropy
-from .nn import TopKCrossEntropyLoss
+from .nn import SoftTopK, SoftTopKRanks, TopKCrossEntropyLoss
 
 try:
     __version__ = version("softtopk")
@@ -14,6 +14,8 @@ except PackageNotFoundError:  # running from a source tree without installation
 
 __all__ = [
     "MethodInfo",
+    "SoftTopK",
+    "SoftTopKRanks",
     "TopKCrossEntropyLoss",
     "functional",
     "methods",

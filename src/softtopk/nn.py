@@ -8,9 +8,50 @@ import torch
 
 from ._methods import resolve
 from ._validation import check_class_weight, check_reduction
+from .functional import soft_topk, soft_topk_ranks
 from .losses.topk_ce import check_m, check_p_k, check_top1_mode, topk_cross_entropy
 
-__all__ = ["TopKCrossEntropyLoss"]
+__all__ = ["SoftTopK", "SoftTopKRanks", "TopKCrossEntropyLoss"]
+
+
+class SoftTopK(torch.nn.Module):
+    """Module form of :func:`softtopk.soft_topk`: a relaxed k-hot mask of the ``k`` largest entries
+    along ``dim``. Parameters are checked at construction.
+
+    Shape:
+        input ``(*)`` with ``n = input.shape[dim] >= k``; output the same shape.
+
+    Example:
+        >>> import torch, softtopk
+        >>> layer = softtopk.SoftTopK(2, method="softsort", tau=0.01)
+        >>> layer(torch.tensor([0.5, -1.0, 2.0, 1.0])).round(decimals=3)
+        tensor([0., 0., 1., 1.])
+    """
+
+    def __init__(self, k: int, *, method: str, dim: int = -1, **params: Any) -> None:
+        super().__init__()
+        _, self.params = resolve(method, params, "mask")
+        self.k, self.method, self.dim = k, method, dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return soft_topk(x, self.k, method=self.method, dim=self.dim, **self.params)
+
+    def extra_repr(self) -> str:
+        params = "".join(f", {key}={value!r}" for key, value in self.params.items())
+        return f"k={self.k}, method={self.method!r}, dim={self.dim}{params}"
+
+
+class SoftTopKRanks(SoftTopK):
+    """Module form of :func:`softtopk.soft_topk_ranks`: output ``input.shape + (k,)``, entry
+    ``[..., i, r]`` the weight of item ``i`` at rank ``r`` (0 = largest)."""
+
+    def __init__(self, k: int, *, method: str, dim: int = -1, **params: Any) -> None:
+        torch.nn.Module.__init__(self)
+        _, self.params = resolve(method, params, "ranks")
+        self.k, self.method, self.dim = k, method, dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return soft_topk_ranks(x, self.k, method=self.method, dim=self.dim, **self.params)
 
 
 class TopKCrossEntropyLoss(torch.nn.Module):
