@@ -8,6 +8,10 @@ import softtopk
 from softtopk.ops.networks import NETWORK_TYPES
 from softtopk.ops.swaps import DISTRIBUTIONS
 
+# one thread per test process: the suite runs under pytest-xdist on 2 cores, and torch's default
+# thread pool would oversubscribe them
+torch.set_num_threads(1)
+
 RANK_METHODS = tuple(name for name, info in softtopk.methods().items() if "ranks" in info.outputs)
 EQUIVARIANT_METHODS = ("neuralsort", "softsort")
 

@@ -80,22 +80,16 @@ def _odd_even_layers(n: int) -> list[list[tuple[int, int]]]:
 
 
 def _split_cascade(lanes: list[int]) -> list[list[tuple[int, int]]]:
-    """Splitter cascade on ``lanes``: lane ``lanes[j]`` gains minimum rank ``2**popcount(j) - 1``."""
-    count = len(lanes)
-    if count < 2:
+    """Splitter cascade on ``lanes``: lane ``lanes[j]`` gains minimum rank ``2**popcount(j) - 1``.
+
+    Level ``l`` compares lane ``j`` with lane ``j + h`` (``h = 2**(depth - 1 - l)``) for every ``j``
+    in the lower half of its block of ``2h`` lanes; the lower-indexed lane takes the maximum.
+    """
+    if len(lanes) < 2:
         return []
-    depth = math.ceil(math.log2(count))
-    cascade = []
-    for i in range(depth):
-        half = 2 ** (depth - i - 1)
-        cascade.append(
-            [
-                (lanes[j], lanes[j + half])
-                for start in range(0, count, 2 * half)
-                for j in range(start, min(start + half, count - half))
-            ]
-        )
-    return cascade
+    depth = (len(lanes) - 1).bit_length()
+    halves = [1 << (depth - 1 - level) for level in range(depth)]
+    return [[(lanes[j], lanes[j + h]) for j in range(len(lanes) - h) if not j & h] for h in halves]
 
 
 def _splitter_selection_layers(n: int, k: int) -> list[list[tuple[int, int]]]:

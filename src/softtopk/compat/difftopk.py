@@ -1,0 +1,355 @@
+"""difftopk 0.2.0 / diffsort 0.2.0 names and signatures, computed by softtopk.
+
+Every class keeps the original constructor signature, defaults and output layout (ascending ranks,
+last column = top-1; SoftSort rows = ranks), so ``from softtopk.compat.difftopk import ...`` replaces
+``from difftopk import ...`` / ``from diffsort import ...``. Common to all of them, unlike the
+originals: float16/bfloat16/float32/float64 inputs on any device (the output follows the input;
+the ``device`` argument is accepted and not needed), bad arguments raise ``ValueError``/``TypeError``
+instead of failing an ``assert``, and no ``torch_sparse`` is needed. See ``docs/compat.md``.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from typing import Any, Sequence
+
+import torch
+
+from .._methods import resolve
+from .._validation import check_scores
+from ..functional import soft_permutation, soft_topk_ranks
+from ..losses.smooth_topk import check_real, smooth_hard_topk_loss, smooth_topk_loss
+from ..losses.topk_ce import check_m, check_p_k, check_top1_mode, topk_cross_entropy
+
+__all__ = [
+    "DiffSortNet",
+    "DiffTopkNet",
+    "NeuralSort",
+    "SmoothHardTopKLoss",
+    "SmoothTopKLoss",
+    "SoftSort",
+    "TopKCrossEntropyLoss",
+]
+
+_LOSS_METHODS = {
+    "bitonic": "bitonic",
+    "bitonic__non_sparse": "bitonic",
+    "splitter_selection": "splitter_selection",
+    "odd_even": "odd_even",
+    "neuralsort": "neuralsort",
+    "softsort": "softsort",
+}
+
+
+def _integer(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+def _one_of(name: str, value: Any, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
+    return value
+
+
+def _distribution(distribution: str | None, interpolation_type: str | None) -> str:
+    """The original rule for the deprecated alias; ``None`` means ``'cauchy'`` (difftopk crashed)."""
+    if interpolation_type is None:
+        return "cauchy" if distribution is None else distribution
+    if distribution not in (None, "cauchy", interpolation_type):
+        raise ValueError(
+            f"distribution={distribution!r} and interpolation_type={interpolation_type!r} disagree; "
+            "interpolation_type is a deprecated alias of distribution: pass distribution only"
+        )
+    warnings.warn("interpolation_type is deprecated, use distribution", DeprecationWarning, stacklevel=3)
+    return interpolation_type
+
+
+def _rows(x: Any, size: int, name: str) -> torch.Tensor:
+    x = check_scores(x, name)
+    if x.dim() != 2 or x.shape[1] != size:
+        raise ValueError(f"{name} must have shape (batch, {size}), got {tuple(x.shape)}")
+    return x
+
+
+class DiffTopkNet(torch.nn.Module):
+    """``difftopk.DiffTopkNet``: relaxed top-k of a sorting/selection network.
+
+    ``forward(vectors (b, n))`` returns ``(None, P_topk)`` with ``P_topk (b, n, k)``;
+    ``P_topk[b, i, j]`` is the weight of input ``i`` at ascending sorted position ``n - k + j``
+    (the last column is the top-1). Maps to
+    ``softtopk.soft_topk_ranks(vectors, k, method=sorting_network_type, steepness=...,
+    distribution=..., art_lambda=...).flip(-1)``.
+
+    Intended differences: bitonic networks sort for every ``n`` (difftopk's do not for n = 22, 38,
+    42, ...); ``sparse`` has no effect and every type (``bitonic``, ``odd_even``,
+    ``splitter_selection``) works with either value, without ``torch_sparse`` and without dense
+    ``n x n`` layer matrices; any floating dtype (difftopk: float32 only); ``distribution=None``
+    means ``'cauchy'``; ``logistic_phi`` differs near ties (``|d| < 0.1``, see
+    :mod:`softtopk.ops.swaps`); ``interpolation_type`` warns (``DeprecationWarning``) instead of
+    printing.
+
+    Example:
+        >>> import torch
+        >>> from softtopk.compat.difftopk import DiffTopkNet
+        >>> net = DiffTopkNet("bitonic", size=4, k=2, steepness=100.0)
+        >>> _, P_topk = net(torch.tensor([[0.0, 3.0, 1.0, 2.0]]))
+        >>> P_topk.round(decimals=1)  # input 3 (score 2) is 2nd largest, input 1 (score 3) largest
+        tensor([[[0., 0.],
+                 [0., 1.],
+                 [0., 0.],
+                 [1., 0.]]])
+    """
+
+    def __init__(
+        self,
+        sorting_network_type: str,
+        size: int,
+        k: int,
+        sparse: bool = False,
+        device: str = "cpu",
+        steepness: float = 10.0,
+        art_lambda: float = 0.25,
+        interpolation_type: str | None = None,
+        distribution: str = "cauchy",
+    ) -> None:
+        super().__init__()
+        self.sorting_network_type = _one_of(
+            "sorting_network_type", sorting_network_type, ("bitonic", "odd_even", "splitter_selection")
+        )
+        self.size = _integer("size", size, 1)
+        self.k = _integer("k", k, 1)
+        if self.k > self.size:
+            raise ValueError(f"k must be <= size = {self.size}, got {k}")
+        self.sparse = sparse
+        params = {
+            "steepness": steepness,
+            "art_lambda": art_lambda,
+            "distribution": _distribution(distribution, interpolation_type),
+        }
+        _, self.params = resolve(self.sorting_network_type, params, "ranks")
+
+    def forward(self, vectors: torch.Tensor) -> tuple[None, torch.Tensor]:
+        vectors = _rows(vectors, self.size, "vectors")
+        ranks = soft_topk_ranks(vectors, self.k, method=self.sorting_network_type, **self.params)
+        return None, ranks.flip(-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.sorting_network_type!r}, size={self.size}, k={self.k}, " + ", ".join(
+            f"{key}={value!r}" for key, value in self.params.items()
+        )
+
+
+class DiffSortNet(torch.nn.Module):
+    """``diffsort.DiffSortNet``: relaxed full sort by a sorting network.
+
+    ``forward(vectors (b, n))`` returns ``(sorted, P)``: ``sorted (b, n)`` ascending and ``P (b, n, n)``
+    with ``P[b, i, j]`` the weight of input ``i`` at ascending position ``j``, so
+    ``sorted = vectors @ P`` row by row. Maps to ``softtopk.soft_permutation(vectors,
+    method=sorting_network_type, ...).flip(-1)``; ``sorted`` is computed as ``vectors @ P``.
+
+    Intended differences: bitonic networks sort for every ``n``; ``distribution=None`` means
+    ``'cauchy'``; ``logistic_phi`` differs near ties; float16/bfloat16 are computed in float32.
+    """
+
+    def __init__(
+        self,
+        sorting_network_type: str,
+        size: int,
+        device: str = "cpu",
+        steepness: float = 10.0,
+        art_lambda: float = 0.25,
+        interpolation_type: str | None = None,
+        distribution: str = "cauchy",
+    ) -> None:
+        super().__init__()
+        self.sorting_network_type = _one_of("sorting_network_type", sorting_network_type, ("bitonic", "odd_even"))
+        self.size = _integer("size", size, 1)
+        params = {
+            "steepness": steepness,
+            "art_lambda": art_lambda,
+            "distribution": _distribution(distribution, interpolation_type),
+        }
+        _, self.params = resolve(self.sorting_network_type, params, "permutation")
+
+    def forward(self, vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        vectors = _rows(vectors, self.size, "vectors")
+        permutation = soft_permutation(vectors, method=self.sorting_network_type, **self.params).flip(-1)
+        return (vectors.unsqueeze(-2) @ permutation).squeeze(-2), permutation
+
+    def extra_repr(self) -> str:
+        return f"{self.sorting_network_type!r}, size={self.size}, " + ", ".join(
+            f"{key}={value!r}" for key, value in self.params.items()
+        )
+
+
+class NeuralSort(torch.nn.Module):
+    """``difftopk.NeuralSort`` (Grover et al., ICLR 2019).
+
+    ``forward(scores (b, n))`` returns ``(b, n, n)``: rows = inputs, columns = ranks ascending
+    (the last column is the largest). Maps to ``softtopk.soft_permutation(scores,
+    method='neuralsort', tau=tau, hard=hard).flip(-1)``.
+
+    Intended differences: ``hard=True`` gives the exact permutation of the scores in the forward
+    pass (difftopk takes an argmax over ranks for each input, which is not a permutation for over 80%
+    of randn rows at n = 8, tau = 1); the backward is the same straight-through gradient. Any floating
+    dtype (difftopk: float32 only).
+    """
+
+    def __init__(self, tau: float = 1.0, hard: bool = False) -> None:
+        super().__init__()
+        _, self.params = resolve("neuralsort", {"tau": tau, "hard": hard}, "permutation")
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        scores = check_scores(scores, "scores")
+        if scores.dim() != 2:
+            raise ValueError(f"scores must have shape (batch, n), got {tuple(scores.shape)}")
+        return soft_permutation(scores, method="neuralsort", **self.params).flip(-1)
+
+    def extra_repr(self) -> str:
+        return f"tau={self.params['tau']}, hard={self.params['hard']}"
+
+
+class SoftSort(torch.nn.Module):
+    """``difftopk.SoftSort`` (Prillo & Eisenschlos, ICML 2020).
+
+    ``forward(scores (b, n))`` returns ``(b, n, n)``: rows = ranks descending, columns = inputs
+    (the transpose of NeuralSort's layout). Maps to ``softtopk.soft_permutation(scores,
+    method='softsort', tau=tau, hard=hard, power=pow).transpose(-1, -2)``.
+
+    Intended differences: ``pow`` must be ``>= 1`` (smaller powers have unbounded gradients at
+    ties); float16/bfloat16 are computed in float32.
+    """
+
+    def __init__(self, tau: float = 1.0, hard: bool = False, pow: float = 1.0) -> None:
+        super().__init__()
+        _, self.params = resolve("softsort", {"tau": tau, "hard": hard, "power": pow}, "permutation")
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        scores = check_scores(scores, "scores")
+        if scores.dim() != 2:
+            raise ValueError(f"scores must have shape (batch, n), got {tuple(scores.shape)}")
+        return soft_permutation(scores, method="softsort", **self.params).transpose(-1, -2)
+
+    def extra_repr(self) -> str:
+        return f"tau={self.params['tau']}, hard={self.params['hard']}, pow={self.params['power']}"
+
+
+class TopKCrossEntropyLoss(torch.nn.Module):
+    """``difftopk.TopKCrossEntropyLoss``: top-k cross-entropy, batch mean.
+
+    ``forward(outputs (b, n), labels (b,))`` returns a scalar. Maps to
+    ``softtopk.functional.topk_cross_entropy(outputs, labels, p_k, method=..., m=m,
+    top1_mode=top1_mode, reduction='mean', ...)`` with ``method`` = ``diffsort_method`` (both
+    ``bitonic`` and ``bitonic__non_sparse`` map to ``'bitonic'``) and ``inverse_temperature`` =
+    ``steepness`` for networks, ``1 / tau`` for ``neuralsort`` / ``softsort``.
+
+    Intended differences: ``distribution=None`` (the default) means ``'cauchy'`` (difftopk raised
+    ``NotImplementedError`` in forward for every network); unknown methods fail at construction.
+    For networks, softtopk feeds the (pre-selected) scores in ascending order, each on the wire of
+    its rank, whereas difftopk feeds them in class order (the label first when ``m`` is set);
+    networks are not permutation equivariant, so network losses differ from difftopk's (they equal
+    difftopk's loss on the classes sorted ascending, ``m=None``). NeuralSort/SoftSort are
+    equivariant and agree with difftopk.
+    Inputs ``(N, C, d1, ...)``, any floating dtype and device.
+    """
+
+    def __init__(
+        self,
+        diffsort_method: str,
+        inverse_temperature: float,
+        p_k: Sequence[float],
+        n: int,
+        m: int | None = None,
+        distribution: str | None = None,
+        art_lambda: float = 0.25,
+        device: str = "cpu",
+        top1_mode: str = "sm",
+    ) -> None:
+        super().__init__()
+        self.diffsort_method = _one_of("diffsort_method", diffsort_method, tuple(_LOSS_METHODS))
+        self.method = _LOSS_METHODS[diffsort_method]
+        self.inverse_temperature = inverse_temperature
+        self.p_k = check_p_k(p_k)
+        self.k = len(self.p_k)
+        self.n = _integer("n", n, self.k)
+        self.m = check_m(m, self.k, self.n)
+        self.top1_mode = check_top1_mode(top1_mode)
+        if self.method in ("neuralsort", "softsort"):
+            params = {"tau": 1.0 / check_real("inverse_temperature", inverse_temperature, positive=True)}
+        else:
+            params = {
+                "steepness": inverse_temperature,
+                "art_lambda": art_lambda,
+                "distribution": _distribution(distribution, None),
+            }
+        _, self.params = resolve(self.method, params, "ranks")
+
+    def forward(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        outputs = check_scores(outputs, "outputs")
+        if outputs.dim() < 2 or outputs.shape[1] != self.n:
+            raise ValueError(f"outputs must have shape (batch, n={self.n}, ...), got {tuple(outputs.shape)}")
+        return topk_cross_entropy(
+            outputs, labels, self.p_k, method=self.method, m=self.m, top1_mode=self.top1_mode, **self.params
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.diffsort_method!r}, inverse_temperature={self.inverse_temperature}, p_k={list(self.p_k)}, "
+            f"n={self.n}, m={self.m}, top1_mode={self.top1_mode!r}"
+        )
+
+
+class SmoothTopKLoss(torch.nn.Module):
+    """``difftopk.SmoothTopKLoss``: smooth top-k SVM loss (Lapin et al.; Berrada et al.), margin 1.
+
+    ``forward(x (b, num_classes), y (b,))`` returns the batch mean. Maps to
+    ``softtopk.losses.smooth_topk.smooth_topk_loss(x, y, k, tau=tau, alpha=1.0)``.
+
+    Intended differences: correct gradients for ``k = 1`` (difftopk's hand-written backward is off
+    by up to 0.06 there) and at small ``tau`` (difftopk: up to 4e-4 at tau = 0.1 from its
+    asymptotic-series switch; softtopk: plain autograd through a log-space ESF, ~1e-8 from float64);
+    any ``k < num_classes`` (difftopk needs ``num_classes >= k + 1 + k // 5``); ``labels``
+    (``arange(num_classes)``, kept for attribute compatibility) is a buffer, so ``.to()`` moves it;
+    any floating dtype and device.
+    """
+
+    def __init__(self, num_classes: int, k: int, tau: float = 1, device: str = "cpu") -> None:
+        super().__init__()
+        self.num_classes = _integer("num_classes", num_classes, 2)
+        self.k = _integer("k", k, 1)
+        if self.k >= self.num_classes:
+            raise ValueError(f"k must be < num_classes = {self.num_classes}, got {k}")
+        self.tau = check_real("tau", tau, positive=True)
+        self.register_buffer("labels", torch.arange(self.num_classes, device=device))
+
+    def _check(self, x: torch.Tensor) -> None:
+        x = check_scores(x, "x")
+        if x.dim() < 2 or x.shape[1] != self.num_classes:
+            raise ValueError(f"x must have shape (batch, num_classes={self.num_classes}), got {tuple(x.shape)}")
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self._check(x)
+        return smooth_topk_loss(x, y, self.k, tau=self.tau)
+
+    def extra_repr(self) -> str:
+        return f"num_classes={self.num_classes}, k={self.k}, tau={self.tau}"
+
+
+class SmoothHardTopKLoss(SmoothTopKLoss):
+    """``difftopk.SmoothHardTopKLoss``: :class:`SmoothTopKLoss` with the per-sample hard switch.
+
+    Samples whose k-th and (k+1)-th largest scores are at least ``k * tau * log(1000)`` apart use
+    the hard top-k hinge ``max(0, 1 + (s_[k] without y - s_y) / k)``. Maps to
+    ``softtopk.losses.smooth_topk.smooth_hard_topk_loss(x, y, k, tau=tau, alpha=1.0)``.
+    Intended differences: as :class:`SmoothTopKLoss`; the switch is a ``torch.where`` (no host
+    synchronisation, no boolean-mask gathers).
+    """
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self._check(x)
+        return smooth_hard_topk_loss(x, y, self.k, tau=self.tau)

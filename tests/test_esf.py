@@ -1,0 +1,103 @@
+"""Log-space elementary symmetric polynomials: brute force, gradients, both summation paths, edges."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from softtopk.ops import esf
+from softtopk.ops.esf import log_esf
+
+
+def brute_force(log_x: torch.Tensor, k: int) -> torch.Tensor:
+    """log e_j by enumerating every j-subset, float64."""
+    x = log_x.double().exp()
+    n = x.shape[-1]
+    columns = []
+    for j in range(k + 1):
+        total = torch.zeros(x.shape[:-1], dtype=torch.float64)
+        for subset in itertools.combinations(range(n), j):
+            total = total + x[..., list(subset)].prod(-1)
+        columns.append(total.log())
+    return torch.stack(columns, -1)
+
+
+@pytest.fixture
+def log_space_path(monkeypatch):
+    """Force the logcumsumexp path (normally taken only when C(n, k) overflows the dtype)."""
+    monkeypatch.setattr(esf, "_largest_log_binomial", lambda n, k: math.inf)
+
+
+@pytest.mark.parametrize("path", ["linear", "log_space"])
+def test_matches_brute_force(path, request):
+    if path == "log_space":
+        request.getfixturevalue("log_space_path")
+    a = torch.randn(3, 2, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 3
+    torch.testing.assert_close(log_esf(a, 9), brute_force(a, 9), atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(log_esf(a.float(), 5), brute_force(a, 5).float(), atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("path", ["linear", "log_space"])
+def test_gradcheck(path, request):
+    if path == "log_space":
+        request.getfixturevalue("log_space_path")
+    a = torch.randn(2, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 2
+    assert torch.autograd.gradcheck(lambda t: log_esf(t, 4), a.requires_grad_())
+    assert torch.autograd.gradgradcheck(lambda t: log_esf(t, 3), a)
+
+
+def test_degrees_above_n_are_minus_infinity():
+    out = log_esf(torch.zeros(2, 3), 5)
+    torch.testing.assert_close(out[:, :4].exp(), torch.tensor([[1.0, 3.0, 3.0, 1.0]] * 2))
+    assert torch.equal(out[:, 4:], torch.full((2, 2), -math.inf))
+    assert torch.equal(log_esf(torch.randn(4, 3), 0), torch.zeros(4, 1))
+
+
+def test_minus_infinity_entries_are_zeros():
+    a = torch.randn(4, 8, dtype=torch.float64)
+    a[:, 5:] = -math.inf
+    a.requires_grad_()
+    out = log_esf(a, 5)
+    torch.testing.assert_close(out, brute_force(a.detach()[:, :5], 5))
+    out.sum().backward()
+    assert torch.isfinite(a.grad).all() and (a.grad[:, 5:] == 0).all()
+
+
+def test_shift_equivariant_and_finite_at_large_scale():
+    a = torch.randn(4, 100) * 1e4
+    shifted = log_esf(a + 1e5, 5) - log_esf(a, 5)
+    torch.testing.assert_close(shifted, 1e5 * torch.arange(6.0).expand(4, 6), atol=0.1, rtol=1e-6)
+    a.requires_grad_()
+    log_esf(a, 5)[:, -2:].sum().backward()
+    assert torch.isfinite(a.grad).all()
+
+
+def test_equal_inputs_reach_the_log_space_path_in_float32():
+    """n = 1000, all x_i = 1: e_j = C(1000, j) exceeds float32 for j >= 19 (log-space path)."""
+    x = torch.zeros(2, 1000, requires_grad=True)
+    out = log_esf(x, 20)
+    exact = torch.tensor([math.lgamma(1001) - math.lgamma(j + 1) - math.lgamma(1001 - j) for j in range(21)])
+    torch.testing.assert_close(out, exact.expand(2, 21), atol=1e-4, rtol=1e-6)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((2, 1000), sum(j / 1000 for j in range(21))))
+
+
+def test_permutation_invariant_and_dtypes():
+    a = torch.randn(3, 20)
+    torch.testing.assert_close(log_esf(a, 5), log_esf(a.flip(-1), 5))
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        out = log_esf(a.to(dtype), 5)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), log_esf(a, 5), atol=0.1, rtol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "args,error",
+    [((torch.randn(3), -1), ValueError), ((torch.randn(3), 2.0), TypeError), ((torch.arange(3), 2), TypeError)],
+)
+def test_bad_arguments(args, error):
+    with pytest.raises(error):
+        log_esf(*args)
