@@ -293,8 +293,6 @@ def test_sharp_parameters_give_hard_topk(method, distribution):
 def test_sharp_networks_select_exactly_at_difftopk_failing_sizes(kind, n):
     """End to end at sizes where difftopk's bitonic network mis-sorts (REFERENCE.md §7.1): sharp
     logistic_phi ranks equal the one-hot top-5 for 64 random permutations."""
-    if kind == "odd_even" and n > 45:
-        pytest.skip("odd_even is O(n^2); covered by the topology tests")
     g = torch.Generator().manual_seed(n)
     x = torch.stack([torch.randperm(n, generator=g) for _ in range(64)]).float()
     params = method_params(kind, sharp=True, distribution="logistic_phi")
