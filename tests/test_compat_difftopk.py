@@ -94,14 +94,25 @@ def _run(fn, x, cotangents=None):
     return [o.detach() for o in outputs], leaf.grad, cotangents
 
 
+def _assert_close_normwise(a, b, tol):
+    """``max |a - b| <= tol * max(1, max |b|)``: elementwise float32 agreement of two different
+    summation orders is rounding luck on gradients of magnitude >> 1 (odd-even DiffSortNet at
+    steepness 10: gradients up to 15, both implementations 1e-5..6e-5 from the float64 value)."""
+    error = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+    assert error <= tol * max(1.0, b.abs().max().item() if b.numel() else 0.0), (error, tol)
+
+
 def _assert_match(ours, original, x, tol):
-    """Same outputs, and the same input gradient of the same random functional of the outputs."""
+    """Same outputs, and the same input gradient of the same random functional of the outputs:
+    elementwise in float64, normwise relative in float32 (see ``_assert_close_normwise``)."""
     theirs, their_grad, cotangents = _run(original, x)
     mine, my_grad, _ = _run(ours, x, cotangents)
     assert len(mine) == len(theirs)
-    for a, b in zip(mine, theirs):
-        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
-    torch.testing.assert_close(my_grad, their_grad, atol=tol, rtol=tol)
+    for a, b in list(zip(mine, theirs)) + [(my_grad, their_grad)]:
+        if x.dtype == torch.float64:
+            torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+        else:
+            _assert_close_normwise(a, b, tol)
 
 
 # ---------------------------------------------------------------------------------------------------

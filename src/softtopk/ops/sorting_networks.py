@@ -13,6 +13,12 @@ the swap probabilities (``O(L n)`` per row). Then, because every :math:`M_l` is 
 * the mask ``P[:, :k].sum(-1)`` comes from a reverse sweep of a single column (``O(L n)``);
 * one row ``P[y, :]`` (what a classification loss needs) rides along the forward sweep (``O(L n)``).
 
+Both sweeps are :class:`torch.autograd.Function`\ s with hand-written backward passes. Each layer
+matrix is symmetric and its partner map is an involution, so the backward of a layer is the same
+gather-and-mix as its forward; swap slopes are analytic (:func:`~softtopk.ops.swaps.swap_probability_and_slope`).
+Only per-layer differences, swap probabilities and slopes are saved (no autograd graph per layer).
+Double backward is not supported.
+
 Reference: Petersen et al., "Differentiable Top-k Classification Learning", ICML 2022.
 """
 
@@ -20,39 +26,111 @@ from __future__ import annotations
 
 import torch
 
+from torch.autograd.function import once_differentiable
+
 from .networks import Network, build_network, layer_tensors
-from .swaps import swap_probability
+from .swaps import swap_probability_and_slope
 
 
-def _forward_sweep(
-    wires: torch.Tensor, network: Network, params: dict, label_row: torch.Tensor | None = None
-) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """Run the relaxed network on ``wires`` (n, B); return the per-layer swap probabilities (n, B)
-    and, if ``label_row`` (n, B) is given, that row of ``P`` pushed through all layers.
-
-    Wires come first so that each layer's partner gather moves contiguous rows of ``B`` values.
-    """
-    partner, sign = layer_tensors(network, wires.device)
-    sign = sign.to(wires.dtype).unsqueeze(-1)
-    z = wires if label_row is None else torch.stack([wires, label_row], dim=1)
-    alphas = []
-    for layer in range(partner.shape[0]):
-        zp = z.index_select(0, partner[layer])
-        diff = z - zp
-        alpha = swap_probability(sign[layer] * (diff if label_row is None else diff[:, 0]), **params)
-        alphas.append(alpha)
-        z = zp + (alpha if label_row is None else alpha.unsqueeze(1)) * diff
-    return alphas, (None if label_row is None else z[:, 1])
+def _layers(network: Network, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    partner, sign = layer_tensors(network, like.device)
+    return partner, sign.to(like.dtype).unsqueeze(-1)
 
 
-def _reverse_sweep(columns: torch.Tensor, alphas: list[torch.Tensor], network: Network) -> torch.Tensor:
-    """Apply ``M_1 ... M_L`` to ``columns`` (n, c, B): column ``j`` of each row is one column of P."""
-    partner, _ = layer_tensors(network, columns.device)
-    z = columns
-    for layer in range(len(alphas) - 1, -1, -1):
-        zp = z.index_select(0, partner[layer])
-        z = zp + alphas[layer].unsqueeze(1) * (z - zp)
-    return z
+def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
+    """Relaxed network on ``wires`` (n, r, B): the values are ``wires[:, 0]``; the other ``r - 1``
+    rows ride along (mixed with the same swap probabilities). Returns the final wires and, per layer,
+    the differences ``z - z[partner]`` (L, n, r, B), swap probabilities and slopes (L, n, B),
+    written into preallocated buffers."""
+    partner, sign = _layers(network, wires)
+    depth, (n, _, batch) = partner.shape[0], wires.shape
+    diffs = wires.new_empty((depth, *wires.shape))
+    alphas, slopes = wires.new_empty((depth, n, batch)), wires.new_empty((depth, n, batch))
+    z = wires
+    for layer in range(depth):
+        diff = torch.sub(z, z.index_select(0, partner[layer]), out=diffs[layer])
+        alpha, slope = swap_probability_and_slope(sign[layer] * diff[:, 0], **params)
+        alphas[layer], slopes[layer] = alpha, slope
+        z = z - (1.0 - alpha).unsqueeze(1) * diff  # = z[partner] + alpha * diff
+    return z, diffs, alphas, slopes
+
+
+def _value_sweep_backward(grad, diffs, alphas, slopes, network, grad_alphas=None):
+    """Backward of :func:`_value_sweep`: ``grad`` (n, r, B) of its final wires → of its input wires.
+    ``grad_alphas`` (L, n, B) are gradients reaching the swap probabilities from elsewhere."""
+    partner, sign = _layers(network, grad)
+    for layer in range(partner.shape[0] - 1, -1, -1):
+        alpha = alphas[layer]
+        grad_alpha = (grad * diffs[layer]).sum(1)
+        if grad_alphas is not None:
+            grad_alpha = grad_alpha + grad_alphas[layer]
+        grad_diff = grad * alpha.unsqueeze(1)
+        grad_diff[:, 0] += grad_alpha * slopes[layer] * sign[layer]
+        grad = grad_diff + (grad - grad_diff).index_select(0, partner[layer])
+    return grad
+
+
+class _LabelRowSweep(torch.autograd.Function):
+    """``wires (n, 2, B)`` = (values, one row of ``P^T``) → the row pushed through the network."""
+
+    @staticmethod
+    def forward(wires, network, params):
+        z, diffs, alphas, slopes = _value_sweep(wires, network, params)
+        return z[:, 1], diffs, alphas, slopes
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.network = inputs[1]
+        ctx.save_for_backward(*output[1:])
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_row, *unused):
+        if grad_row is None:  # only the saved (non-differentiable) outputs were used
+            return None, None, None
+        diffs, alphas, slopes = ctx.saved_tensors
+        grad = torch.stack([torch.zeros_like(grad_row), grad_row], dim=1)
+        return _value_sweep_backward(grad, diffs, alphas, slopes, ctx.network), None, None
+
+
+class _ColumnSweep(torch.autograd.Function):
+    """``(wires (n, B), columns (n, c, B))`` → ``M_1 ... M_L columns`` (columns of ``P``)."""
+
+    @staticmethod
+    def forward(wires, columns, network, params):
+        _, diffs, alphas, slopes = _value_sweep(wires.unsqueeze(1), network, params)
+        partner, _ = _layers(network, wires)
+        column_diffs = columns.new_empty((partner.shape[0], *columns.shape))
+        for layer in range(partner.shape[0] - 1, -1, -1):
+            column_diff = torch.sub(columns, columns.index_select(0, partner[layer]), out=column_diffs[layer])
+            columns = columns - (1.0 - alphas[layer]).unsqueeze(1) * column_diff
+        return columns, diffs, alphas, slopes, column_diffs
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.network = inputs[2]
+        ctx.save_for_backward(*output[1:])
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_columns, *unused):
+        if grad_columns is None:  # only the saved (non-differentiable) outputs were used
+            return None, None, None, None
+        diffs, alphas, slopes, column_diffs = ctx.saved_tensors
+        partner, _ = _layers(ctx.network, grad_columns)
+        grad_alphas = torch.empty_like(alphas)
+        for layer in range(partner.shape[0]):  # the columns went through the layers in reverse
+            torch.sum(grad_columns * column_diffs[layer], dim=1, out=grad_alphas[layer])
+            mixed = (1.0 - alphas[layer]).unsqueeze(1) * grad_columns
+            grad_columns = grad_columns - mixed + mixed.index_select(0, partner[layer])
+        grad_wires = _value_sweep_backward(
+            torch.zeros_like(grad_columns[:, :1]), diffs, alphas, slopes, ctx.network, grad_alphas
+        )[:, 0]
+        return grad_wires, (grad_columns if ctx.needs_input_grad[1] else None), None, None
 
 
 def _network(kind: str, n: int, k: int) -> Network:
@@ -75,16 +153,15 @@ def _in_graph(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """Relaxed top-k attribution ``(B, n, k)`` of a sorting/selection network for ``x`` (B, n)."""
     net = _network(network, x.shape[-1], k)
-    alphas, _ = _forward_sweep(x.T.contiguous(), net, params)
-    return _in_graph(_reverse_sweep(_rank_columns(net, k, x), alphas, net).permute(2, 0, 1), x)
+    columns = _ColumnSweep.apply(x.T.contiguous(), _rank_columns(net, k, x), net, params)[0]
+    return _in_graph(columns.permute(2, 0, 1), x)
 
 
 def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """Relaxed top-k mask ``(B, n)``: the row sums of the top-k ranks, from one reverse sweep."""
     net = _network(network, x.shape[-1], k)
-    alphas, _ = _forward_sweep(x.T.contiguous(), net, params)
     start = _rank_columns(net, k, x).sum(1, keepdim=True)
-    return _in_graph(_reverse_sweep(start, alphas, net)[:, 0].T, x)
+    return _in_graph(_ColumnSweep.apply(x.T.contiguous(), start, net, params)[0][:, 0].T, x)
 
 
 def network_label_ranks(
@@ -93,6 +170,6 @@ def network_label_ranks(
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` lands, in one sweep."""
     n = x.shape[-1]
     net = _network(network, n, k)
-    row = torch.nn.functional.one_hot(position, n).to(x.dtype).T.contiguous()
-    _, row = _forward_sweep(x.T.contiguous(), net, params, label_row=row)
+    row = torch.nn.functional.one_hot(position, n).to(x.dtype)
+    row = _LabelRowSweep.apply(torch.stack([x, row], dim=1).permute(2, 1, 0).contiguous(), net, params)[0]
     return _in_graph(row.index_select(0, torch.tensor(net.out_wires[:k], device=x.device)).T, x)

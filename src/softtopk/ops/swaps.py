@@ -41,23 +41,41 @@ DISTRIBUTIONS = ("cauchy", "logistic", "logistic_phi", "reciprocal", "optimal", 
 ART_DELTA = 1e-3
 
 
-def swap_probability(
+def swap_probability_and_slope(
     d: torch.Tensor, distribution: str, steepness: float, art_lambda: float
-) -> torch.Tensor:
-    """``alpha = f(d)`` for max-wire minus min-wire differences ``d`` (any shape)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``alpha = f(d)`` and its exact derivative ``df/dd`` for differences ``d`` (any shape).
+
+    The slopes feed the hand-written backward of :mod:`softtopk.ops.sorting_networks`.
+    """
     if distribution == "logistic_phi":
-        scale = (d * d + ART_DELTA**2) ** (-0.5 * art_lambda)
-        return torch.sigmoid(steepness * d * scale)
+        base = d * d + ART_DELTA**2
+        scale = base ** (-0.5 * art_lambda)
+        alpha = torch.sigmoid(steepness * d * scale)
+        # d/dd [d (d^2 + δ^2)^(-λ/2)] = (d^2 + δ^2)^(-λ/2 - 1) ((1 - λ) d^2 + δ^2)
+        inner = scale / base * ((1.0 - art_lambda) * d * d + ART_DELTA**2)
+        return alpha, steepness * alpha * (1.0 - alpha) * inner
     v = steepness * d
     if distribution == "cauchy":
-        return torch.atan(v) * (1.0 / math.pi) + 0.5
+        return torch.atan(v) * (1.0 / math.pi) + 0.5, steepness / (math.pi * (1.0 + v * v))
     if distribution == "logistic":
-        return torch.sigmoid(v)
+        alpha = torch.sigmoid(v)
+        return alpha, steepness * alpha * (1.0 - alpha)
     if distribution == "gaussian":
-        return torch.special.ndtr(v)
+        density = torch.exp(-0.5 * v * v) * (1.0 / math.sqrt(2.0 * math.pi))
+        return torch.special.ndtr(v), steepness * density
     if distribution == "reciprocal":
-        return 0.5 * (v / (2.0 + v.abs()) + 1.0)
+        denominator = 2.0 + v.abs()
+        return 0.5 * (v / denominator + 1.0), steepness / (denominator * denominator)
     if distribution == "optimal":
-        tail = 1.0 / (16.0 * v.abs().clamp(min=0.25))
-        return torch.where(v.abs() <= 0.25, v + 0.5, torch.where(v > 0, 1.0 - tail, tail))
+        magnitude = v.abs().clamp(min=0.25)
+        tail = 1.0 / (16.0 * magnitude)
+        inside = v.abs() <= 0.25
+        alpha = torch.where(inside, v + 0.5, torch.where(v > 0, 1.0 - tail, tail))
+        return alpha, steepness * torch.where(inside, 1.0, tail / magnitude)
     raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
+
+
+def swap_probability(d: torch.Tensor, distribution: str, steepness: float, art_lambda: float) -> torch.Tensor:
+    """``alpha = f(d)`` for max-wire minus min-wire differences ``d`` (any shape)."""
+    return swap_probability_and_slope(d, distribution, steepness, art_lambda)[0]
