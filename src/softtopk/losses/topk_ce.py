@@ -76,27 +76,30 @@ def rank_weights(p_k: tuple[float, ...], top1_mode: str) -> tuple[float, ...]:
     return tuple(tail)
 
 
-_BLOCK = 8
+_GROUP = 8
 
 
 def _top_indices(scores: torch.Tensor, m: int) -> torch.Tensor:
     """Indices (B, m) of the ``m`` largest scores per row, in descending order of value.
 
-    For rows much longer than ``m`` this first keeps the ``m`` blocks of 8 consecutive scores with the
-    largest maxima, then takes the exact top-``m`` of those ``8 m`` candidates: the ``m`` kept block
-    maxima are ``m`` distinct scores, so the ``m``-th largest score is at least the smallest kept
-    maximum, which bounds every score outside the kept blocks. Same values as ``torch.topk``
-    (indices may differ among ties), about 1.5x faster at ``n = 1000, m = 16`` on CPU.
+    ``torch.topk`` on CPU takes a slow ``nth_element`` path for rows shorter than ``64 m``. For
+    rows of at least ``32 m`` scores this first splits each row into ``w = ceil(n / 8)`` strided
+    blocks ``{j, j + w, ..., j + 7w}``, keeps the ``m`` blocks with the largest maxima, and takes the
+    exact top-``m`` of their ``8 m`` scores: the kept maxima are ``m`` distinct scores, so the
+    ``m``-th largest score is at least the smallest kept maximum, which bounds every score outside
+    the kept blocks. Same values as ``torch.topk`` (indices may differ among ties); measured 1.9x
+    faster at ``n = 1000, m = 16`` (benchmarks/).
     """
     rows, n = scores.shape
-    if n < 4 * _BLOCK * m:
+    if n < 4 * _GROUP * m:
         return scores.topk(m, dim=-1).indices
-    blocks = -(-n // _BLOCK)
-    padded = torch.nn.functional.pad(scores, (0, blocks * _BLOCK - n), value=float("-inf"))
-    kept = padded.view(rows, blocks, _BLOCK).amax(-1).topk(m, dim=-1).indices
-    offsets = torch.arange(_BLOCK, device=scores.device)
-    candidates = (kept.unsqueeze(-1) * _BLOCK + offsets).view(rows, m * _BLOCK)
-    best = padded.gather(-1, candidates).topk(m, dim=-1).indices
+    width = -(-n // _GROUP)
+    if width * _GROUP != n:
+        scores = torch.nn.functional.pad(scores, (0, width * _GROUP - n), value=float("-inf"))
+    kept = scores.view(rows, _GROUP, width).amax(1).topk(m, dim=-1).indices
+    offsets = torch.arange(0, width * _GROUP, width, device=scores.device)
+    candidates = (kept.unsqueeze(-1) + offsets).view(rows, m * _GROUP)
+    best = scores.gather(-1, candidates).topk(m, dim=-1).indices
     return candidates.gather(-1, best)
 
 

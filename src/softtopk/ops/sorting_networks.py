@@ -13,7 +13,7 @@ the swap probabilities (``O(L n)`` per row). Then, because every :math:`M_l` is 
 * the mask ``P[:, :k].sum(-1)`` comes from a reverse sweep of a single column (``O(L n)``);
 * one row ``P[y, :]`` (what a classification loss needs) rides along the forward sweep (``O(L n)``).
 
-Both sweeps are :class:`torch.autograd.Function`\ s with hand-written backward passes. Each layer
+Both sweeps are ``torch.autograd.Function`` objects with hand-written backward passes. Each layer
 matrix is symmetric and its partner map is an involution, so the backward of a layer is the same
 gather-and-mix as its forward; swap slopes are analytic (:func:`~softtopk.ops.swaps.swap_probability_and_slope`).
 Only per-layer differences, swap probabilities and slopes are saved (no autograd graph per layer).
@@ -40,32 +40,33 @@ def _layers(network: Network, like: torch.Tensor) -> tuple[torch.Tensor, torch.T
 def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
     """Relaxed network on ``wires`` (n, r, B): the values are ``wires[:, 0]``; the other ``r - 1``
     rows ride along (mixed with the same swap probabilities). Returns the final wires and, per layer,
-    the differences ``z - z[partner]`` (L, n, r, B), swap probabilities and slopes (L, n, B),
-    written into preallocated buffers."""
+    the differences ``z - z[partner]`` (L, n, r, B), swap probabilities and signed slopes
+    ``d alpha / d diff`` (L, n, B), written into preallocated buffers."""
     partner, sign = _layers(network, wires)
     depth, (n, _, batch) = partner.shape[0], wires.shape
     diffs = wires.new_empty((depth, *wires.shape))
     alphas, slopes = wires.new_empty((depth, n, batch)), wires.new_empty((depth, n, batch))
     z = wires
     for layer in range(depth):
-        diff = torch.sub(z, z.index_select(0, partner[layer]), out=diffs[layer])
+        pulled = z.index_select(0, partner[layer])
+        diff = torch.sub(z, pulled, out=diffs[layer])
         alpha, slope = swap_probability_and_slope(sign[layer] * diff[:, 0], **params)
-        alphas[layer], slopes[layer] = alpha, slope
-        z = z - (1.0 - alpha).unsqueeze(1) * diff  # = z[partner] + alpha * diff
+        alphas[layer] = alpha
+        torch.mul(slope, sign[layer], out=slopes[layer])
+        z = torch.addcmul(pulled, alpha.unsqueeze(1), diff)
     return z, diffs, alphas, slopes
 
 
 def _value_sweep_backward(grad, diffs, alphas, slopes, network, grad_alphas=None):
     """Backward of :func:`_value_sweep`: ``grad`` (n, r, B) of its final wires → of its input wires.
     ``grad_alphas`` (L, n, B) are gradients reaching the swap probabilities from elsewhere."""
-    partner, sign = _layers(network, grad)
+    partner, _ = _layers(network, grad)
     for layer in range(partner.shape[0] - 1, -1, -1):
-        alpha = alphas[layer]
         grad_alpha = (grad * diffs[layer]).sum(1)
         if grad_alphas is not None:
-            grad_alpha = grad_alpha + grad_alphas[layer]
-        grad_diff = grad * alpha.unsqueeze(1)
-        grad_diff[:, 0] += grad_alpha * slopes[layer] * sign[layer]
+            grad_alpha += grad_alphas[layer]
+        grad_diff = grad * alphas[layer].unsqueeze(1)
+        grad_diff[:, 0].addcmul_(grad_alpha, slopes[layer])
         grad = grad_diff + (grad - grad_diff).index_select(0, partner[layer])
     return grad
 
@@ -104,8 +105,9 @@ class _ColumnSweep(torch.autograd.Function):
         partner, _ = _layers(network, wires)
         column_diffs = columns.new_empty((partner.shape[0], *columns.shape))
         for layer in range(partner.shape[0] - 1, -1, -1):
-            column_diff = torch.sub(columns, columns.index_select(0, partner[layer]), out=column_diffs[layer])
-            columns = columns - (1.0 - alphas[layer]).unsqueeze(1) * column_diff
+            pulled = columns.index_select(0, partner[layer])
+            column_diff = torch.sub(columns, pulled, out=column_diffs[layer])
+            columns = torch.addcmul(pulled, alphas[layer].unsqueeze(1), column_diff)
         return columns, diffs, alphas, slopes, column_diffs
 
     @staticmethod
