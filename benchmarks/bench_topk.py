@@ -16,16 +16,21 @@ What one run measures (see benchmarks/README.md):
   cauchy, steepness 10: softtopk bitonic / splitter_selection vs difftopk ``DiffTopkNet('bitonic')``
   sparse and dense; ``nn.CrossEntropyLoss`` on (b, n) as the yardstick.
 
-Timing: forward+backward, wall clock; per repeat every candidate is timed once (``inner`` calls, so a
-measurement lasts >= ``--min-time``); candidates of a config are interleaved, in an order rotated every
-repeat, so load noise hits all of them alike. Reported: median and IQR over repeats of ms per call and of
-the per-repeat ratio to CE.
+Timing: forward+backward, wall clock. Per repeat every candidate of a config is timed once, one call
+each, interleaved in an order rotated every repeat, so load noise hits all of them alike and no call
+runs in a tight loop of itself (a tight loop flatters CE: its 2 MB gradient buffer and the logits stay
+hot, ~1.5x faster at n=1000, b=512; ``--steady-state`` times back-to-back loops of >= ``--min-time``
+instead). Reported: median and IQR over repeats of ms per call and of the per-repeat ratio to CE.
+Candidates slower than ~0.1 s get fewer repeats (a time budget per candidate, at least 5).
 
 Memory: (1) ``saved_mib``: bytes autograd saves for backward (unique storages packed through
 ``torch.autograd.graph.saved_tensors_hooks``), deterministic; (2) ``peak_mib``: resident-set peak increase
-of ONE cold fwd+bwd (the first call, including one-off network construction) in a fresh child process
-forked from a forkserver that only imported the libraries (peak reset with /proc/self/clear_refs where
-allowed, else ``ru_maxrss`` delta).
+of one fwd+bwd in a fresh child process forked from a "zygote" that only imported the libraries, after a
+warm-up call on a batch of 2 (so code-page faults and one-off set-up are not counted);
+(3) ``peak_live_mib``: the same with ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed tensors leave the RSS
+and the peak tracks live tensor memory rather than glibc heap fragmentation; (4) ``peak_cold_mib``: as (2)
+for the very first call of a fresh process (as REFERENCE §8.2 measured). The peak is reset with
+/proc/self/clear_refs where allowed, else it is a ``ru_maxrss`` delta.
 
 difftopk's sparse paths import ``torch_sparse``; if it is not installed a pure-torch stand-in of
 ``torch_sparse.spmm`` (index_select rows, scale, index_add) is injected via ``sys.modules`` before
@@ -35,11 +40,12 @@ difftopk is imported. The JSON records whether that happened.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
+import io
 import json
 import math
-import multiprocessing as mp
 import os
 import platform
 import resource
@@ -78,6 +84,7 @@ except ImportError:
     TORCH_SPARSE_SHIM = True
 
 warnings.filterwarnings("ignore", message="Sparse invariant checks")  # difftopk builds sparse networks
+warnings.filterwarnings("ignore", message="The use of `x.T` on tensors")  # difftopk's sparse path
 try:
     import difftopk
 
@@ -159,7 +166,8 @@ def make_step(spec: dict, seed: int = 0):
         fn = softtopk.TopKCrossEntropyLoss(P_K, method=method, m=M, top1_mode="sm", **params)
         loss_of = lambda: fn(logits, target)  # noqa: E731
     elif spec["suite"] == "topk_ce" and lib == "difftopk":
-        fn = difftopk.TopKCrossEntropyLoss(method, p_k=P_K, n=n, m=M, top1_mode="sm", device="cpu", **params)
+        with contextlib.redirect_stdout(io.StringIO()):  # difftopk prints its network sizes
+            fn = difftopk.TopKCrossEntropyLoss(method, p_k=P_K, n=n, m=M, top1_mode="sm", device="cpu", **params)
         loss_of = lambda: fn(logits, target)  # noqa: E731
     elif spec["suite"] == "ranks":
         k = spec["k"]
@@ -167,12 +175,13 @@ def make_step(spec: dict, seed: int = 0):
         if lib == "softtopk":
             loss_of = lambda: (softtopk.soft_topk_ranks(logits, k, method=method, **params) * g).sum()  # noqa: E731
         else:
-            net = difftopk.DiffTopkNet("bitonic", n, k, sparse=method == "bitonic_sparse", device="cpu", **params)
+            with contextlib.redirect_stdout(io.StringIO()):
+                net = difftopk.DiffTopkNet("bitonic", n, k, sparse=method == "bitonic_sparse", device="cpu", **params)
             loss_of = lambda: (net(logits)[1] * g).sum()  # noqa: E731
     else:
         raise ValueError(spec)
 
-    def step() -> float:
+    def step() -> torch.Tensor:
         logits.grad = None
         loss = loss_of()
         loss.backward()
@@ -224,8 +233,15 @@ def _proc_status_kib(field: str) -> int:
 
 
 def peak_child(spec: dict) -> dict:
-    """Runs in a fresh forked child: resident peak increase of one cold fwd+bwd, in MiB."""
+    """Runs in a fresh forked child: resident peak increase of one fwd+bwd, in MiB.
+
+    ``spec["warm"]``: first run the same candidate once on a batch of 2 (faults in code pages, starts
+    the autograd engine, builds cached networks; allocates almost nothing that the full batch could
+    reuse), so the figure is the call's own working memory; otherwise the very first call is measured.
+    """
     torch.set_num_threads(1)
+    if spec.get("warm"):
+        make_step({**spec, "b": 2})[0]()
     step, _, _ = make_step(spec)
     gc.collect()
     try:
@@ -246,13 +262,68 @@ def peak_child(spec: dict) -> dict:
     return {"peak_mib": max(0, peak - rss_before) / 1024, "peak_method": how}
 
 
-def measure_peaks(specs: list[dict], processes: int) -> dict[str, dict]:
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["__main__"])
-    results = {}
-    with context.Pool(processes=processes, maxtasksperchild=1) as pool:
-        for spec, result in zip(specs, pool.map(peak_child, specs, chunksize=1)):
-            results[spec_key(spec)] = result
+def zygote() -> None:
+    """``--zygote``: imports only, then per spec line on stdin fork a child that measures one peak.
+
+    Forking from this process gives every measurement a fresh address space that has done no
+    computation (and skips re-importing torch each time); the result comes back as a JSON line.
+    """
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything the libraries print goes to stderr, not into the protocol
+    for line in sys.stdin:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            os.close(read_end)
+            try:
+                result = peak_child(json.loads(line))
+            except BaseException as error:  # noqa: BLE001 - report and exit the child
+                result = {"peak_error": f"{type(error).__name__}: {error}"}
+            with os.fdopen(write_end, "w") as out:
+                out.write(json.dumps(result))
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end) as inp:
+            answer = inp.read()
+        os.waitpid(pid, 0)
+        protocol.write((answer or json.dumps({"peak_error": "child died"})) + "\n")
+        protocol.flush()
+
+
+PEAK_KINDS = (
+    # (result name, warm-up first, glibc mmap threshold or None for glibc's default dynamic one)
+    ("peak_mib", True, None),
+    ("peak_live_mib", True, 131072),
+    ("peak_cold_mib", False, None),
+)
+
+
+def measure_peaks(specs: list[dict], log, kinds=PEAK_KINDS) -> dict[str, dict]:
+    """Peak RSS increase of one fwd+bwd per spec and kind, each in its own forked child of a zygote.
+
+    With glibc's default (dynamic) mmap threshold, freed tensors of a few hundred KiB stay on the heap
+    and fragment it, so the RSS peak can be several times the live tensor bytes and varies run to run.
+    ``MALLOC_MMAP_THRESHOLD_=131072`` fixes the threshold: every tensor >= 128 KiB is mmapped and
+    unmapped when freed, so that RSS peak tracks the peak of live tensor memory.
+    """
+    results: dict[str, dict] = {spec_key(spec): {} for spec in specs}
+    base_env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
+    for threshold in dict.fromkeys(kind[2] for kind in kinds):
+        env = dict(base_env) if threshold is None else {**base_env, "MALLOC_MMAP_THRESHOLD_": str(threshold)}
+        with subprocess.Popen([sys.executable, __file__, "--zygote"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) as proc:
+            for spec in specs:
+                key = spec_key(spec)
+                for name, warm, _ in (kind for kind in kinds if kind[2] == threshold):
+                    proc.stdin.write(json.dumps({**spec, "warm": warm}) + "\n")
+                    proc.stdin.flush()
+                    answer = json.loads(proc.stdout.readline())
+                    if "peak_error" in answer:
+                        log(f"  {name} {key}: {answer['peak_error']}")
+                        continue
+                    results[key][name] = answer["peak_mib"]
+                    results[key]["peak_method"] = answer["peak_method"]
+            proc.stdin.close()
     return results
 
 
@@ -275,8 +346,11 @@ def quantiles(values: list[float]) -> dict:
     return {"median": statistics.median(values), "q1": q1, "q3": q3}
 
 
-def run_timing(specs: list[dict], repeats: int, warmup: int, min_time: float, slow_s: float, log) -> dict:
-    """Interleaved timing. Returns per spec key: raw per-repeat seconds, inner count, loss value."""
+def run_timing(specs: list[dict], repeats: int, warmup: int, min_time: float | None, budget_s: float, log) -> dict:
+    """Interleaved timing. Returns per spec key: raw per-repeat seconds per call, inner count, loss value.
+
+    ``min_time=None``: one call per measurement; else back-to-back calls lasting >= ``min_time``.
+    """
     steps, info = {}, {}
     for spec in specs:
         key = spec_key(spec)
@@ -284,9 +358,9 @@ def run_timing(specs: list[dict], repeats: int, warmup: int, min_time: float, sl
         for _ in range(warmup):
             loss = step()
         single = time_calls(step, 1)
-        inner = max(1, min(1000, math.ceil(min_time / max(single, 1e-7))))
-        # very slow candidates (dense difftopk at n=256) get fewer repeats; they still interleave
-        reps = repeats if single < slow_s else max(3, repeats // 4)
+        inner = 1 if min_time is None else max(1, min(1000, math.ceil(min_time / max(single, 1e-7))))
+        # slow candidates (difftopk dense at n=256: seconds per call) get fewer repeats; they still interleave
+        reps = min(repeats, max(5, int(budget_s / max(single * inner, 1e-9))))
         steps[key] = step
         info[key] = {"inner": inner, "repeats": reps, "times": {}, "loss": float(loss)}
         log(f"  warm {key}: {single * 1e3:.2f} ms/call, inner {inner}, repeats {reps}")
@@ -294,16 +368,16 @@ def run_timing(specs: list[dict], repeats: int, warmup: int, min_time: float, sl
     groups: dict[tuple, list[dict]] = {}
     for spec in specs:
         groups.setdefault((spec["suite"], spec["n"], spec["b"]), []).append(spec)
+    t0 = time.perf_counter()
     for rep in range(repeats):
-        t0 = time.perf_counter()
         for group in groups.values():
             shift = rep % len(group)
             for spec in group[shift:] + group[:shift]:
                 key = spec_key(spec)
                 if rep < info[key]["repeats"]:
                     info[key]["times"][rep] = time_calls(steps[key], info[key]["inner"])
-        gc.collect()
-        log(f"  repeat {rep + 1}/{repeats}: {time.perf_counter() - t0:.1f} s")
+        if (rep + 1) % max(1, repeats // 10) == 0 or rep + 1 == repeats:
+            log(f"  repeat {rep + 1}/{repeats}: {time.perf_counter() - t0:.1f} s")
     return info
 
 
@@ -353,6 +427,7 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+TARGET_CONFIG = (1000, 512)  # (n, b) of the TopKCrossEntropyLoss targets
 TARGETS = {
     # (suite, softtopk method, n, b) -> max x CE
     ("topk_ce", "bitonic", 1000, 512): 4.0,
@@ -410,7 +485,8 @@ def check_targets(records: list[dict]) -> list[dict]:
             value = r["x_ce"]["median"]
             out.append({"target": f"{method} TopKCE n={n} b={b} <= {limit}x CE", "value": value, "met": value <= limit})
     for r in records:
-        if r["library"] == "difftopk" and r["suite"] == "topk_ce" and "speedup_vs_softtopk" in r:
+        if (r["library"] == "difftopk" and r["suite"] == "topk_ce" and "speedup_vs_softtopk" in r
+                and (r["n"], r["b"]) == TARGET_CONFIG):
             value = r["speedup_vs_softtopk"]["median"]
             out.append({
                 "target": f"{r['compare_to']} TopKCE n={r['n']} b={r['b']} >= 10x faster than difftopk {r['method']}",
@@ -421,26 +497,38 @@ def check_targets(records: list[dict]) -> list[dict]:
     if r:
         out.append({"target": "bitonic ranks n=256 k=5 b=128 <= 60 ms", "value": r["ms"]["median"],
                     "met": r["ms"]["median"] <= 60.0})
-        if "peak_mib" in r:
-            out.append({"target": "bitonic ranks n=256 k=5 b=128 <= 50 MiB peak", "value": r["peak_mib"],
-                        "met": r["peak_mib"] <= 50.0})
+        for name in ("peak_mib", "peak_live_mib", "peak_cold_mib"):
+            if name in r:
+                out.append({"target": f"bitonic ranks n=256 k=5 b=128 <= 50 MiB {name}", "value": r[name],
+                            "met": r[name] <= 50.0})
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: few repeats, short measurements")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per candidate (default 15, quick 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per candidate (default 60, quick 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per candidate (default 3, quick 1)")
-    parser.add_argument("--min-time", type=float, default=None,
-                        help="seconds per measurement; short calls are looped (default 0.05, quick 0.003)")
+    parser.add_argument("--steady-state", action="store_true",
+                        help="time back-to-back loops of each candidate (>= --min-time) instead of single calls")
+    parser.add_argument("--min-time", type=float, default=0.02, help="seconds per loop with --steady-state")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="timing seconds per candidate that caps its repeats (default 15, quick 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS child processes")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "topk.json")
+    parser.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON to write (default benchmarks/results/topk.json, quick: topk_quick.json)")
     args = parser.parse_args(argv)
-    repeats = args.repeats or (2 if args.quick else 15)
+    if args.zygote:
+        zygote()
+        return
+    if args.out is None:
+        args.out = Path(__file__).resolve().parent / "results" / ("topk_quick.json" if args.quick else "topk.json")
+    repeats = args.repeats or (3 if args.quick else 60)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
-    min_time = args.min_time or (0.003 if args.quick else 0.05)
+    min_time = args.min_time if args.steady_state else None
+    budget = args.budget or (1.0 if args.quick else 15.0)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
 
@@ -460,21 +548,24 @@ def main(argv: list[str] | None = None) -> None:
 
     specs = candidate_list(args.quick)
     load_before = os.getloadavg()
-    log(f"{len(specs)} candidates x configs; repeats {repeats}, warm-up {warmup}, min-time {min_time}s, "
+    log(f"{len(specs)} candidates x configs; repeats {repeats}, warm-up {warmup}, "
+        f"{'steady-state loops of %ss' % min_time if min_time else 'single interleaved calls'}, "
         f"threads {args.threads}")
     saved = {spec_key(spec): saved_bytes(spec) for spec in specs}
     log("saved-for-backward bytes done")
-    timing = run_timing(specs, repeats, warmup, min_time, slow_s=1.0, log=log)
+    timing = run_timing(specs, repeats, warmup, min_time, budget, log=log)
     peaks = {}
     if not args.no_memory:
         log("peak RSS: one forked child per candidate/config")
-        peaks = measure_peaks(specs, processes=min(2, os.cpu_count() or 1))
+        peaks = measure_peaks(specs, log, PEAK_KINDS[:2] if args.quick else PEAK_KINDS)
     records = summarise(specs, timing, saved, peaks)
     targets = check_targets(records)
     result = {
         "machine": {**machine_info(), "torch_threads": args.threads, "loadavg_before": load_before,
                     "loadavg_after": os.getloadavg()},
-        "settings": {"quick": args.quick, "repeats": repeats, "warmup": warmup, "min_time_s": min_time,
+        "settings": {"quick": args.quick, "repeats": repeats, "warmup": warmup,
+                     "timing_mode": "steady-state loops" if min_time else "single interleaved calls",
+                     "min_time_s": min_time, "budget_s": budget,
                      "m": M, "p_k": P_K, "top1_mode": "sm", "network_params": NET_PARAMS, "tau": TAU,
                      "ranks": {"k": RANKS_K, "b": RANKS_B, **RANKS_PARAMS},
                      "torch_sparse_shim": TORCH_SPARSE_SHIM, "difftopk_available": difftopk is not None},
@@ -488,12 +579,14 @@ def main(argv: list[str] | None = None) -> None:
 
     print()
     print(f"{'suite':8} {'library':9} {'method':20} {'n':>5} {'b':>4} {'ms':>9} {'IQR':>17} {'xCE':>8} "
-          f"{'saved MiB':>9} {'peak MiB':>8} {'diff/soft':>9}")
+          f"{'saved MiB':>9} {'peak MiB':>8} {'live MiB':>8} {'cold MiB':>8} {'diff/soft':>9}")
     for r in records:
         speed = r.get("speedup_vs_softtopk", {}).get("median")
         print(f"{r['suite']:8} {r['library']:9} {r['method']:20} {r['n']:5d} {r['b']:4d} {r['ms']['median']:9.3f} "
               f"{r['ms']['q1']:8.3f}-{r['ms']['q3']:8.3f} {r['x_ce']['median']:8.2f} {r['saved_mib']:9.2f} "
-              f"{r.get('peak_mib', float('nan')):8.1f} {'' if speed is None else f'{speed:9.1f}'}")
+              f"{r.get('peak_mib', float('nan')):8.1f} {r.get('peak_live_mib', float('nan')):8.1f} "
+              f"{r.get('peak_cold_mib', float('nan')):8.1f} "
+              f"{'' if speed is None else f'{speed:9.1f}'}")
     print()
     for t in targets:
         print(f"{'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']:.2f}")
