@@ -6,12 +6,12 @@ API (:mod:`softtopk.functional`) validates, reshapes and dispatches here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from ._validation import check_real
 from .ops.neuralsort import neuralsort_ranks
 from .ops.networks import NETWORK_TYPES
 from .ops.softsort import softsort_ranks
@@ -40,24 +40,17 @@ class _Method:
     checks: dict[str, Callable[[str, Any], None]] = field(default_factory=dict)
 
 
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
 def _positive(name: str, value: Any) -> None:
-    if not (math.isfinite(_number(name, value)) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    check_real(name, value, positive=True)
 
 
 def _at_least_one(name: str, value: Any) -> None:
-    if not (math.isfinite(_number(name, value)) and value >= 1):
+    if check_real(name, value, positive=True) < 1:
         raise ValueError(f"{name} must be a finite number >= 1, got {value!r}")
 
 
 def _unit_interval(name: str, value: Any) -> None:
-    if not 0 <= _number(name, value) < 1:
+    if not 0 <= check_real(name, value, positive=False) < 1:
         raise ValueError(f"{name} must be in [0, 1), got {value!r}")
 
 

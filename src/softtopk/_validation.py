@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -19,6 +20,16 @@ def check_scores(x: Any, name: str = "x") -> torch.Tensor:
     if x.dim() == 0:
         raise ValueError(f"{name} must have at least one dimension, got a 0-d tensor")
     return x
+
+
+def check_real(name: str, value: Any, *, positive: bool) -> float:
+    """``value`` as a finite float (``positive``: also ``> 0``); TypeError/ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or (positive and value <= 0):
+        kind = "a positive finite" if positive else "a finite"
+        raise ValueError(f"{name} must be {kind} number, got {value!r}")
+    return float(value)
 
 
 def check_dim(x: torch.Tensor, dim: Any) -> int:

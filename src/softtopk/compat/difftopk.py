@@ -17,9 +17,9 @@ from typing import Any, Sequence
 import torch
 
 from .._methods import resolve
-from .._validation import check_scores
+from .._validation import check_real, check_scores
 from ..functional import soft_permutation, soft_topk_ranks
-from ..losses.smooth_topk import check_real, smooth_hard_topk_loss, smooth_topk_loss
+from ..losses.smooth_topk import smooth_hard_topk_loss, smooth_topk_loss
 from ..losses.topk_ce import check_m, check_p_k, check_top1_mode, topk_cross_entropy
 
 __all__ = [

@@ -34,22 +34,12 @@ from typing import Any
 import torch
 
 from .._reduction import reduce_loss
-from .._validation import check_class_target, check_class_weight, check_reduction, check_scores
+from .._validation import check_class_target, check_class_weight, check_real, check_reduction, check_scores
 from ..ops.esf import log_esf
 
-__all__ = ["check_real", "smooth_hard_topk_loss", "smooth_topk_loss"]
+__all__ = ["smooth_hard_topk_loss", "smooth_topk_loss"]
 
 HARD_THRESHOLD = 1e3  # difftopk's (and Berrada's) ``thresh``: the hard switch needs a gap of kτ·log(1e3)
-
-
-def check_real(name: str, value: Any, *, positive: bool) -> float:
-    """``value`` as a finite float (``positive``: also ``> 0``); TypeError/ValueError otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or (positive and value <= 0):
-        kind = "a positive finite" if positive else "a finite"
-        raise ValueError(f"{name} must be {kind} number, got {value!r}")
-    return float(value)
 
 
 def _flatten(

@@ -59,16 +59,28 @@ def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
 
 def _value_sweep_backward(grad, diffs, alphas, slopes, network, grad_alphas=None):
     """Backward of :func:`_value_sweep`: ``grad`` (n, r, B) of its final wires → of its input wires.
-    ``grad_alphas`` (L, n, B) are gradients reaching the swap probabilities from elsewhere."""
+    ``grad_alphas`` (L tensors (n, B)) are gradients reaching the swap probabilities from elsewhere."""
     partner, _ = _layers(network, grad)
     for layer in range(partner.shape[0] - 1, -1, -1):
         grad_alpha = (grad * diffs[layer]).sum(1)
         if grad_alphas is not None:
             grad_alpha += grad_alphas[layer]
         grad_diff = grad * alphas[layer].unsqueeze(1)
-        grad_diff[:, 0].addcmul_(grad_alpha, slopes[layer])
+        grad_diff[:, 0] += grad_alpha * slopes[layer]
         grad = grad_diff + (grad - grad_diff).index_select(0, partner[layer])
     return grad
+
+
+def _vmap_by_folding(function, info, in_dims, tensors, others):
+    """vmap rule of the sweeps: they act on a trailing batch axis ``B`` already, so the vmapped axis
+    ``V`` is folded into it (``(..., B) -> (..., B * V)``) and unfolded from every output."""
+    size = info.batch_size
+    folded = []
+    for tensor, dim in zip(tensors, in_dims):
+        tensor = tensor.unsqueeze(-1).expand(*tensor.shape, size) if dim is None else tensor.movedim(dim, -1)
+        folded.append(tensor.reshape(*tensor.shape[:-2], -1))
+    outputs = function.apply(*folded, *others)
+    return tuple(out.reshape(*out.shape[:-1], -1, size) for out in outputs), tuple(out.dim() for out in outputs)
 
 
 class _LabelRowSweep(torch.autograd.Function):
@@ -94,6 +106,10 @@ class _LabelRowSweep(torch.autograd.Function):
         diffs, alphas, slopes = ctx.saved_tensors
         grad = torch.stack([torch.zeros_like(grad_row), grad_row], dim=1)
         return _value_sweep_backward(grad, diffs, alphas, slopes, ctx.network), None, None
+
+    @staticmethod
+    def vmap(info, in_dims, wires, network, params):
+        return _vmap_by_folding(_LabelRowSweep, info, in_dims[:1], (wires,), (network, params))
 
 
 class _ColumnSweep(torch.autograd.Function):
@@ -124,15 +140,19 @@ class _ColumnSweep(torch.autograd.Function):
             return None, None, None, None
         diffs, alphas, slopes, column_diffs = ctx.saved_tensors
         partner, _ = _layers(ctx.network, grad_columns)
-        grad_alphas = torch.empty_like(alphas)
+        grad_alphas = []  # a list, not an out= buffer: the backward also runs under torch.func.vmap
         for layer in range(partner.shape[0]):  # the columns went through the layers in reverse
-            torch.sum(grad_columns * column_diffs[layer], dim=1, out=grad_alphas[layer])
+            grad_alphas.append((grad_columns * column_diffs[layer]).sum(1))
             mixed = (1.0 - alphas[layer]).unsqueeze(1) * grad_columns
             grad_columns = grad_columns - mixed + mixed.index_select(0, partner[layer])
         grad_wires = _value_sweep_backward(
             torch.zeros_like(grad_columns[:, :1]), diffs, alphas, slopes, ctx.network, grad_alphas
         )[:, 0]
         return grad_wires, (grad_columns if ctx.needs_input_grad[1] else None), None, None
+
+    @staticmethod
+    def vmap(info, in_dims, wires, columns, network, params):
+        return _vmap_by_folding(_ColumnSweep, info, in_dims[:2], (wires, columns), (network, params))
 
 
 def _network(kind: str, n: int, k: int) -> Network:
