@@ -6,12 +6,13 @@ API (:mod:`softtopk.functional`) validates, reshapes and dispatches here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from ._validation import check_real
+from ._validation import check_number, check_real
 from .ops.neuralsort import neuralsort_ranks
 from .ops.networks import NETWORK_TYPES
 from .ops.softsort import softsort_ranks
@@ -45,12 +46,12 @@ def _positive(name: str, value: Any) -> None:
 
 
 def _at_least_one(name: str, value: Any) -> None:
-    if check_real(name, value, positive=True) < 1:
+    if not 1 <= check_number(name, value) < math.inf:
         raise ValueError(f"{name} must be a finite number >= 1, got {value!r}")
 
 
 def _unit_interval(name: str, value: Any) -> None:
-    if not 0 <= check_real(name, value, positive=False) < 1:
+    if not 0 <= check_number(name, value) < 1:
         raise ValueError(f"{name} must be in [0, 1), got {value!r}")
 
 

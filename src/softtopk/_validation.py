@@ -22,11 +22,16 @@ def check_scores(x: Any, name: str = "x") -> torch.Tensor:
     return x
 
 
-def check_real(name: str, value: Any, *, positive: bool) -> float:
-    """``value`` as a finite float (``positive``: also ``> 0``); TypeError/ValueError otherwise."""
+def check_number(name: str, value: Any) -> float:
+    """``value`` as a float; TypeError for anything but a real number (bools included)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value) or (positive and value <= 0):
+    return float(value)
+
+
+def check_real(name: str, value: Any, *, positive: bool) -> float:
+    """``value`` as a finite float (``positive``: also ``> 0``); TypeError/ValueError otherwise."""
+    if not math.isfinite(check_number(name, value)) or (positive and value <= 0):
         kind = "a positive finite" if positive else "a finite"
         raise ValueError(f"{name} must be {kind} number, got {value!r}")
     return float(value)
