@@ -25,7 +25,6 @@ Reference: Petersen et al., "Differentiable Top-k Classification Learning", ICML
 from __future__ import annotations
 
 import torch
-
 from torch.autograd.function import once_differentiable
 
 from .networks import Network, build_network, layer_tensors
