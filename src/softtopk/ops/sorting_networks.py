@@ -15,8 +15,9 @@ the swap probabilities (``O(L n)`` per row). Then, because every :math:`M_l` is 
 
 Both sweeps are ``torch.autograd.Function`` objects with hand-written backward passes. Each layer
 matrix is symmetric and its partner map is an involution, so the backward of a layer is the same
-gather-and-mix as its forward; swap slopes are analytic (:func:`~softtopk.ops.swaps.swap_probability_and_slope`).
-Only per-layer differences, swap probabilities and slopes are saved (no autograd graph per layer).
+gather-and-mix as its forward; swap slopes are analytic (:func:`~softtopk.ops.swaps.swap_slope`) and
+computed in backward. Only per-layer differences and swap probabilities are saved (no autograd graph
+per layer).
 Double backward is not supported.
 
 Reference: Petersen et al., "Differentiable Top-k Classification Learning", ICML 2022.
@@ -28,7 +29,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from .networks import Network, build_network, layer_tensors
-from .swaps import swap_probability_and_slope
+from .swaps import swap_probability, swap_slope
 
 
 def _layers(network: Network, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,34 +39,37 @@ def _layers(network: Network, like: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
     """Relaxed network on ``wires`` (n, r, B): the values are ``wires[:, 0]``; the other ``r - 1``
-    rows ride along (mixed with the same swap probabilities). Returns the final wires and, per layer,
-    the differences ``z - z[partner]`` (L, n, r, B), swap probabilities and signed slopes
-    ``d alpha / d diff`` (L, n, B), written into preallocated buffers."""
+    rows ride along (mixed with the same swap probabilities). Returns the final wires and, per layer
+    (preallocated), the differences ``z - z[partner]`` (L, n, r, B) and swap probabilities (L, n, B)."""
     partner, sign = _layers(network, wires)
     depth, (n, _, batch) = partner.shape[0], wires.shape
     diffs = wires.new_empty((depth, *wires.shape))
-    alphas, slopes = wires.new_empty((depth, n, batch)), wires.new_empty((depth, n, batch))
+    alphas = wires.new_empty((depth, n, batch))
     z = wires
     for layer in range(depth):
         pulled = z.index_select(0, partner[layer])
         diff = torch.sub(z, pulled, out=diffs[layer])
-        alpha, slope = swap_probability_and_slope(sign[layer] * diff[:, 0], **params)
+        alpha = swap_probability(sign[layer] * diff[:, 0], **params)
         alphas[layer] = alpha
-        torch.mul(slope, sign[layer], out=slopes[layer])
         z = torch.addcmul(pulled, alpha.unsqueeze(1), diff)
-    return z, diffs, alphas, slopes
+    return z, diffs, alphas
 
 
-def _value_sweep_backward(grad, diffs, alphas, slopes, network, grad_alphas=None):
+def _value_sweep_backward(grad, diffs, alphas, network, params, grad_alphas=None):
     """Backward of :func:`_value_sweep`: ``grad`` (n, r, B) of its final wires → of its input wires.
-    ``grad_alphas`` (L tensors (n, B)) are gradients reaching the swap probabilities from elsewhere."""
-    partner, _ = _layers(network, grad)
+
+    Swap slopes are computed here from the saved differences and probabilities (they are needed
+    only in backward). ``grad_alphas`` (L tensors (n, B)) are gradients reaching the swap
+    probabilities from elsewhere."""
+    partner, sign = _layers(network, grad)
     for layer in range(partner.shape[0] - 1, -1, -1):
+        alpha = alphas[layer]
+        slope = swap_slope(sign[layer] * diffs[layer][:, 0], alpha, **params) * sign[layer]
         grad_alpha = (grad * diffs[layer]).sum(1)
         if grad_alphas is not None:
             grad_alpha += grad_alphas[layer]
-        grad_diff = grad * alphas[layer].unsqueeze(1)
-        grad_diff[:, 0] += grad_alpha * slopes[layer]
+        grad_diff = grad * alpha.unsqueeze(1)
+        grad_diff[:, 0] += grad_alpha * slope
         grad = grad_diff + (grad - grad_diff).index_select(0, partner[layer])
     return grad
 
@@ -87,12 +91,12 @@ class _LabelRowSweep(torch.autograd.Function):
 
     @staticmethod
     def forward(wires, network, params):
-        z, diffs, alphas, slopes = _value_sweep(wires, network, params)
-        return z[:, 1], diffs, alphas, slopes
+        z, diffs, alphas = _value_sweep(wires, network, params)
+        return z[:, 1], diffs, alphas
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.network = inputs[1]
+        ctx.network, ctx.params = inputs[1], inputs[2]
         ctx.save_for_backward(*output[1:])
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
@@ -102,9 +106,9 @@ class _LabelRowSweep(torch.autograd.Function):
     def backward(ctx, grad_row, *unused):
         if grad_row is None:  # only the saved (non-differentiable) outputs were used
             return None, None, None
-        diffs, alphas, slopes = ctx.saved_tensors
+        diffs, alphas = ctx.saved_tensors
         grad = torch.stack([torch.zeros_like(grad_row), grad_row], dim=1)
-        return _value_sweep_backward(grad, diffs, alphas, slopes, ctx.network), None, None
+        return _value_sweep_backward(grad, diffs, alphas, ctx.network, ctx.params), None, None
 
     @staticmethod
     def vmap(info, in_dims, wires, network, params):
@@ -112,22 +116,24 @@ class _LabelRowSweep(torch.autograd.Function):
 
 
 class _ColumnSweep(torch.autograd.Function):
-    """``(wires (n, B), columns (n, c, B))`` → ``M_1 ... M_L columns`` (columns of ``P``)."""
+    """``(wires (n, B), columns (n, c, B))`` → ``M_1 ... M_L columns`` (columns of ``P``).
+
+    Saves the value and column differences and the swap probabilities of each layer."""
 
     @staticmethod
     def forward(wires, columns, network, params):
-        _, diffs, alphas, slopes = _value_sweep(wires.unsqueeze(1), network, params)
+        _, diffs, alphas = _value_sweep(wires.unsqueeze(1), network, params)
         partner, _ = _layers(network, wires)
         column_diffs = columns.new_empty((partner.shape[0], *columns.shape))
         for layer in range(partner.shape[0] - 1, -1, -1):
             pulled = columns.index_select(0, partner[layer])
             column_diff = torch.sub(columns, pulled, out=column_diffs[layer])
             columns = torch.addcmul(pulled, alphas[layer].unsqueeze(1), column_diff)
-        return columns, diffs, alphas, slopes, column_diffs
+        return columns, diffs, alphas, column_diffs
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.network = inputs[2]
+        ctx.network, ctx.params = inputs[2], inputs[3]
         ctx.save_for_backward(*output[1:])
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
@@ -137,15 +143,16 @@ class _ColumnSweep(torch.autograd.Function):
     def backward(ctx, grad_columns, *unused):
         if grad_columns is None:  # only the saved (non-differentiable) outputs were used
             return None, None, None, None
-        diffs, alphas, slopes, column_diffs = ctx.saved_tensors
+        diffs, alphas, column_diffs = ctx.saved_tensors
         partner, _ = _layers(ctx.network, grad_columns)
         grad_alphas = []  # a list, not an out= buffer: the backward also runs under torch.func.vmap
         for layer in range(partner.shape[0]):  # the columns went through the layers in reverse
+            alpha = alphas[layer]
             grad_alphas.append((grad_columns * column_diffs[layer]).sum(1))
-            mixed = (1.0 - alphas[layer]).unsqueeze(1) * grad_columns
+            mixed = (1.0 - alpha).unsqueeze(1) * grad_columns
             grad_columns = grad_columns - mixed + mixed.index_select(0, partner[layer])
         grad_wires = _value_sweep_backward(
-            torch.zeros_like(grad_columns[:, :1]), diffs, alphas, slopes, ctx.network, grad_alphas
+            torch.zeros_like(grad_columns[:, :1]), diffs, alphas, ctx.network, ctx.params, grad_alphas
         )[:, 0]
         return grad_wires, (grad_columns if ctx.needs_input_grad[1] else None), None, None
 

@@ -41,41 +41,49 @@ DISTRIBUTIONS = ("cauchy", "logistic", "logistic_phi", "reciprocal", "optimal", 
 ART_DELTA = 1e-3
 
 
-def swap_probability_and_slope(
-    d: torch.Tensor, distribution: str, steepness: float, art_lambda: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``alpha = f(d)`` and its exact derivative ``df/dd`` for differences ``d`` (any shape).
+def swap_probability(d: torch.Tensor, distribution: str, steepness: float, art_lambda: float) -> torch.Tensor:
+    """``alpha = f(d)`` for max-wire minus min-wire differences ``d`` (any shape)."""
+    if distribution == "logistic_phi":
+        return torch.sigmoid(steepness * d * (d * d + ART_DELTA**2) ** (-0.5 * art_lambda))
+    v = steepness * d
+    if distribution == "cauchy":
+        return torch.atan(v) * (1.0 / math.pi) + 0.5
+    if distribution == "logistic":
+        return torch.sigmoid(v)
+    if distribution == "gaussian":
+        return torch.special.ndtr(v)
+    if distribution == "reciprocal":
+        return 0.5 * (v / (2.0 + v.abs()) + 1.0)
+    if distribution == "optimal":
+        tail = 1.0 / (16.0 * v.abs().clamp(min=0.25))
+        return torch.where(v.abs() <= 0.25, v + 0.5, torch.where(v > 0, 1.0 - tail, tail))
+    raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
+
+
+def swap_slope(
+    d: torch.Tensor, alpha: torch.Tensor, distribution: str, steepness: float, art_lambda: float
+) -> torch.Tensor:
+    """The exact derivative ``df/dd`` at ``d``, given ``alpha = f(d)`` (used by the logistic forms).
 
     The slopes feed the hand-written backward of :mod:`softtopk.ops.sorting_networks`.
     """
     if distribution == "logistic_phi":
-        base = d * d + ART_DELTA**2
-        scale = base ** (-0.5 * art_lambda)
-        alpha = torch.sigmoid(steepness * d * scale)
         # d/dd [d (d^2 + δ^2)^(-λ/2)] = (d^2 + δ^2)^(-λ/2 - 1) ((1 - λ) d^2 + δ^2)
-        inner = scale / base * ((1.0 - art_lambda) * d * d + ART_DELTA**2)
-        return alpha, steepness * alpha * (1.0 - alpha) * inner
+        square = d * d
+        base = square + ART_DELTA**2
+        inner = base ** (-0.5 * art_lambda - 1.0) * ((1.0 - art_lambda) * square + ART_DELTA**2)
+        return steepness * alpha * (1.0 - alpha) * inner
+    if distribution == "logistic":
+        return steepness * alpha * (1.0 - alpha)
     v = steepness * d
     if distribution == "cauchy":
-        return torch.atan(v) * (1.0 / math.pi) + 0.5, steepness / (math.pi * (1.0 + v * v))
-    if distribution == "logistic":
-        alpha = torch.sigmoid(v)
-        return alpha, steepness * alpha * (1.0 - alpha)
+        return steepness / (math.pi * (1.0 + v * v))
     if distribution == "gaussian":
-        density = torch.exp(-0.5 * v * v) * (1.0 / math.sqrt(2.0 * math.pi))
-        return torch.special.ndtr(v), steepness * density
+        return torch.exp(-0.5 * v * v) * (steepness / math.sqrt(2.0 * math.pi))
     if distribution == "reciprocal":
         denominator = 2.0 + v.abs()
-        return 0.5 * (v / denominator + 1.0), steepness / (denominator * denominator)
+        return steepness / (denominator * denominator)
     if distribution == "optimal":
         magnitude = v.abs().clamp(min=0.25)
-        tail = 1.0 / (16.0 * magnitude)
-        inside = v.abs() <= 0.25
-        alpha = torch.where(inside, v + 0.5, torch.where(v > 0, 1.0 - tail, tail))
-        return alpha, steepness * torch.where(inside, 1.0, tail / magnitude)
+        return torch.where(v.abs() <= 0.25, steepness, steepness / (16.0 * magnitude * magnitude))
     raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
-
-
-def swap_probability(d: torch.Tensor, distribution: str, steepness: float, art_lambda: float) -> torch.Tensor:
-    """``alpha = f(d)`` for max-wire minus min-wire differences ``d`` (any shape)."""
-    return swap_probability_and_slope(d, distribution, steepness, art_lambda)[0]
