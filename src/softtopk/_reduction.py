@@ -13,8 +13,12 @@ def reduce_loss(
     ignore_index: int,
     reduction: str,
     shape: torch.Size,
+    input: torch.Tensor,
 ) -> torch.Tensor:
     """Reduce ``per_sample`` (R,) losses for flat ``target`` (R,) as ``nn.CrossEntropyLoss`` does.
+
+    The result has ``input``'s dtype, except under autocast, where it stays float32 (as
+    ``F.cross_entropy``'s does).
 
     ``'mean'`` divides by the summed weight of the non-ignored targets; where every target is
     ignored it returns 0 instead of PyTorch's NaN (no NaN leaves softtopk for finite input).
@@ -27,8 +31,10 @@ def reduce_loss(
         sample_weight = weight.to(per_sample.dtype)[torch.where(valid, target, 0)] * valid
     loss = torch.where(valid, per_sample, 0.0) * sample_weight
     if reduction == "none":
-        return loss.reshape(shape)
-    if reduction == "sum":
-        return loss.sum()
-    total = sample_weight.sum()
-    return loss.sum() / torch.where(total > 0, total, 1.0)
+        loss = loss.reshape(shape)
+    elif reduction == "sum":
+        loss = loss.sum()
+    else:
+        total = sample_weight.sum()
+        loss = loss.sum() / torch.where(total > 0, total, 1.0)
+    return loss if torch.is_autocast_enabled(input.device.type) else loss.to(input.dtype)

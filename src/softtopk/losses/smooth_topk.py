@@ -88,22 +88,6 @@ def _hard(logits: torch.Tensor, label: torch.Tensor, k: int, alpha: float) -> to
     return torch.clamp(alpha + (kth_other - label_score) / k, min=0.0)
 
 
-def _reduce(
-    per_sample: torch.Tensor,
-    flat_target: torch.Tensor,
-    input: torch.Tensor,
-    target: torch.Tensor,
-    weight: torch.Tensor | None,
-    ignore_index: int,
-    reduction: str,
-) -> torch.Tensor:
-    loss = reduce_loss(
-        per_sample, flat_target, weight=weight, ignore_index=ignore_index, reduction=reduction, shape=target.shape
-    )
-    # like F.cross_entropy, a loss under autocast comes back in float32
-    return loss if torch.is_autocast_enabled(input.device.type) else loss.to(input.dtype)
-
-
 def smooth_topk_loss(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -149,7 +133,15 @@ def smooth_topk_loss(
     """
     logits, flat_target, label, weight = _flatten(input, target, k, tau, alpha, reduction, weight, ignore_index)
     per_sample = _smooth(logits, label, k, tau, alpha)
-    return _reduce(per_sample, flat_target, input, target, weight, ignore_index, reduction)
+    return reduce_loss(
+        per_sample,
+        flat_target,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        shape=target.shape,
+        input=input,
+    )
 
 
 def smooth_hard_topk_loss(
@@ -187,4 +179,12 @@ def smooth_hard_topk_loss(
     top = logits.topk(k + 1, dim=-1).values
     hard = (top[:, k - 1] - top[:, k]) >= k * tau * math.log(HARD_THRESHOLD)
     per_sample = torch.where(hard, _hard(logits, label, k, alpha), _smooth(logits, label, k, tau, alpha))
-    return _reduce(per_sample, flat_target, input, target, weight, ignore_index, reduction)
+    return reduce_loss(
+        per_sample,
+        flat_target,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        shape=target.shape,
+        input=input,
+    )

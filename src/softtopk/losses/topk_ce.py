@@ -187,9 +187,12 @@ def topk_cross_entropy(
     if top1_mode == "smce":
         cross_entropy = -torch.log_softmax(scores, -1).gather(-1, position).squeeze(-1)
         per_sample = p_k[0] * cross_entropy + sum(p_k[1:]) * per_sample
-    loss = reduce_loss(
-        per_sample, flat_target, weight=weight, ignore_index=ignore_index, reduction=reduction, shape=target.shape
+    return reduce_loss(
+        per_sample,
+        flat_target,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        shape=target.shape,
+        input=input,
     )
-    # like F.cross_entropy, a loss under autocast comes back in float32
-    autocast = torch.is_autocast_enabled(input.device.type)
-    return loss if autocast else loss.to(input.dtype)

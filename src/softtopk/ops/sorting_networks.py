@@ -86,6 +86,14 @@ def _vmap_by_folding(function, info, in_dims, tensors, others):
     return tuple(out.reshape(*out.shape[:-1], -1, size) for out in outputs), tuple(out.dim() for out in outputs)
 
 
+def _save_sweep(ctx, network: Network, params: dict, saved: tuple[torch.Tensor, ...]) -> None:
+    """``setup_context`` of the sweeps: keep the network, its parameters and the saved outputs."""
+    ctx.network, ctx.params = network, params
+    ctx.save_for_backward(*saved)
+    ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
+
+
 class _LabelRowSweep(torch.autograd.Function):
     """``wires (n, 2, B)`` = (values, one row of ``P^T``) → the row pushed through the network."""
 
@@ -96,10 +104,7 @@ class _LabelRowSweep(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.network, ctx.params = inputs[1], inputs[2]
-        ctx.save_for_backward(*output[1:])
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
+        _save_sweep(ctx, inputs[1], inputs[2], output[1:])
 
     @staticmethod
     @once_differentiable
@@ -133,10 +138,7 @@ class _ColumnSweep(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.network, ctx.params = inputs[2], inputs[3]
-        ctx.save_for_backward(*output[1:])
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
+        _save_sweep(ctx, inputs[2], inputs[3], output[1:])
 
     @staticmethod
     @once_differentiable
