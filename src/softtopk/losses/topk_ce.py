@@ -96,7 +96,7 @@ def _top_indices(scores: torch.Tensor, m: int) -> torch.Tensor:
     width = -(-n // _GROUP)
     if width * _GROUP != n:
         scores = torch.nn.functional.pad(scores, (0, width * _GROUP - n), value=float("-inf"))
-    kept = scores.view(rows, _GROUP, width).amax(1).topk(m, dim=-1).indices
+    kept = scores.view(rows, _GROUP, width).amax(1).topk(m, dim=-1, sorted=False).indices
     offsets = torch.arange(0, width * _GROUP, width, device=scores.device)
     candidates = (kept.unsqueeze(-1) + offsets).view(rows, m * _GROUP)
     best = scores.gather(-1, candidates).topk(m, dim=-1).indices

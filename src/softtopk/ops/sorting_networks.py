@@ -25,6 +25,8 @@ Reference: Petersen et al., "Differentiable Top-k Classification Learning", ICML
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -32,9 +34,15 @@ from .networks import Network, build_network, layer_tensors
 from .swaps import swap_probability, swap_slope
 
 
-def _layers(network: Network, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    partner, sign = layer_tensors(network, like.device)
-    return partner, sign.to(like.dtype).unsqueeze(-1)
+def _layers(network: Network, like: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Per layer: partner indices (n,) and signs (n, 1) in ``like``'s dtype, on its device."""
+    return _per_layer(network, str(like.device), like.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _per_layer(network: Network, device: str, dtype: torch.dtype):
+    partner, sign = layer_tensors(network, torch.device(device))
+    return partner.unbind(0), sign.to(dtype).unsqueeze(-1).unbind(0)
 
 
 def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
@@ -42,7 +50,7 @@ def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
     rows ride along (mixed with the same swap probabilities). Returns the final wires and, per layer
     (preallocated), the differences ``z - z[partner]`` (L, n, r, B) and swap probabilities (L, n, B)."""
     partner, sign = _layers(network, wires)
-    depth, (n, _, batch) = partner.shape[0], wires.shape
+    depth, (n, _, batch) = len(partner), wires.shape
     diffs = wires.new_empty((depth, *wires.shape))
     alphas = wires.new_empty((depth, n, batch))
     z = wires
@@ -62,9 +70,9 @@ def _value_sweep_backward(grad, diffs, alphas, network, params, grad_alphas=None
     only in backward). ``grad_alphas`` (L tensors (n, B)) are gradients reaching the swap
     probabilities from elsewhere."""
     partner, sign = _layers(network, grad)
-    for layer in range(partner.shape[0] - 1, -1, -1):
+    for layer in range(len(partner) - 1, -1, -1):
         alpha = alphas[layer]
-        slope = swap_slope(sign[layer] * diffs[layer][:, 0], alpha, **params) * sign[layer]
+        slope = swap_slope(diffs[layer][:, 0], alpha, **params) * sign[layer]  # slopes are even in d
         grad_alpha = (grad * diffs[layer]).sum(1)
         if grad_alphas is not None:
             grad_alpha += grad_alphas[layer]
@@ -129,8 +137,8 @@ class _ColumnSweep(torch.autograd.Function):
     def forward(wires, columns, network, params):
         _, diffs, alphas = _value_sweep(wires.unsqueeze(1), network, params)
         partner, _ = _layers(network, wires)
-        column_diffs = columns.new_empty((partner.shape[0], *columns.shape))
-        for layer in range(partner.shape[0] - 1, -1, -1):
+        column_diffs = columns.new_empty((len(partner), *columns.shape))
+        for layer in range(len(partner) - 1, -1, -1):
             pulled = columns.index_select(0, partner[layer])
             column_diff = torch.sub(columns, pulled, out=column_diffs[layer])
             columns = torch.addcmul(pulled, alphas[layer].unsqueeze(1), column_diff)
@@ -148,7 +156,7 @@ class _ColumnSweep(torch.autograd.Function):
         diffs, alphas, column_diffs = ctx.saved_tensors
         partner, _ = _layers(ctx.network, grad_columns)
         grad_alphas = []  # a list, not an out= buffer: the backward also runs under torch.func.vmap
-        for layer in range(partner.shape[0]):  # the columns went through the layers in reverse
+        for layer in range(len(partner)):  # the columns went through the layers in reverse
             alpha = alphas[layer]
             grad_alphas.append((grad_columns * column_diffs[layer]).sum(1))
             mixed = (1.0 - alpha).unsqueeze(1) * grad_columns
