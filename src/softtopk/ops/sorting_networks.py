@@ -36,13 +36,25 @@ from .swaps import swap_probability, swap_slope
 
 def _layers(network: Network, like: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """Per layer: partner indices (n,) and signs (n, 1) in ``like``'s dtype, on its device."""
-    return _per_layer(network, str(like.device), like.dtype)
+    return _per_layer(network, str(like.device), like.dtype)[:2]
+
+
+def _comparator_slots(network: Network, like: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Per layer: the max wires of the comparators (c,), and each wire's comparator slot (n,)
+    (idle wires point at slot 0; their sign is 0)."""
+    return _per_layer(network, str(like.device), like.dtype)[2:]
 
 
 @functools.lru_cache(maxsize=256)
 def _per_layer(network: Network, device: str, dtype: torch.dtype):
     partner, sign = layer_tensors(network, torch.device(device))
-    return partner.unbind(0), sign.to(dtype).unsqueeze(-1).unbind(0)
+    maxima, slots = [], []
+    for layer in network.layers:
+        hi, lo = torch.tensor(layer, device=device).T
+        slot = torch.zeros(network.n, dtype=torch.long, device=device)
+        slot[hi] = slot[lo] = torch.arange(len(layer), device=device)
+        maxima.append(hi), slots.append(slot)
+    return partner.unbind(0), sign.to(dtype).unsqueeze(-1).unbind(0), tuple(maxima), tuple(slots)
 
 
 def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
@@ -131,18 +143,22 @@ class _LabelRowSweep(torch.autograd.Function):
 class _ColumnSweep(torch.autograd.Function):
     """``(wires (n, B), columns (n, c, B))`` → ``M_1 ... M_L columns`` (columns of ``P``).
 
-    Saves the value and column differences and the swap probabilities of each layer."""
+    Saves the value differences and swap probabilities of each layer and, of the column differences
+    ``z - z[partner]``, only the rows of the comparators' max wires: a min wire's difference is the
+    negative of its partner's and an idle wire's is zero."""
 
     @staticmethod
     def forward(wires, columns, network, params):
         _, diffs, alphas = _value_sweep(wires.unsqueeze(1), network, params)
         partner, _ = _layers(network, wires)
-        column_diffs = columns.new_empty((len(partner), *columns.shape))
+        maxima, _ = _comparator_slots(network, wires)
+        max_wire_diffs = [None] * len(partner)
         for layer in range(len(partner) - 1, -1, -1):
             pulled = columns.index_select(0, partner[layer])
-            column_diff = torch.sub(columns, pulled, out=column_diffs[layer])
+            column_diff = columns - pulled
+            max_wire_diffs[layer] = column_diff.index_select(0, maxima[layer])
             columns = torch.addcmul(pulled, alphas[layer].unsqueeze(1), column_diff)
-        return columns, diffs, alphas, column_diffs
+        return (columns, diffs, alphas, *max_wire_diffs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -153,12 +169,14 @@ class _ColumnSweep(torch.autograd.Function):
     def backward(ctx, grad_columns, *unused):
         if grad_columns is None:  # only the saved (non-differentiable) outputs were used
             return None, None, None, None
-        diffs, alphas, column_diffs = ctx.saved_tensors
-        partner, _ = _layers(ctx.network, grad_columns)
+        diffs, alphas, *max_wire_diffs = ctx.saved_tensors
+        partner, sign = _layers(ctx.network, grad_columns)
+        _, slots = _comparator_slots(ctx.network, grad_columns)
         grad_alphas = []  # a list, not an out= buffer: the backward also runs under torch.func.vmap
         for layer in range(len(partner)):  # the columns went through the layers in reverse
             alpha = alphas[layer]
-            grad_alphas.append((grad_columns * column_diffs[layer]).sum(1))
+            column_diff = max_wire_diffs[layer].index_select(0, slots[layer])  # up to the sign
+            grad_alphas.append((grad_columns * column_diff).sum(1) * sign[layer])
             mixed = (1.0 - alpha).unsqueeze(1) * grad_columns
             grad_columns = grad_columns - mixed + mixed.index_select(0, partner[layer])
         grad_wires = _value_sweep_backward(
