@@ -26,6 +26,7 @@ Reference: Petersen et al., "Differentiable Top-k Classification Learning", ICML
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -43,6 +44,12 @@ def _comparator_slots(network: Network, like: torch.Tensor) -> tuple[tuple[torch
     """Per layer: the max wires of the comparators (c,), and each wire's comparator slot (n,)
     (idle wires point at slot 0; their sign is 0)."""
     return _per_layer(network, str(like.device), like.dtype)[2:]
+
+
+def _layer_rows(maxima: tuple[torch.Tensor, ...]) -> list[slice]:
+    """Each layer's rows in the buffer that stacks the layers' max-wire rows."""
+    ends = list(itertools.accumulate(len(m) for m in maxima))
+    return [slice(end - len(m), end) for end, m in zip(ends, maxima)]
 
 
 @functools.lru_cache(maxsize=256)
@@ -152,13 +159,15 @@ class _ColumnSweep(torch.autograd.Function):
         _, diffs, alphas = _value_sweep(wires.unsqueeze(1), network, params)
         partner, _ = _layers(network, wires)
         maxima, _ = _comparator_slots(network, wires)
-        max_wire_diffs = [None] * len(partner)
+        # one buffer for all layers (fewer, larger allocations: less heap fragmentation)
+        max_wire_diffs = columns.new_empty((sum(len(m) for m in maxima), *columns.shape[1:]))
+        max_wire_rows = _layer_rows(maxima)
         for layer in range(len(partner) - 1, -1, -1):
             pulled = columns.index_select(0, partner[layer])
             column_diff = columns - pulled
-            max_wire_diffs[layer] = column_diff.index_select(0, maxima[layer])
+            torch.index_select(column_diff, 0, maxima[layer], out=max_wire_diffs[max_wire_rows[layer]])
             columns = torch.addcmul(pulled, alphas[layer].unsqueeze(1), column_diff)
-        return (columns, diffs, alphas, *max_wire_diffs)
+        return columns, diffs, alphas, max_wire_diffs
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -169,13 +178,14 @@ class _ColumnSweep(torch.autograd.Function):
     def backward(ctx, grad_columns, *unused):
         if grad_columns is None:  # only the saved (non-differentiable) outputs were used
             return None, None, None, None
-        diffs, alphas, *max_wire_diffs = ctx.saved_tensors
+        diffs, alphas, max_wire_diffs = ctx.saved_tensors
         partner, sign = _layers(ctx.network, grad_columns)
-        _, slots = _comparator_slots(ctx.network, grad_columns)
+        maxima, slots = _comparator_slots(ctx.network, grad_columns)
+        max_wire_rows = _layer_rows(maxima)
         grad_alphas = []  # a list, not an out= buffer: the backward also runs under torch.func.vmap
         for layer in range(len(partner)):  # the columns went through the layers in reverse
             alpha = alphas[layer]
-            column_diff = max_wire_diffs[layer].index_select(0, slots[layer])  # up to the sign
+            column_diff = max_wire_diffs[max_wire_rows[layer]].index_select(0, slots[layer])  # up to the sign
             grad_alphas.append((grad_columns * column_diff).sum(1) * sign[layer])
             mixed = (1.0 - alpha).unsqueeze(1) * grad_columns
             grad_columns = grad_columns - mixed + mixed.index_select(0, partner[layer])
