@@ -178,6 +178,7 @@ class _ColumnSweep(torch.autograd.Function):
     def backward(ctx, grad_columns, *unused):
         if grad_columns is None:  # only the saved (non-differentiable) outputs were used
             return None, None, None, None
+        grad_columns = grad_columns.contiguous()  # often a permuted view of the caller's gradient
         diffs, alphas, max_wire_diffs = ctx.saved_tensors
         partner, sign = _layers(ctx.network, grad_columns)
         maxima, slots = _comparator_slots(ctx.network, grad_columns)
@@ -220,7 +221,7 @@ def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.T
     """Relaxed top-k attribution ``(B, n, k)`` of a sorting/selection network for ``x`` (B, n)."""
     net = _network(network, x.shape[-1], k)
     columns = _ColumnSweep.apply(x.T.contiguous(), _rank_columns(net, k, x), net, params)[0]
-    return _in_graph(columns.permute(2, 0, 1), x)
+    return _in_graph(columns.permute(2, 0, 1).contiguous(), x)
 
 
 def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
