@@ -1,8 +1,22 @@
-"""The one place that applies ``weight``, ``ignore_index`` and ``reduction`` to per-sample losses."""
+"""Loss conventions in one place: the ``(N, C, d1, ...)`` layout, ``weight``, ``ignore_index`` and
+``reduction``, as in ``nn.CrossEntropyLoss``."""
 
 from __future__ import annotations
 
 import torch
+
+from ._validation import compute_dtype
+
+
+def class_rows(
+    input: torch.Tensor, target: torch.Tensor, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validated ``input (N, C, d1, ...)`` and ``target (N, d1, ...)`` as rows: logits ``(R, C)`` in
+    the compute dtype, flat targets ``(R,)``, and flat targets with ``ignore_index`` replaced by 0
+    (safe to gather with; :func:`reduce_loss` masks those rows out)."""
+    logits = input.movedim(1, -1).reshape(-1, input.shape[1]).to(compute_dtype(input.dtype))
+    flat_target = target.reshape(-1).long()
+    return logits, flat_target, torch.where(flat_target == ignore_index, 0, flat_target)
 
 
 def reduce_loss(

@@ -37,6 +37,19 @@ def check_real(name: str, value: Any, *, positive: bool) -> float:
     return float(value)
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype scores are computed in: float64 stays float64, every other float becomes float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def check_class_input(input: Any) -> torch.Tensor:
+    """Loss scores of shape ``(N, C)`` or ``(N, C, d1, ...)``."""
+    input = check_scores(input, "input")
+    if input.dim() < 2:
+        raise ValueError(f"input must have shape (N, C) or (N, C, d1, ...), got {tuple(input.shape)}")
+    return input
+
+
 def check_dim(x: torch.Tensor, dim: Any) -> int:
     """``dim`` as a non-negative axis of ``x``."""
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):

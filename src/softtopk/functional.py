@@ -13,15 +13,10 @@ from typing import Any, Callable
 import torch
 
 from ._methods import methods, resolve
-from ._validation import check_dim, check_k, check_scores
+from ._validation import check_dim, check_k, check_scores, compute_dtype
 from .losses.topk_ce import topk_cross_entropy
 
 __all__ = ["soft_topk", "soft_topk_ranks", "soft_permutation", "methods", "topk_cross_entropy"]
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else is computed in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _along_rows(

@@ -28,13 +28,15 @@ class SoftTopK(torch.nn.Module):
         tensor([0., 0., 1., 1.])
     """
 
+    _output, _operator = "mask", staticmethod(soft_topk)
+
     def __init__(self, k: int, *, method: str, dim: int = -1, **params: Any) -> None:
         super().__init__()
-        _, self.params = resolve(method, params, "mask")
+        _, self.params = resolve(method, params, self._output)
         self.k, self.method, self.dim = k, method, dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return soft_topk(x, self.k, method=self.method, dim=self.dim, **self.params)
+        return self._operator(x, self.k, method=self.method, dim=self.dim, **self.params)
 
     def extra_repr(self) -> str:
         params = "".join(f", {key}={value!r}" for key, value in self.params.items())
@@ -45,13 +47,7 @@ class SoftTopKRanks(SoftTopK):
     """Module form of :func:`softtopk.soft_topk_ranks`: output ``input.shape + (k,)``, entry
     ``[..., i, r]`` the weight of item ``i`` at rank ``r`` (0 = largest)."""
 
-    def __init__(self, k: int, *, method: str, dim: int = -1, **params: Any) -> None:
-        torch.nn.Module.__init__(self)
-        _, self.params = resolve(method, params, "ranks")
-        self.k, self.method, self.dim = k, method, dim
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return soft_topk_ranks(x, self.k, method=self.method, dim=self.dim, **self.params)
+    _output, _operator = "ranks", staticmethod(soft_topk_ranks)
 
 
 class TopKCrossEntropyLoss(torch.nn.Module):

@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from .._reduction import reduce_loss
-from .._validation import check_class_target, check_class_weight, check_real, check_reduction, check_scores
+from .._reduction import class_rows, reduce_loss
+from .._validation import check_class_input, check_class_target, check_class_weight, check_real, check_reduction
 from ..ops.esf import log_esf
 
 __all__ = ["smooth_hard_topk_loss", "smooth_topk_loss"]
@@ -48,9 +48,7 @@ def _flatten(
     """Validate; return logits ``(R, C)`` in the compute dtype, flat targets, safe labels, weight.
 
     ``R = N * d1 * ...``: the class axis is moved last and the rest flattened."""
-    input = check_scores(input, "input")
-    if input.dim() < 2:
-        raise ValueError(f"input must have shape (N, C) or (N, C, d1, ...), got {tuple(input.shape)}")
+    input = check_class_input(input)
     classes = input.shape[1]
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
@@ -61,11 +59,7 @@ def _flatten(
     check_reduction(reduction)
     target = check_class_target(input, target, ignore_index)
     weight = check_class_weight(weight, classes)
-    dtype = torch.float64 if input.dtype == torch.float64 else torch.float32
-    logits = input.movedim(1, -1).reshape(-1, classes).to(dtype)
-    flat_target = target.reshape(-1).long()
-    label = torch.where(flat_target == ignore_index, 0, flat_target)
-    return logits, flat_target, label, weight
+    return (*class_rows(input, target, ignore_index), weight)
 
 
 def _split_label(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

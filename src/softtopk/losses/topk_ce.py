@@ -27,8 +27,8 @@ from typing import Any, Sequence
 import torch
 
 from .._methods import resolve
-from .._reduction import reduce_loss
-from .._validation import check_class_target, check_class_weight, check_reduction, check_scores
+from .._reduction import class_rows, reduce_loss
+from .._validation import check_class_input, check_class_target, check_class_weight, check_reduction
 
 TOP1_MODES = ("sm", "smce", "sort")
 _FLOOR = 1e-7
@@ -152,9 +152,7 @@ def topk_cross_entropy(
         >>> round(loss.item(), 4)  # -log(.5 * softmax_1 + .5 * (R[1, 0] + R[1, 1]))
         0.7734
     """
-    input = check_scores(input, "input")
-    if input.dim() < 2:
-        raise ValueError(f"input must have shape (N, C) or (N, C, d1, ...), got {tuple(input.shape)}")
+    input = check_class_input(input)
     p_k = check_p_k(p_k)
     classes = input.shape[1]
     if len(p_k) > classes:
@@ -166,10 +164,7 @@ def topk_cross_entropy(
     weight = check_class_weight(weight, classes)
     spec, params = resolve(method, params, "ranks")
 
-    dtype = torch.float64 if input.dtype == torch.float64 else torch.float32
-    logits = input.movedim(1, -1).reshape(-1, classes).to(dtype)
-    flat_target = target.reshape(-1).long()
-    safe_target = torch.where(flat_target == ignore_index, 0, flat_target)
+    logits, flat_target, safe_target = class_rows(input, target, ignore_index)
     scores, position = _select(logits, safe_target, classes if m is None else m)
 
     k = len(p_k)
@@ -178,7 +173,7 @@ def topk_cross_entropy(
     else:
         ranks = spec.ranks(scores, k, **params)
         label_ranks = ranks.gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
-    weights = torch.tensor(rank_weights(p_k, top1_mode), dtype=dtype, device=logits.device)
+    weights = torch.tensor(rank_weights(p_k, top1_mode), dtype=logits.dtype, device=logits.device)
     topk_mass = (label_ranks * weights).sum(-1)
     position = position.unsqueeze(-1)
     if top1_mode == "sm":

@@ -44,7 +44,7 @@ import numbers
 
 import torch
 
-from .._validation import check_scores
+from .._validation import check_scores, compute_dtype
 
 __all__ = ["log_esf"]
 
@@ -95,9 +95,8 @@ def log_esf(log_x: torch.Tensor, k: int) -> torch.Tensor:
     k, n = int(k), log_x.shape[-1]
     if n == 0:
         raise ValueError("log_x must have at least one entry along its last dim")
-    dtype = torch.float64 if log_x.dtype == torch.float64 else torch.float32
     degree = min(k, n)
-    a = log_x.to(dtype)
+    a = log_x.to(compute_dtype(log_x.dtype))
     if degree > 0:
         # the `degree` largest entries first (descending), then all n entries with those set to
         # x = 0: only the first terms of each prefix sum need an order (module doc), no full sort
@@ -105,7 +104,7 @@ def log_esf(log_x: torch.Tensor, k: int) -> torch.Tensor:
         a = torch.cat([top.values, a.scatter(-1, top.indices, -math.inf)], dim=-1)
     largest = a.amax(dim=-1, keepdim=True).detach()
     a = a - largest
-    fits = _largest_log_binomial(n, degree) < math.log(torch.finfo(dtype).max) - 1.0
+    fits = _largest_log_binomial(n, degree) < math.log(torch.finfo(a.dtype).max) - 1.0
     prefix_log_sums = _linear_prefix_log_sums if fits else (lambda t: torch.logcumsumexp(t, dim=-1))
 
     length = a.shape[-1]
@@ -115,7 +114,7 @@ def log_esf(log_x: torch.Tensor, k: int) -> torch.Tensor:
         # prefix holds log e_{j-1} of the prefixes of length j-1..length; keep lengths j.. for e_j
         prefix = prefix_log_sums(a[..., j - 1 :] + prefix[..., :-1])
         coefficients.append(prefix[..., -1])
-    out = torch.stack(coefficients, dim=-1) + largest * torch.arange(degree + 1, dtype=dtype, device=a.device)
+    out = torch.stack(coefficients, dim=-1) + largest * torch.arange(degree + 1, dtype=a.dtype, device=a.device)
     if k > n:
         out = torch.cat([out, out.new_full((*out.shape[:-1], k - n), -math.inf)], dim=-1)
     return out.to(log_x.dtype)

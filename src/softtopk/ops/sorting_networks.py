@@ -211,24 +211,18 @@ def _rank_columns(network: Network, k: int, x: torch.Tensor) -> torch.Tensor:
     return start.expand(network.n, k, x.shape[0])
 
 
-def _in_graph(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A network without comparators (``n = 1``) gives constant outputs; tie them to ``x``'s graph
-    (with zero gradient) so that backward works as for every other input size."""
-    return out if out.requires_grad or not x.requires_grad else out + x[..., :0].sum()
-
-
 def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """Relaxed top-k attribution ``(B, n, k)`` of a sorting/selection network for ``x`` (B, n)."""
     net = _network(network, x.shape[-1], k)
     columns = _ColumnSweep.apply(x.T.contiguous(), _rank_columns(net, k, x), net, params)[0]
-    return _in_graph(columns.permute(2, 0, 1).contiguous(), x)
+    return columns.permute(2, 0, 1).contiguous()
 
 
 def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """Relaxed top-k mask ``(B, n)``: the row sums of the top-k ranks, from one reverse sweep."""
     net = _network(network, x.shape[-1], k)
     start = _rank_columns(net, k, x).sum(1, keepdim=True)
-    return _in_graph(_ColumnSweep.apply(x.T.contiguous(), start, net, params)[0][:, 0].T, x)
+    return _ColumnSweep.apply(x.T.contiguous(), start, net, params)[0][:, 0].T
 
 
 def network_label_ranks(
@@ -239,4 +233,4 @@ def network_label_ranks(
     net = _network(network, n, k)
     row = torch.nn.functional.one_hot(position, n).to(x.dtype)
     row = _LabelRowSweep.apply(torch.stack([x, row], dim=1).permute(2, 1, 0).contiguous(), net, params)[0]
-    return _in_graph(row.index_select(0, torch.tensor(net.out_wires[:k], device=x.device)).T, x)
+    return row.index_select(0, torch.tensor(net.out_wires[:k], device=x.device)).T
