@@ -1,0 +1,152 @@
+"""Measures the figures of docs/compat.md against the installed difftopk/diffsort 0.2.0.
+
+Run ``python benchmarks/compat_report.py`` (about a minute); it prints, for docs/compat.md:
+
+1. the largest output/gradient deviations of every compat class from its original, over all cases of
+   ``tests/test_compat_difftopk.py`` (the test module runs with a plugin that records its comparisons);
+2. how often difftopk's bitonic network (n = 22, steepness 1e4) and softtopk's order the top 5 wrongly;
+3. how often difftopk's ``NeuralSort(hard=True)`` output is not a permutation;
+4. how far the network losses of difftopk (classes in class order) and softtopk (sorted) lie apart;
+5. the gradient error of both smooth top-k losses against softtopk's float64 loss, and their speed.
+
+difftopk's sparse paths run on the pure-torch ``torch_sparse.spmm`` stand-in of ``bench_topk.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_topk import difftopk  # noqa: E402  (installs the torch_sparse stand-in first)
+
+import diffsort  # noqa: E402,F401  (the tests' oracle for DiffSortNet)
+import softtopk  # noqa: E402
+from softtopk.compat import difftopk as compat  # noqa: E402
+from softtopk.losses.smooth_topk import smooth_topk_loss  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _DeviationRecorder:
+    """Pytest plugin: wraps the compat tests' ``_assert_match`` to record the largest deviations."""
+
+    def __init__(self) -> None:
+        self.worst = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+
+    def pytest_collection_modifyitems(self, items):
+        for module in {item.module for item in items}:
+            compare = module._assert_match
+
+            def recording(ours, original, x, tol, _compare=compare, _module=module):
+                theirs, their_grad, cotangents = _module._run(original, x)
+                mine, my_grad, _ = _module._run(ours, x, cotangents)
+                key = (type(ours).__name__, getattr(ours, "sorting_network_type", ""), str(x.dtype)[6:])
+                record = self.worst[key]
+                record[0] = max([record[0]] + [(a.double() - b.double()).abs().max().item() for a, b in zip(mine, theirs)])
+                record[1] = max(record[1], (my_grad.double() - their_grad.double()).abs().max().item())
+                record[2] = max(record[2], their_grad.abs().max().item())
+                return _compare(ours, original, x, tol)
+
+            module._assert_match = recording
+
+
+def deviations() -> None:
+    recorder = _DeviationRecorder()
+    code = pytest.main(["-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_compat_difftopk.py")], plugins=[recorder])
+    print(f"\n1. deviations from the originals (test exit code {code}); max |d output|, max |d grad|, max |grad|")
+    for (name, kind, dtype), (output, grad, scale) in sorted(recorder.worst.items()):
+        print(f"   {name:<22} {kind:<19} {dtype:<8} {output:.1e}  {grad:.1e}  {scale:.1f}")
+
+
+def _wrong_top5(ranks_desc: torch.Tensor, x: torch.Tensor) -> float:
+    """Share of rows whose argmax item per rank differs from the true top-5 order."""
+    return (ranks_desc.argmax(-2) != x.topk(5, dim=-1).indices).any(-1).float().mean().item()
+
+
+def bitonic_22() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.stack([torch.randperm(22, generator=generator) for _ in range(1000)]).float()
+    _, theirs = difftopk.DiffTopkNet("bitonic", 22, 5, steepness=1e4)(x)
+    ours = softtopk.soft_topk_ranks(x, 5, method="bitonic", distribution="cauchy", steepness=1e4)
+    print(f"\n2. bitonic n=22, steepness 1e4, 1000 random permutations, wrong top-5 order: "
+          f"difftopk {_wrong_top5(theirs.flip(-1), x):.1%}, softtopk {_wrong_top5(ours, x):.1%}")
+
+
+def hard_neuralsort() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, 8, generator=generator)
+    for tau in (1.0, 0.1):
+        permutation = difftopk.NeuralSort(tau, hard=True)(x).detach()
+        broken = ((permutation.sum(-1) != 1) | (permutation.sum(-2) != 1)).any(-1).float().mean().item()
+        print(f"3. difftopk NeuralSort(hard=True), n=8, tau={tau}: not a permutation in {broken:.0%} of rows")
+
+
+def network_loss_gap() -> None:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(200, 16, generator=generator) * 2
+    labels = torch.randint(0, 16, (200,), generator=generator)
+    print("4. per-sample |difftopk loss - softtopk loss|, 16 classes in class order, steepness 2, logistic:")
+    for method in ("bitonic__non_sparse", "odd_even", "splitter_selection"):
+        theirs = difftopk.TopKCrossEntropyLoss(method, 2.0, [0.5, 0.5], 16, distribution="logistic")
+        ours = compat.TopKCrossEntropyLoss(method, 2.0, [0.5, 0.5], 16, distribution="logistic")
+        gap = max(abs(theirs(row[None], y[None]).item() - ours(row[None], y[None]).item()) for row, y in zip(logits, labels))
+        print(f"   {method:<20} max {gap:.2f}")
+
+
+def _grad(loss_fn, x, y):
+    x = x.detach().clone().requires_grad_()
+    loss_fn(x, y).backward()
+    return x.grad.double()
+
+
+def _median_ms(fn, repeats: int = 30) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def smooth_losses() -> None:
+    print("5. smooth top-k losses: max gradient error against softtopk's float64 loss (C = 10..100, B = 16, 5 seeds)")
+    for k, tau in ((1, 1.0), (3, 0.1), (5, 0.1)):
+        error_theirs = error_ours = 0.0
+        for seed in range(5):
+            generator = torch.Generator().manual_seed(seed)
+            classes = 10 + 18 * seed
+            x = torch.randn(16, classes, generator=generator)
+            y = torch.randint(0, classes, (16,), generator=generator)
+            truth = _grad(lambda s, t: smooth_topk_loss(s, t, k, tau=tau), x.double(), y)
+            error_theirs = max(error_theirs, (_grad(difftopk.SmoothTopKLoss(classes, k, tau), x, y) - truth).abs().max().item())
+            error_ours = max(error_ours, (_grad(compat.SmoothTopKLoss(classes, k, tau), x, y) - truth).abs().max().item())
+        print(f"   k={k}, tau={tau}: difftopk {error_theirs:.1e}, softtopk {error_ours:.1e}")
+    torch.set_num_threads(1)
+    for batch, classes in ((128, 100), (256, 1000)):
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(batch, classes, generator=generator).requires_grad_()
+        y = torch.randint(0, classes, (batch,), generator=generator)
+        timings = {}
+        for name, fn in (("CE", torch.nn.CrossEntropyLoss()), ("difftopk", difftopk.SmoothTopKLoss(classes, 5, 1.0)),
+                         ("softtopk", compat.SmoothTopKLoss(classes, 5, 1.0))):
+            fn(x, y).backward()
+            timings[name] = _median_ms(lambda fn=fn: fn(x, y).backward())
+        print(f"   fwd+bwd k=5 tau=1, 1 thread, B={batch}, C={classes}: "
+              + ", ".join(f"{name} {ms:.2f} ms" for name, ms in timings.items()))
+
+
+if __name__ == "__main__":
+    if difftopk is None:
+        sys.exit("difftopk is not installed: pip install --no-deps difftopk==0.2.0 diffsort==0.2.0")
+    deviations()
+    bitonic_22()
+    hard_neuralsort()
+    network_loss_gap()
+    smooth_losses()
