@@ -8,30 +8,16 @@ other axis in place. ``soft_topk`` returns ``x``'s shape; ``soft_topk_ranks`` an
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ._methods import methods, resolve
-from ._validation import check_dim, check_k, check_scores, compute_dtype
+from ._rows import along_rows
+from ._validation import check_dim, check_k, check_scores
 from .losses.topk_ce import topk_cross_entropy
 
 __all__ = ["soft_topk", "soft_topk_ranks", "soft_permutation", "methods", "topk_cross_entropy"]
-
-
-def _along_rows(
-    x: torch.Tensor, dim: int, fn: Callable[[torch.Tensor], torch.Tensor], extra: int | None
-) -> torch.Tensor:
-    """Apply ``fn`` to the rows ``(B, n)`` of ``x`` along ``dim``; put the result back in place.
-
-    ``fn`` returns ``(B, n)`` (``extra=None``) or ``(B, n, extra)``.
-    """
-    moved = x.movedim(dim, -1)
-    rows = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
-    out = fn(rows).to(x.dtype)
-    if extra is None:
-        return out.reshape(moved.shape).movedim(-1, dim)
-    return out.reshape(*moved.shape, extra).movedim(-2, dim)
 
 
 def soft_topk_ranks(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **params: Any) -> torch.Tensor:
@@ -71,7 +57,7 @@ def soft_topk_ranks(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **pa
     x = check_scores(x)
     dim = check_dim(x, dim)
     k = check_k(k, x.shape[dim], dim)
-    return _along_rows(x, dim, lambda rows: spec.ranks(rows, k, **params), k)
+    return along_rows(x, dim, lambda rows: spec.ranks(rows, k, **params), k)
 
 
 def soft_topk(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **params: Any) -> torch.Tensor:
@@ -94,8 +80,8 @@ def soft_topk(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **params: 
     dim = check_dim(x, dim)
     k = check_k(k, x.shape[dim], dim)
     if spec.mask is not None:
-        return _along_rows(x, dim, lambda rows: spec.mask(rows, k, **params), None)
-    return _along_rows(x, dim, lambda rows: spec.ranks(rows, k, **params).sum(-1), None)
+        return along_rows(x, dim, lambda rows: spec.mask(rows, k, **params), None)
+    return along_rows(x, dim, lambda rows: spec.ranks(rows, k, **params).sum(-1), None)
 
 
 def soft_permutation(x: torch.Tensor, *, method: str, dim: int = -1, **params: Any) -> torch.Tensor:
@@ -115,4 +101,4 @@ def soft_permutation(x: torch.Tensor, *, method: str, dim: int = -1, **params: A
     x = check_scores(x)
     dim = check_dim(x, dim)
     n = x.shape[dim]
-    return _along_rows(x, dim, lambda rows: spec.ranks(rows, n, **params), n)
+    return along_rows(x, dim, lambda rows: spec.ranks(rows, n, **params), n)
