@@ -4,7 +4,18 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import functional
 from ._methods import MethodInfo, methods
-from .functional import soft_permutation, soft_topk, soft_topk_ranks, topk_cross_entropy
+from .functional import (
+    hard_topk_mag,
+    hard_topk_mask,
+    noised_kth_value,
+    perturbed_topk,
+    soft_permutation,
+    soft_topk,
+    soft_topk_ranks,
+    sparse_topk_mag,
+    sparse_topk_mask,
+    topk_cross_entropy,
+)
 from .nn import SoftTopK, SoftTopKRanks, TopKCrossEntropyLoss
 
 try:
@@ -18,9 +29,15 @@ __all__ = [
     "SoftTopKRanks",
     "TopKCrossEntropyLoss",
     "functional",
+    "hard_topk_mag",
+    "hard_topk_mask",
     "methods",
+    "noised_kth_value",
+    "perturbed_topk",
     "soft_permutation",
     "soft_topk",
     "soft_topk_ranks",
+    "sparse_topk_mag",
+    "sparse_topk_mask",
     "topk_cross_entropy",
 ]

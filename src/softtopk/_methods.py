@@ -13,9 +13,12 @@ from typing import Any, Callable
 import torch
 
 from ._validation import check_number, check_real
-from .ops.neuralsort import neuralsort_ranks
+from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
+from .ops.neuralsort import neuralsort_ranks
+from .ops.perturbed import check_generator, check_n_samples, check_noise_kind, perturbed_topk_rows
 from .ops.softsort import softsort_ranks
+from .ops.sparse import P_VALUES, SOLVERS, sparse_mask_rows
 from .ops.sorting_networks import network_label_ranks, network_mask, network_ranks
 from .ops.swaps import DISTRIBUTIONS
 
@@ -35,14 +38,40 @@ class MethodInfo:
 @dataclass(frozen=True)
 class _Method:
     info: MethodInfo
-    ranks: Callable[..., torch.Tensor]
+    ranks: Callable[..., torch.Tensor] | None
     mask: Callable[..., torch.Tensor] | None = None
     label_ranks: Callable[..., torch.Tensor] | None = None
     checks: dict[str, Callable[[str, Any], None]] = field(default_factory=dict)
+    tensor_args: tuple[str, ...] = ()  # arguments that may be tensors, one value per row ("k", ...)
 
 
 def _positive(name: str, value: Any) -> None:
     check_real(name, value, positive=True)
+
+
+def _positive_or_tensor(name: str, value: Any) -> None:
+    """A positive finite number, or a floating tensor of positive values (one per row or one)."""
+    if not isinstance(value, torch.Tensor):
+        check_real(name, value, positive=True)
+        return
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor when given as a tensor, got {value.dtype}")
+    if not torch.compiler.is_compiling() and value.numel() and not bool(
+        ((value > 0) & torch.isfinite(value)).all()
+    ):
+        raise ValueError(f"{name} must be positive and finite, got a tensor with min {value.min().item()!r}")
+
+
+def _choice(options: tuple) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if not any(value == option and type(value) is not bool for option in options):
+            raise ValueError(f"{name} must be one of {options}, got {value!r}")
+
+    return check
+
+
+def _count(name: str, value: Any) -> None:
+    check_n_samples(name, value)
 
 
 def _at_least_one(name: str, value: Any) -> None:
@@ -122,6 +151,52 @@ _REGISTRY["softsort"] = _Method(
     ),
     softsort_ranks,
     checks={"tau": _positive, "hard": _boolean, "power": _at_least_one},
+)
+
+
+_REGISTRY["lapsum"] = _Method(
+    MethodInfo(
+        name="lapsum",
+        outputs=("mask",),
+        stochastic=False,
+        cost="O(n) time and memory per row plus a topk of 2k (a sort for a per-row tensor k)",
+        params={"tau": 1.0},
+        summary="closed-form Laplace-CDF mask F((x - t)/tau), t solved exactly so the mask sums to k; "
+        "smooth, dense, in (0, 1); tau and a per-row k may be tensors (with gradients)",
+    ),
+    None,
+    lambda x, k, tau: lapsum_mask(x, k, tau),
+    checks={"tau": _positive_or_tensor},
+    tensor_args=("k", "tau"),
+)
+_REGISTRY["sparse"] = _Method(
+    MethodInfo(
+        name="sparse",
+        outputs=("mask",),
+        stochastic=False,
+        cost="'pav': O(n) memory, a topk of a few more than k (sort when many entries tie near the "
+        "threshold); 'dykstra': O(n_iter n) after a sort",
+        params={"l": 0.1, "p": 4.0 / 3.0, "solver": "pav", "n_iter": 500},
+        summary="sparse soft top-k (Sander et al. 2023): p-norm regularised, exact zeros, in [0, 1], "
+        "sums to k; p = 2 piecewise linear, p = 4/3 continuously differentiable",
+    ),
+    None,
+    sparse_mask_rows,
+    checks={"l": _positive, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": _count},
+)
+_REGISTRY["perturbed"] = _Method(
+    MethodInfo(
+        name="perturbed",
+        outputs=("mask",),
+        stochastic=True,
+        cost="O(n_samples n) time and memory per row",
+        params={"sigma": 1.0, "n_samples": 100, "noise": "gaussian", "generator": None},
+        summary="Monte-Carlo mean of hard k-hot masks of x + sigma Z (Berthet et al. 2020); sums to k, "
+        "values multiples of 1/n_samples; perturbed-optimiser gradient estimator",
+    ),
+    None,
+    perturbed_topk_rows,
+    checks={"sigma": _positive, "n_samples": _count, "noise": check_noise_kind, "generator": check_generator},
 )
 
 

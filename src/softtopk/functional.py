@@ -14,10 +14,24 @@ import torch
 
 from ._methods import methods, resolve
 from ._rows import along_rows
-from ._validation import check_dim, check_k, check_scores
+from ._validation import check_dim, check_k, check_k_tensor, check_scores
 from .losses.topk_ce import topk_cross_entropy
+from .ops.perturbed import noised_kth_value, perturbed_topk
+from .ops.sparse import hard_mask_rows, sparse_mag_rows, sparse_mask_rows
 
-__all__ = ["soft_topk", "soft_topk_ranks", "soft_permutation", "methods", "topk_cross_entropy"]
+__all__ = [
+    "hard_topk_mag",
+    "hard_topk_mask",
+    "methods",
+    "noised_kth_value",
+    "perturbed_topk",
+    "soft_permutation",
+    "soft_topk",
+    "soft_topk_ranks",
+    "sparse_topk_mag",
+    "sparse_topk_mask",
+    "topk_cross_entropy",
+]
 
 
 def soft_topk_ranks(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **params: Any) -> torch.Tensor:
@@ -60,28 +74,70 @@ def soft_topk_ranks(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **pa
     return along_rows(x, dim, lambda rows: spec.ranks(rows, k, **params), k)
 
 
-def soft_topk(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **params: Any) -> torch.Tensor:
-    """Relaxed top-k mask: a soft indicator of the ``k`` largest entries along ``dim``.
+def soft_topk(
+    x: torch.Tensor, k: int | torch.Tensor, *, method: str = "lapsum", dim: int = -1, **params: Any
+) -> torch.Tensor:
+    r"""Relaxed top-k mask: a soft indicator of the ``k`` largest entries along ``dim``.
 
     .. math::
-        m_i = \\sum_{r < k} R[i, r] \\in [0, 1]\\ \\text{(networks)}, \\qquad \\sum_i m_i = k .
+        m_i \in [0, 1], \qquad \sum_i m_i = k, \qquad
+        m \to \text{the k-hot mask of the } k \text{ largest as the temperature} \to 0 .
 
-    Same arguments as :func:`soft_topk_ranks`; returns ``x``'s shape. Sorting networks compute the
-    mask with a single reverse sweep (``O(L n)`` per row, no ``(n, k)`` tensor).
+    The default ``method='lapsum'`` is the closed-form Laplace-CDF mask
+    :math:`m_i = F((x_i - t)/\tau)` with the threshold ``t`` solved exactly (no iterations): O(n)
+    per row plus one ``topk(2k)``, an analytic backward, gradients for ``x``, ``tau`` and a per-row
+    tensor ``k``. ``'sparse'`` gives exact zeros (:func:`sparse_topk_mask`); ``'perturbed'`` is the
+    Monte-Carlo mean of hard masks (:func:`perturbed_topk`); every ranks method gives ``R.sum(-1)``
+    (sorting networks with a single reverse sweep, ``O(L n)`` per row).
+
+    Args:
+        x: scores, floating tensor of any shape.
+        k: ``1 <= k <= n``; for ``'lapsum'`` also a floating tensor of per-row values in ``(0, n]``
+            with the shape of ``x`` without ``dim`` (or broadcastable to it).
+        method: a method of :func:`softtopk.methods`; default ``'lapsum'``.
+        dim: the axis to select along.
+        **params: the method's parameters (``tau`` for lapsum, a float or a tensor like ``k``).
+
+    Returns:
+        A tensor of ``x``'s shape and dtype.
 
     Example:
         >>> import torch, softtopk
         >>> x = torch.tensor([0.0, 3.0, 1.0, 2.0])
+        >>> softtopk.soft_topk(x, 2, tau=0.1).round(decimals=3)
+        tensor([0.0000, 1.0000, 0.0030, 0.9970])
         >>> softtopk.soft_topk(x, 2, method="neuralsort", tau=0.01).round(decimals=2)
         tensor([0., 1., 0., 1.])
+
+    References:
+        Struski et al., "LapSum - One Method to Differentiate Them All", ICML 2025 (Laplace-CDF sums).
     """
     spec, params = resolve(method, params, "mask")
     x = check_scores(x)
     dim = check_dim(x, dim)
-    k = check_k(k, x.shape[dim], dim)
+    n = x.shape[dim]
+    batch = x.shape[:dim] + x.shape[dim + 1 :]
+    if isinstance(k, torch.Tensor) and "k" in spec.tensor_args:
+        k = _per_row("k", check_k_tensor(k, n), batch)
+    else:
+        k = check_k(k, n, dim)
+    for name in spec.tensor_args:
+        if isinstance(params.get(name), torch.Tensor):
+            params[name] = _per_row(name, params[name], batch)
     if spec.mask is not None:
         return along_rows(x, dim, lambda rows: spec.mask(rows, k, **params), None)
     return along_rows(x, dim, lambda rows: spec.ranks(rows, k, **params).sum(-1), None)
+
+
+def _per_row(name: str, value: torch.Tensor, batch: torch.Size) -> torch.Tensor:
+    """A scalar or per-row tensor argument as ``(B, 1)`` aligned with :func:`along_rows`' rows."""
+    try:
+        return value.expand(batch).reshape(-1, 1)
+    except RuntimeError:
+        raise ValueError(
+            f"{name} must be a scalar or broadcastable to the batch shape {tuple(batch)} (x without dim), "
+            f"got shape {tuple(value.shape)}"
+        ) from None
 
 
 def soft_permutation(x: torch.Tensor, *, method: str, dim: int = -1, **params: Any) -> torch.Tensor:
@@ -102,3 +158,106 @@ def soft_permutation(x: torch.Tensor, *, method: str, dim: int = -1, **params: A
     dim = check_dim(x, dim)
     n = x.shape[dim]
     return along_rows(x, dim, lambda rows: spec.ranks(rows, n, **params), n)
+
+
+def _sparse(x: Any, k: Any, dim: Any, params: dict[str, Any], rows_fn: Any) -> torch.Tensor:
+    _, params = resolve("sparse", params, "mask")
+    x = check_scores(x)
+    dim = check_dim(x, dim)
+    k = check_k(k, x.shape[dim], dim)
+    return along_rows(x, dim, lambda rows: rows_fn(rows, k, **params), None)
+
+
+def sparse_topk_mask(
+    x: torch.Tensor, k: int, *, l: float = 0.1, p: float = 4 / 3, solver: str = "pav",  # noqa: E741
+    dim: int = -1, n_iter: int = 500,
+) -> torch.Tensor:
+    r"""Sparse soft top-k mask (Sander et al. 2023): p-norm regularised, with exact zeros.
+
+    .. math::
+        y^\star = \arg\max_{y \in [0,1]^n,\ \sum_i y_i = k} \langle x, y\rangle
+            - \frac{\lambda}{p} \|y\|_p^p
+        \;=\; \mathrm{clip}\big(((x - t)_+ / \lambda)^{1/(p-1)}, 0, 1\big)
+
+    ``p = 2`` is the Euclidean projection of ``x/λ`` onto the capped simplex (piecewise linear);
+    ``p = 4/3`` is continuously differentiable. Both are exactly 0 below the threshold ``t``, lie in
+    ``[0, 1]`` and sum to ``k``; ``λ → 0`` gives the hard top-k, ``λ → ∞`` gives ``k/n``.
+
+    Args:
+        x: scores, floating tensor of any shape (float16/bfloat16 computed in float32).
+        k: ``1 <= k <= n``.
+        l: the regularisation strength λ > 0 (the original's ``l``). Default 0.1.
+        p: 4/3 (default) or 2.
+        solver: ``'pav'`` (default): the exact solution (the minimiser PAV returns), found by a
+            threshold search on the sorted top candidates with float64 prefix moments, O(n) memory;
+            ``'dykstra'``: the original's approximate alternating projections (p = 2 only,
+            ``n_iter`` single projections, fixed count, ``torch.compile``-friendly); its
+            gradient is the exact Jacobian of the problem, not of the truncated iteration.
+        dim: the axis to select along.
+        n_iter: Dykstra's number of projections (ignored by ``'pav'``). Default 500.
+
+    Returns:
+        ``x``'s shape and dtype. Backward: ``d ⊙ (g - Σ d g / Σ d)`` with ``d = y'(z)/λ`` on the
+        entries strictly between 0 and 1 (the PAV block); O(n).
+
+    Example:
+        >>> import torch, softtopk
+        >>> softtopk.sparse_topk_mask(torch.tensor([-5.0, -2.0, 3.0, 1.0]), 2, l=1e-2).round(decimals=3)
+        tensor([0., 0., 1., 1.])
+        >>> softtopk.sparse_topk_mask(torch.tensor([0.0, 3.0, 1.0, 2.0]), 2, l=2.0, p=2)
+        tensor([0.0000, 1.0000, 0.2500, 0.7500])
+
+    References:
+        Sander, Puigcerver, Djolonga, Peyré, Blondel. "Fast, Differentiable and Sparse Top-k: a
+        Convex Analysis Perspective", ICML 2023 (arXiv:2302.01425).
+    """
+    return _sparse(x, k, dim, {"l": l, "p": p, "solver": solver, "n_iter": n_iter}, sparse_mask_rows)
+
+
+def sparse_topk_mag(
+    x: torch.Tensor, k: int, *, l: float = 0.1, p: float = 4 / 3, solver: str = "pav",  # noqa: E741
+    dim: int = -1, n_iter: int = 500,
+) -> torch.Tensor:
+    r"""Sparse soft top-k in magnitude: a smooth ``x ⊙ topkmask(|x|)`` that keeps signs (pruning).
+
+    .. math::
+        o_i = \mathrm{sign}(x_i)\big(\theta u_i + (|x_i| - \theta)_+\big), \quad
+        u_i = \mathrm{clip}\Big(\big(\tfrac{(|x_i| - \theta)_+}{\lambda \theta^{p-1}}\big)^{1/(p-1)}, 0, 1\Big),
+        \quad \sum_i u_i = k
+
+    — the solution of Sander et al.'s magnitude problem written through its PAV block value ``θ``:
+    entries with ``u = 1`` are kept exactly, entries with ``|x| <= θ`` are exactly 0, the rest are
+    shrunk continuously. Arguments as :func:`sparse_topk_mask`. Gradients are finite everywhere
+    (the original's p = 4/3 gradient is NaN at exact zeros).
+
+    Example:
+        >>> import torch, softtopk
+        >>> softtopk.sparse_topk_mag(torch.tensor([-5.0, -2.0, 3.0, 1.0]), 2, l=1e-2).round(decimals=3)
+        tensor([-5., -0.,  3.,  0.])
+    """
+    return _sparse(x, k, dim, {"l": l, "p": p, "solver": solver, "n_iter": n_iter}, sparse_mag_rows)
+
+
+def hard_topk_mask(x: torch.Tensor, k: int, *, dim: int = -1) -> torch.Tensor:
+    """The k-hot mask of the ``k`` largest entries along ``dim`` (``x``'s shape; zero gradient).
+
+    Example:
+        >>> import torch, softtopk
+        >>> softtopk.hard_topk_mask(torch.tensor([[-5.0, -2.0, 3.0, 1.0]]), 2)
+        tensor([[0., 0., 1., 1.]])
+    """
+    x = check_scores(x)
+    dim = check_dim(x, dim)
+    k = check_k(k, x.shape[dim], dim)
+    return along_rows(x, dim, lambda rows: hard_mask_rows(rows, k), None)
+
+
+def hard_topk_mag(x: torch.Tensor, k: int, *, dim: int = -1) -> torch.Tensor:
+    """``x ⊙ hard_topk_mask(|x|)``: the ``k`` entries largest in magnitude, others 0.
+
+    Example:
+        >>> import torch, softtopk
+        >>> softtopk.hard_topk_mag(torch.tensor([-5.0, -2.0, 3.0, 1.0]), 2)
+        tensor([-5., -0.,  3.,  0.])
+    """
+    return x * hard_topk_mask(check_scores(x).abs(), k, dim=dim)

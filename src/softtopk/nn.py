@@ -30,7 +30,7 @@ class SoftTopK(torch.nn.Module):
 
     _output, _operator = "mask", staticmethod(soft_topk)
 
-    def __init__(self, k: int, *, method: str, dim: int = -1, **params: Any) -> None:
+    def __init__(self, k: int, *, method: str = "lapsum", dim: int = -1, **params: Any) -> None:
         super().__init__()
         _, self.params = resolve(method, params, self._output)
         self.k, self.method, self.dim = k, method, dim

@@ -23,6 +23,9 @@ EXAMPLE_PARAMS = {
     "splitter_selection": {"distribution": "logistic", "steepness": 4.0},
     "neuralsort": {"tau": 0.25},
     "softsort": {"tau": 0.25},
+    "lapsum": {"tau": 0.25},
+    "sparse": {"l": 0.5},
+    "perturbed": {"sigma": 0.5, "n_samples": 1000},
 }
 TRAIN_PARAMS = {
     "bitonic": {"distribution": "logistic_phi", "steepness": 1.0, "art_lambda": 0.5},
@@ -77,7 +80,10 @@ def run_demo(*, steps: int = 150, seed: int = 0, out: Path | None = None) -> dic
     print(f"Soft top-3 mask of x = [{shown}] (hard top-3: items {sorted(EXAMPLE.topk(3).indices.tolist())})")
     masks = {}
     for name in methods():
-        mask = soft_topk(EXAMPLE, 3, method=name, **EXAMPLE_PARAMS[name])
+        params = dict(EXAMPLE_PARAMS[name])
+        if methods()[name].stochastic:
+            params["generator"] = torch.Generator().manual_seed(seed)
+        mask = soft_topk(EXAMPLE, 3, method=name, **params)
         masks[name] = mask.tolist()
         print(f"  {name:<19} {' '.join(f'{v:5.2f}' for v in mask.tolist())}   sum={mask.sum().item():.3f}")
 
@@ -85,7 +91,7 @@ def run_demo(*, steps: int = 150, seed: int = 0, out: Path | None = None) -> dic
     print(f"\nLinear classifier, synthetic 50 classes, {steps} Adam steps (batch 256), held-out accuracy:")
     print(f"  {'loss':<40} {'top-1':>6} {'top-5':>6} {'ms/step':>8}")
     runs = {"cross_entropy": _train(torch.nn.CrossEntropyLoss(), train, test, steps=steps, seed=seed)}
-    for name in methods():
+    for name in (name for name, info in methods().items() if "ranks" in info.outputs):
         loss = TopKCrossEntropyLoss([0.25, 0, 0, 0, 0.75], method=name, m=16, **TRAIN_PARAMS[name])
         runs[f"topk_ce[{name}]"] = _train(loss, train, test, steps=steps, seed=seed)
     for name, result in runs.items():

@@ -1,0 +1,246 @@
+"""Sparse soft top-k (Sander et al., ICML 2023): exact p-norm regularised top-k mask and magnitude.
+
+The mask solves ``y* = argmax_{y ∈ [0,1]^n, Σy = k} <x, y> - (λ/p) ||y||_p^p``. Its KKT conditions
+give a threshold form, ``y_i = clip(((x_i - t)_+ / λ)^r, 0, 1)`` with ``r = 1/(p-1)`` and ``t`` set by
+``Σ y = k``: the same minimiser that the paper's PAV isotonic regression returns (its pooled block is
+the set ``0 < y < 1``, at value ``t``). The magnitude variant (top-k of ``|x|``, signs kept) is
+``o_i = sign(x_i) (θ u_i + (|x_i| - θ)_+)`` with ``u_i = clip(((|x_i| - θ)_+ / (λ θ^{1/r}))^r, 0, 1)``
+and ``Σ u = k``, again PAV's solution written through its block value ``θ``.
+
+**Solver.** ``t`` lies in ``[s_k - λ, s_k]`` (``s_k`` the k-th largest), so only entries above
+``s_k - λ`` matter: a ``topk`` with a few more than ``k`` candidates (doubled until every row's
+threshold is above its last candidate; a full sort inside ``torch.compile`` or ``vmap``). On the
+sorted candidates, clamped to the bracket so every power sum stays of size ``λ``, the sum is
+evaluated at every breakpoint with float64 prefix moments and ``searchsorted``; inside the right
+segment ``t`` is closed form (p = 2) or the single real root of a monotone cubic (p = 4/3, Cardano
+plus two Newton steps). O(n) memory; never an ``n × n`` matrix.
+
+**Backward** (implicit function theorem; the Jacobian is PAV's block structure). Mask:
+``∂L/∂x = d ⊙ (g - Σ d g / Σ d)``, ``d_i = r z_i^{r-1} / λ`` on ``0 < z_i < 1`` (0 elsewhere).
+Magnitude: identity on saturated entries, 0 below ``θ``, and on the interior ``I``
+``∂L/∂s_j = g_j (1 + θ e_j) + e_j Σ_I g (u - 1 - θ e β) / Σ_I e β`` with ``e = r z^{r-1} / (λ θ^{1/r})``,
+``β = 1 + (s - θ)/(r θ)``. Finite everywhere, including at ``x = 0``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .dykstra import dykstra_mag_rows, dykstra_mask_rows
+
+P_VALUES = (2.0, 4.0 / 3.0)
+SOLVERS = ("pav", "dykstra")
+
+
+def exponent(p: float) -> int:
+    """``r = 1/(p-1)``: 1 for p = 2, 3 for p = 4/3."""
+    return 1 if abs(p - 2.0) < 1e-9 else 3
+
+
+def _cbrt(v: torch.Tensor) -> torch.Tensor:
+    return v.sign() * v.abs().pow(1.0 / 3.0)
+
+
+def _cubic_root(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The real root of ``y³ + p y + q = 0`` for ``p >= 0`` (one real root), float64."""
+    half = 0.5 * q
+    disc = (half * half + p * p * p / 27.0).sqrt()
+    big = _cbrt(-half - torch.where(q >= 0, disc, -disc))
+    y = torch.where(big == 0, torch.zeros_like(big), big - p / (3.0 * big).where(big != 0, torch.ones_like(big)))
+    for _ in range(2):  # Newton polish: the closed form cancels when p dominates
+        slope = 3.0 * y * y + p
+        step = (y * y * y + p * y + q) / slope.where(slope > 0, torch.ones_like(slope))
+        y = y - torch.where(slope > 0, step, torch.zeros_like(step))
+    return y
+
+
+def _saturation_knot(s: torch.Tensor, lam: float, r: int) -> torch.Tensor:
+    """Magnitude: the θ at which an entry of size ``s`` saturates, ``θ + λ θ^{1/r} = s``."""
+    if r == 1:
+        return s / (1.0 + lam)
+    return _cubic_root(torch.full_like(s, lam), -s).pow(3)
+
+
+def _power_sums(u: torch.Tensor, r: int) -> list[torch.Tensor]:
+    """Prefix sums (B, K+1) of ``u^m`` for m = 1..r (float64)."""
+    zero = u.new_zeros(u.shape[0], 1)
+    return [torch.cat([zero, u.pow(m).cumsum(-1)], -1) for m in range(1, r + 1)]
+
+
+def _window_power(prefix: list[torch.Tensor], lo: torch.Tensor, hi: torch.Tensor, at: torch.Tensor, r: int):
+    """``Σ_{lo < i <= hi} (u_i - at)^r`` and the count, from prefix sums (all (B, M))."""
+    count = (hi - lo).to(at.dtype)
+    moments = [p.gather(-1, hi) - p.gather(-1, lo) for p in prefix]
+    if r == 1:
+        return moments[0] - at * count, count
+    m1, m2, m3 = moments
+    return m3 - 3 * at * m2 + 3 * at * at * m1 - at * at * at * count, count
+
+
+def _solve_sorted(s: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torch.Tensor:
+    """Threshold (B, 1) from the sorted (descending, float64) candidates ``s`` (B, K), K > k or K = n."""
+    big = s.shape[-1]
+    sk = s[:, k - 1 : k]
+    if magnitude:
+        lower, upper = _saturation_knot(sk, lam, r), sk + lam * sk.pow(1.0 / r)
+    else:
+        lower, upper = sk - lam, sk + lam
+    u = s.clamp(lower, upper) - sk  # statuses unchanged for every threshold in the bracket
+    neg = (-u).contiguous()
+    prefix = _power_sums(u, r)
+
+    def total(at: torch.Tensor) -> torch.Tensor:  # Σ_i h(.) at thresholds ``at`` (B, M), centred
+        if magnitude:
+            theta = at + sk
+            edge = theta + lam * theta.clamp_min(0).pow(1.0 / r)
+            scale = lam**r * theta
+        else:
+            edge, scale = at + sk + lam, torch.full_like(at, lam**r)
+        sat = torch.searchsorted(neg, -(edge - sk), right=True)
+        above = torch.searchsorted(neg, -at, right=False).clamp_min(sat)
+        window, _ = _window_power(prefix, sat, above, at, r)
+        return sat.to(at.dtype) + window / scale.where(scale > 0, torch.ones_like(scale))
+
+    sat_knots = (_saturation_knot(u + sk, lam, r) - sk) if magnitude else u - lam
+    n_above = (total(u) < k).sum(-1, keepdim=True)
+    n_sat = (total(sat_knots) <= k).sum(-1, keepdim=True).clamp_max(n_above)
+    deficit = k - n_sat.to(s.dtype)
+    window_prefix = [p.gather(-1, n_above) - p.gather(-1, n_sat) for p in prefix]
+    count = (n_above - n_sat).to(s.dtype)
+    safe = count.clamp_min(1)
+    if r == 1:
+        m1 = window_prefix[0]
+        at = (m1 - lam * deficit) / safe if not magnitude else (m1 + count * sk) / (count + lam * deficit) - sk
+    else:
+        m1, m2, m3 = window_prefix
+        mu = m1 / safe
+        v2 = (m2 - m1 * mu).clamp_min(0)
+        v3 = m3 - 3 * mu * m2 + 3 * mu * mu * m1 - mu * mu * mu * count
+        load = lam**3 * deficit
+        if magnitude:
+            at = mu + _cubic_root((3 * v2 + load) / safe, (load * (mu + sk) - v3) / safe)
+        else:
+            at = mu + _cubic_root(3 * v2 / safe, (load - v3) / safe)
+    # nothing strictly inside (or only entries at the zero edge, deficit 0): the sum is flat at k
+    # there and any threshold between the groups is exact; solving the degenerate cubic is not
+    nxt = u.gather(-1, n_sat.clamp_max(big - 1))
+    flat = torch.where(n_sat < big, nxt, u[:, -1:] - (0.0 if magnitude else lam))
+    return torch.where((count > 0) & (deficit > 0), at, flat) + sk
+
+
+def threshold(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torch.Tensor:
+    """Exact threshold ``t`` (mask) or ``θ`` (magnitude) per row of ``x`` (B, n), float64 (B, 1)."""
+    n = x.shape[-1]
+    scores = x.detach().abs() if magnitude else x.detach()
+    branch = not torch.compiler.is_compiling() and not torch._C._functorch.is_batchedtensor(x)
+    size = min(n, 2 * k + 8) if branch else n
+    while True:
+        vals = scores.topk(size, -1).values if size < n else scores.sort(-1, descending=True).values
+        vals = vals.to(torch.float64)
+        t = _solve_sorted(vals, k, lam, r, magnitude)
+        # exact once every non-candidate lies at or below the threshold
+        if size == n or bool((vals[:, -1:] <= t).all()):
+            return t
+        size = min(n, 4 * size)
+
+
+class _MaskFn(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, t: torch.Tensor, lam: float, r: int) -> torch.Tensor:
+        return ((x - t) / lam).clamp(0, 1).pow(r)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, t, lam, r = inputs
+        ctx.save_for_backward(x, t)
+        ctx.lam, ctx.r = lam, r
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, t = ctx.saved_tensors
+        z = (x - t) / ctx.lam
+        inside = (z > 0) & (z < 1)
+        d = torch.where(inside, ctx.r * z.pow(ctx.r - 1) / ctx.lam, torch.zeros_like(z))
+        total = d.sum(-1, keepdim=True)
+        gbar = (d * grad).sum(-1, keepdim=True) / total.where(total > 0, torch.ones_like(total))
+        return d * (grad - gbar), None, None, None
+
+
+class _MagFn(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, theta: torch.Tensor, lam: float, r: int) -> torch.Tensor:
+        s = x.abs()
+        positive = theta > 0
+        scale = lam * theta.clamp_min(0).pow(1.0 / r)
+        z = (s - theta) / scale.where(positive, torch.ones_like(scale))
+        kept = theta * z.clamp(0, 1).pow(r) + (s - theta).clamp_min(0)
+        out = torch.where((z >= 1) | ~positive, s, kept)
+        return x.sign() * out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, theta, lam, r = inputs
+        ctx.save_for_backward(x, theta)
+        ctx.lam, ctx.r = lam, r
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, theta = ctx.saved_tensors
+        lam, r = ctx.lam, ctx.r
+        s, sign = x.abs(), x.sign()
+        positive = theta > 0
+        safe_theta = theta.where(positive, torch.ones_like(theta))
+        scale = lam * safe_theta.pow(1.0 / r)
+        z = (s - theta) / scale
+        inside = (z > 0) & (z < 1) & positive
+        saturated = (z >= 1) | (~positive & (s > 0))
+        g = grad * sign
+        zero = torch.zeros_like(z)
+        e = torch.where(inside, r * z.clamp(0, 1).pow(r - 1) / scale, zero)
+        beta = 1 + (s - theta) / (r * safe_theta)
+        u = z.clamp(0, 1).pow(r)
+        c = torch.where(inside, g * (u - 1 - theta * e * beta), zero).sum(-1, keepdim=True)
+        eb = (e * beta).sum(-1, keepdim=True)
+        grad_s = torch.where(inside, g * (1 + theta * e), torch.where(saturated, g, zero))
+        grad_s = grad_s + e * (c / eb.where(eb > 0, torch.ones_like(eb)))
+        return grad_s * sign, None, None, None
+
+
+def _exact(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torch.Tensor:
+    if k >= x.shape[-1]:
+        return x * 1 if magnitude else x * 0 + 1
+    t = threshold(x, k, lam, r, magnitude).to(x.dtype)
+    return (_MagFn if magnitude else _MaskFn).apply(x, t, lam, r)
+
+
+def _rows(x: torch.Tensor, k: int, lam: float, p: float, solver: str, n_iter: int, magnitude: bool):
+    r = exponent(p)
+    if solver == "pav":
+        return _exact(x, k, lam, r, magnitude)
+    if r != 1:
+        raise ValueError(f"solver='dykstra' solves p=2 only, got p={p!r}; use solver='pav' for p=4/3")
+    approx = (dykstra_mag_rows if magnitude else dykstra_mask_rows)(x.detach(), k, lam, n_iter)
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return approx
+    # Dykstra's value, the exact problem's Jacobian: the truncation error stays out of the gradient
+    exact = _exact(x, k, lam, r, magnitude)
+    return exact + (approx - exact).detach()
+
+
+def sparse_mask_rows(x: torch.Tensor, k: int, *, l: float, p: float, solver: str, n_iter: int) -> torch.Tensor:  # noqa: E741
+    """Sparse soft top-k mask of rows ``x`` (B, n): exact (``'pav'``) or Dykstra (``'dykstra'``)."""
+    return _rows(x, k, l, p, solver, n_iter, magnitude=False)
+
+
+def sparse_mag_rows(x: torch.Tensor, k: int, *, l: float, p: float, solver: str, n_iter: int) -> torch.Tensor:  # noqa: E741
+    """Sparse soft top-k in magnitude of rows ``x`` (B, n)."""
+    return _rows(x, k, l, p, solver, n_iter, magnitude=True)
+
+
+def hard_mask_rows(x: torch.Tensor, k: int) -> torch.Tensor:
+    """k-hot mask of the ``k`` largest entries per row (zero gradient)."""
+    return (x * 0).abs().scatter(-1, x.topk(k, -1).indices, 1.0)
