@@ -41,7 +41,6 @@ import argparse
 import datetime
 import gc
 import json
-import math
 import os
 import platform
 import shlex
@@ -51,9 +50,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -106,7 +105,7 @@ def _resolve_topk():
 def _resolve_entmax():
     try:
         import entmax
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         raise Unavailable(f"entmax not importable ({_short(error)})") from error
     fn = getattr(entmax, "budget_bisect", None)
     if fn is None:
@@ -118,7 +117,7 @@ def _resolve_entmax():
 def _resolve_torchsort():
     try:
         import torchsort
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         raise Unavailable(f"torchsort not importable ({_short(error)})") from error
 
     def mask(x, k):
@@ -130,7 +129,7 @@ def _resolve_torchsort():
 
 def _resolve_lapsum():
     fn = _softtopk_function("soft_topk")
-    methods = getattr(softtopk, "methods", lambda: {})()
+    methods = getattr(softtopk, "methods", dict)()
     if "lapsum" not in methods:
         raise Unavailable(f"'lapsum' not in softtopk.methods() ({', '.join(methods)})")
     return lambda x, k: fn(x, k, method="lapsum", tau=LAPSUM_TAU)
@@ -192,7 +191,7 @@ def candidate_list() -> list[Candidate]:
         Candidate("softtopk sparse p=2 dykstra",
                   f"softtopk.sparse_topk_mask(x, k, l={L_REG}, p=2, solver='dykstra', n_iter={DYKSTRA_ITERS})",
                   _resolve_sparse(2.0, solver="dykstra", n_iter=DYKSTRA_ITERS), max_n=10000,
-                  note=f"O(n_iter * n); only n <= 10000"),
+                  note="O(n_iter * n); only n <= 10000"),
         Candidate("softtopk sparse_topk_mag", f"softtopk.sparse_topk_mag(x, k, l={L_REG})", _resolve_mag,
                   kind="mag", note="soft top-k by magnitude, x-valued output: sum != k and range beyond [0, 1] "
                   "by design (shown for reference)"),
@@ -457,7 +456,8 @@ def machine_info(threads: int) -> dict:
 
     def git(*cmd: str) -> str:
         try:
-            return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+            return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True, timeout=10,
+                                  check=False).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 
@@ -483,7 +483,7 @@ def softtopk_api() -> dict:
     return {
         "functions": {name: hasattr(softtopk, name) for name in
                       ("soft_topk", "sparse_topk_mask", "sparse_topk_mag", "perturbed_topk")},
-        "lapsum_method": "lapsum" in getattr(softtopk, "methods", lambda: {})(),
+        "lapsum_method": "lapsum" in getattr(softtopk, "methods", dict)(),
     }
 
 

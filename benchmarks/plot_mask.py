@@ -21,7 +21,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 BASELINE = "torch.topk"
 STYLE = {  # candidate -> (color, linestyle, marker)
@@ -73,6 +73,8 @@ def plot(data: dict, out: Path) -> None:
             yerr = [[r["fwd_bwd_ms"]["median"] - r["fwd_bwd_ms"]["q1"] for _, r in pts],
                     [r["fwd_bwd_ms"]["q3"] - r["fwd_bwd_ms"]["median"] for _, r in pts]]
             label = name + (" (hard baseline)" if name == BASELINE else "")
+            if all((r.get("sanity") or {}).get("mask_max") == 0 for _, r in pts):
+                label += " [mask is 0 everywhere, see notes]"
             ax.errorbar(xs, ys, yerr=yerr, color=color, ls=ls, marker=marker, capsize=2, label=label,
                         lw=2.0 if name == BASELINE else 1.4, zorder=3 if name == BASELINE else 2)
         ax.set_xscale("log")
@@ -144,10 +146,10 @@ def markdown(data: dict, json_path: Path, plot_command: str) -> str:
     lines = [
         "# Relaxed top-k masks: time against torch.topk",
         "",
-        f"Hardware: {hardware(data)}. torch {m['torch']}, softtopk {m['softtopk']} (git {m['git_commit']}"
+        (f"Hardware: {hardware(data)}. torch {m['torch']}, softtopk {m['softtopk']} (git {m['git_commit']}"
         f"{', src/ with uncommitted changes' if m['git_src_dirty'] else ''}), entmax {m['entmax']}, "
         f"torchsort {m['torchsort'] or 'not installed'}. {m['date']}, load average "
-        f"{m['loadavg_before'][0]:.1f} → {m['loadavg_after'][0]:.1f}.",
+        f"{m['loadavg_before'][0]:.1f} → {m['loadavg_after'][0]:.1f}."),
         "",
         "Produced by:",
         "",
@@ -156,7 +158,7 @@ def markdown(data: dict, json_path: Path, plot_command: str) -> str:
         plot_command,
         "```",
         "",
-        f"x = randn({s['batch']}, n) float32; fwd = one call with `x.requires_grad`; fwd+bwd = "
+        (f"x = randn({s['batch']}, n) float32; fwd = one call with `x.requires_grad`; fwd+bwd = "
         f"`(out * g).sum().backward()` with a fixed random `g` (torch.topk: `torch.topk(x, k).values` and "
         f"`(values * g_k).sum()`). Median over up to {s['repeats']} repeats (slow candidates fewer, at least "
         f"{s['min_repeats']}; *reps* column) of single calls interleaved in a rotated order; **×topk** = "
@@ -164,7 +166,7 @@ def markdown(data: dict, json_path: Path, plot_command: str) -> str:
         f"fwd+bwd). **max \\|Σ−k\\|** = max over the {s['batch']} rows of |sum(mask) − k|; **min/max** = range of "
         f"the mask over the batch; **nnz/row** = range over rows of the number of non-zero entries (all from one "
         f"forward on the benchmark batch; for sparse_topk_mag, whose output is x-valued, |Σ−k| is shown in "
-        f"parentheses for reference only). Figure: `{json_path.with_suffix('.png').name}`.",
+        f"parentheses for reference only). Figure: `{json_path.with_suffix('.png').name}`."),
         "",
     ]
     by_name = {c["name"]: c for c in data["candidates"]}

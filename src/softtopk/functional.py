@@ -191,8 +191,10 @@ def sparse_topk_mask(
         solver: ``'pav'`` (default): the exact solution (the minimiser PAV returns), found by a
             threshold search on the sorted top candidates with float64 prefix moments, O(n) memory;
             ``'dykstra'``: the original's approximate alternating projections (p = 2 only,
-            ``n_iter`` single projections, fixed count, ``torch.compile``-friendly); its
-            gradient is the exact Jacobian of the problem, not of the truncated iteration.
+            ``n_iter`` single projections, fixed count, ``torch.compile``-friendly). Every
+            iterate sums to ``k``, but before convergence it is not exact and may leave [0, 1]
+            slightly (the error grows with n: see ``docs/compat.md``); its gradient is the exact
+            Jacobian of the problem, not that of the truncated iteration.
         dim: the axis to select along.
         n_iter: Dykstra's number of projections (ignored by ``'pav'``). Default 500.
 
