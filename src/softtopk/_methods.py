@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._validation import check_number, check_real
+from ._validation import can_inspect, check_number, check_real
 from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
 from .ops.neuralsort import neuralsort_ranks
@@ -56,7 +56,7 @@ def _positive_or_tensor(name: str, value: Any) -> None:
         return
     if not value.is_floating_point():
         raise TypeError(f"{name} must be a floating tensor when given as a tensor, got {value.dtype}")
-    if not torch.compiler.is_compiling() and value.numel() and not bool(
+    if can_inspect(value) and value.numel() and not bool(
         ((value > 0) & torch.isfinite(value)).all()
     ):
         raise ValueError(f"{name} must be positive and finite, got a tensor with min {value.min().item()!r}")

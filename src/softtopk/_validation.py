@@ -68,11 +68,16 @@ def check_k(k: Any, n: int, dim: int) -> int:
     return int(k)
 
 
+def can_inspect(value: torch.Tensor) -> bool:
+    """Whether a tensor's values may be read for a check: not while compiling or inside vmap."""
+    return not torch.compiler.is_compiling() and not torch._C._functorch.is_batchedtensor(value)
+
+
 def check_k_tensor(k: torch.Tensor, n: int) -> torch.Tensor:
-    """A floating tensor ``k`` of per-row values in ``(0, n]`` (value check skipped under compile)."""
+    """A floating tensor ``k`` of per-row values in ``(0, n]`` (values unchecked under compile/vmap)."""
     if not k.is_floating_point():
         raise TypeError(f"k must be an int or a floating tensor, got a tensor of dtype {k.dtype}")
-    if not torch.compiler.is_compiling() and k.numel() and not bool(((k > 0) & (k <= n)).all()):
+    if can_inspect(k) and k.numel() and not bool(((k > 0) & (k <= n)).all()):
         bad = k[~((k > 0) & (k <= n))][0].item()
         raise ValueError(f"k must lie in (0, n = {n}] in every row, got {bad}")
     return k

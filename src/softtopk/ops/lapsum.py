@@ -58,17 +58,21 @@ class _LaplaceMask(torch.autograd.Function):
         # x (B, n); tau, k broadcastable to (B, 1); big = number of candidates K
         n = x.shape[-1]
         inv_tau = tau.reciprocal()
+        # everything is measured from ``ref`` (the last candidate), so that scores far from 0
+        # relative to τ keep their differences: t/τ is only ever formed relative to it
         if big == n:  # whole row sorted; a -inf sentinel adds the segment "all n above t"
             vals, idx = x.sort(-1, descending=True)
-            a = torch.cat([vals * inv_tau, vals.new_full((x.shape[0], 1), _NEG_INF)], -1)
+            ref = vals[:, -1:]
+            a = torch.cat([(vals - ref) * inv_tau, vals.new_full((x.shape[0], 1), _NEG_INF)], -1)
             log_rest = vals.new_full((x.shape[0], 1), _NEG_INF)
             scaled = torch.zeros_like(x)
         else:
             vals, idx = x.topk(big, -1)
-            a = vals * inv_tau
+            ref = vals[:, -1:]
+            a = (vals - ref) * inv_tau
             # rest: Σ_{not among the K largest} e^{(x - s_K)/τ}, every term in (0, 1]
-            scaled = torch.addcmul(-a[:, -1:], x, inv_tau).clamp_max_(0).exp_().scatter_(-1, idx, 0.0)
-            log_rest = scaled.sum(-1, keepdim=True).log_() + a[:, -1:]
+            scaled = ((x - ref) * inv_tau).clamp_max_(0).exp_().scatter_(-1, idx, 0.0)
+            log_rest = scaled.sum(-1, keepdim=True).log_()
         tt, valid = _solve_log_threshold(a, log_rest, k)
         z_top = a[:, : vals.shape[-1]] - tt
         half_e = 0.5 * torch.exp(-z_top.abs())
@@ -78,19 +82,19 @@ class _LaplaceMask(torch.autograd.Function):
         mask = (scaled * rest_scale).scatter_(-1, idx, m_top)
         d = scaled.mul_(rest_scale * inv_tau).scatter_(-1, idx, half_e * inv_tau)
         total = (0.5 * torch.exp(log_rest - tt) + half_e.sum(-1, keepdim=True)) * inv_tau  # Σ d
-        return mask, d, total, tt, valid
+        return mask, d, total, tt, ref, valid
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         x, tau, k, _ = inputs
-        _, d, total, tt, _ = output
-        ctx.save_for_backward(x, tau, d, total, tt)
+        _, d, total, tt, ref, _ = output
+        ctx.save_for_backward(x, tau, d, total, tt, ref)
         ctx.k_shape = k.shape
         ctx.mark_non_differentiable(*output[1:])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, *_):
-        x, tau, d, total, tt = ctx.saved_tensors
+        x, tau, d, total, tt, ref = ctx.saved_tensors
         # total == 0 only when every F'(z) underflows: the mask is hard there and its gradient 0
         safe = torch.where(total > 0, total, torch.ones_like(total))
         gbar = torch.linalg.vecdot(d, grad).unsqueeze(-1) / safe
@@ -98,7 +102,7 @@ class _LaplaceMask(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = (grad - gbar).mul_(d)
         if ctx.needs_input_grad[1]:
-            z = x / tau - tt
+            z = (x - ref) / tau - tt
             zbar = torch.linalg.vecdot(d, z).unsqueeze(-1) / safe
             grad_tau = _sum_to(-torch.linalg.vecdot(grad * d, z - zbar).unsqueeze(-1), tau.shape)
         if ctx.needs_input_grad[2]:

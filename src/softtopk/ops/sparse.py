@@ -102,8 +102,10 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) 
         return sat.to(at.dtype) + window / scale.where(scale > 0, torch.ones_like(scale))
 
     sat_knots = (_saturation_knot(u + sk, lam, r) - sk) if magnitude else u - lam
-    n_above = (total(u) < k).sum(-1, keepdim=True)
-    n_sat = (total(sat_knots) <= k).sum(-1, keepdim=True).clamp_max(n_above)
+    # a breakpoint within rounding of the root counts as reached: its entry is at 0 (or 1) either way
+    slack = 1e-9 * k
+    n_above = (total(u) < k - slack).sum(-1, keepdim=True)
+    n_sat = (total(sat_knots) <= k + slack).sum(-1, keepdim=True).clamp_max(n_above)
     deficit = k - n_sat.to(s.dtype)
     window_prefix = [p.gather(-1, n_above) - p.gather(-1, n_sat) for p in prefix]
     count = (n_above - n_sat).to(s.dtype)
@@ -123,9 +125,17 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) 
             at = mu + _cubic_root(3 * v2 / safe, (load - v3) / safe)
     # nothing strictly inside (or only entries at the zero edge, deficit 0): the sum is flat at k
     # there and any threshold between the groups is exact; solving the degenerate cubic is not
-    nxt = u.gather(-1, n_sat.clamp_max(big - 1))
-    flat = torch.where(n_sat < big, nxt, u[:, -1:] - (0.0 if magnitude else lam))
-    return torch.where((count > 0) & (deficit > 0), at, flat) + sk
+    # (the middle of the gap, from unclamped values, so that float32 rounding of t keeps the mask hard)
+    nxt = s.gather(-1, n_sat.clamp_max(big - 1))
+    last = s.gather(-1, (n_sat - 1).clamp(0, big - 1))
+    edge = _saturation_knot(last, lam, r) if magnitude else last - lam
+    flat = torch.where(n_sat < big, 0.5 * (nxt + torch.maximum(edge, nxt)), s[:, -1:] - (0.0 if magnitude else lam))
+    t = torch.where((count > 0) & (deficit > 0), at + sk, flat)
+    # the k largest saturate before the (k+1)-th starts: the exact answer is the hard k-hot mask
+    # (decided from the gap itself, not from sums that rounding blurs when λ is tiny)
+    following = s[:, k : k + 1]
+    hard = lower >= following
+    return torch.where(hard, 0.5 * (lower + following), t)
 
 
 def threshold(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torch.Tensor:
@@ -153,18 +163,19 @@ class _MaskFn(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, t, lam, r = inputs
-        ctx.save_for_backward(x, t)
+        _, _, lam, r = inputs
+        ctx.save_for_backward(output)
         ctx.lam, ctx.r = lam, r
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, t = ctx.saved_tensors
-        z = (x - t) / ctx.lam
-        inside = (z > 0) & (z < 1)
-        d = torch.where(inside, ctx.r * z.pow(ctx.r - 1) / ctx.lam, torch.zeros_like(z))
+        (y,) = ctx.saved_tensors
+        inside = (y > 0) & (y < 1)
+        # d = r z^{r-1} / λ with y = z^r: 1/λ (p = 2), 3 y^{2/3} / λ (p = 4/3)
+        d = inside / ctx.lam if ctx.r == 1 else y.pow(2.0 / 3.0).mul_(3.0 / ctx.lam).mul_(inside)
+        d = d.to(grad.dtype)
         total = d.sum(-1, keepdim=True)
-        gbar = (d * grad).sum(-1, keepdim=True) / total.where(total > 0, torch.ones_like(total))
+        gbar = torch.linalg.vecdot(d, grad).unsqueeze(-1) / total.where(total > 0, torch.ones_like(total))
         return d * (grad - gbar), None, None, None
 
 
