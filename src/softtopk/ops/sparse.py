@@ -183,49 +183,52 @@ class _MagFn(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, theta: torch.Tensor, lam: float, r: int) -> torch.Tensor:
+    def forward(x: torch.Tensor, theta: torch.Tensor, lam: float, r: int):
         s = x.abs()
         positive = theta > 0
         scale = lam * theta.clamp_min(0).pow(1.0 / r)
-        z = (s - theta) / scale.where(positive, torch.ones_like(scale))
+        # z = (|x| - θ) / (λ θ^{1/r}); a row with θ = 0 keeps every entry (z = +inf)
+        z = torch.where(positive, (s - theta) / scale.where(positive, torch.ones_like(scale)), torch.inf)
         kept = theta * z.clamp(0, 1).pow(r) + (s - theta).clamp_min(0)
-        out = torch.where((z >= 1) | ~positive, s, kept)
-        return x.sign() * out
+        return x.sign() * torch.where(z >= 1, s, kept), z
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         x, theta, lam, r = inputs
-        ctx.save_for_backward(x, theta)
+        ctx.save_for_backward(x, theta, output[1])
+        ctx.mark_non_differentiable(output[1])
         ctx.lam, ctx.r = lam, r
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        x, theta = ctx.saved_tensors
+    def backward(ctx, grad: torch.Tensor, _z: torch.Tensor):
+        # on the interior I (0 < z < 1), with e = r z^{r-1} / (λ θ^{1/r}) and g~ = g sign(x):
+        #   ∂L/∂s = g~ (1 + θ e) + e c / Σ_I e β,  c = -Σ_I g~ (1 + θ e),  β = 1 + z λ θ^{1/r} / (r θ)
+        # (u - 1 - θ e β collapses to -(1 + θ e)); saturated entries pass g~ through, zeros get 0
+        x, theta, z = ctx.saved_tensors
         lam, r = ctx.lam, ctx.r
-        s, sign = x.abs(), x.sign()
-        positive = theta > 0
-        safe_theta = theta.where(positive, torch.ones_like(theta))
-        scale = lam * safe_theta.pow(1.0 / r)
-        z = (s - theta) / scale
-        inside = (z > 0) & (z < 1) & positive
-        saturated = (z >= 1) | (~positive & (s > 0))
+        sign = x.sign()
         g = grad * sign
-        zero = torch.zeros_like(z)
-        e = torch.where(inside, r * z.clamp(0, 1).pow(r - 1) / scale, zero)
-        beta = 1 + (s - theta) / (r * safe_theta)
-        u = z.clamp(0, 1).pow(r)
-        c = torch.where(inside, g * (u - 1 - theta * e * beta), zero).sum(-1, keepdim=True)
-        eb = (e * beta).sum(-1, keepdim=True)
-        grad_s = torch.where(inside, g * (1 + theta * e), torch.where(saturated, g, zero))
-        grad_s = grad_s + e * (c / eb.where(eb > 0, torch.ones_like(eb)))
-        return grad_s * sign, None, None, None
+        inside = (z > 0) & (z < 1)
+        safe_theta = theta.where(theta > 0, torch.ones_like(theta))
+        scale = lam * safe_theta.pow(1.0 / r)
+        zc = z.where(inside, torch.zeros_like(z))
+        e = inside / scale if r == 1 else zc.square().mul_(r / scale)
+        e = e.to(g.dtype)
+        eb = e.sum(-1, keepdim=True) + (scale / (r * safe_theta)) * torch.linalg.vecdot(e, zc).unsqueeze(-1)
+        theta_e = theta * e
+        c = -torch.linalg.vecdot(inside.to(g.dtype), g).unsqueeze(-1) - torch.linalg.vecdot(theta_e, g).unsqueeze(-1)
+        weight = (z > 0).to(g.dtype).add_(theta_e)
+        grad_s = (g * weight).addcmul_(e, c / eb.where(eb > 0, torch.ones_like(eb)))
+        return grad_s.mul_(sign), None, None, None
 
 
 def _exact(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torch.Tensor:
     if k >= x.shape[-1]:
         return x * 1 if magnitude else x * 0 + 1
     t = threshold(x, k, lam, r, magnitude).to(x.dtype)
-    return (_MagFn if magnitude else _MaskFn).apply(x, t, lam, r)
+    if magnitude:
+        return _MagFn.apply(x, t, lam, r)[0]
+    return _MaskFn.apply(x, t, lam, r)
 
 
 def _rows(x: torch.Tensor, k: int, lam: float, p: float, solver: str, n_iter: int, magnitude: bool):
