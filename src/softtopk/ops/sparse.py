@@ -96,8 +96,8 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) 
             scale = lam**r * theta
         else:
             edge, scale = at + sk + lam, torch.full_like(at, lam**r)
-        sat = torch.searchsorted(neg, -(edge - sk), right=True)
-        above = torch.searchsorted(neg, -at, right=False).clamp_min(sat)
+        sat = torch.searchsorted(neg, (sk - edge).contiguous(), right=True)
+        above = torch.searchsorted(neg, (-at).contiguous(), right=False).clamp_min(sat)
         window, _ = _window_power(prefix, sat, above, at, r)
         return sat.to(at.dtype) + window / scale.where(scale > 0, torch.ones_like(scale))
 
