@@ -69,7 +69,8 @@ def check_k(k: Any, n: int, dim: int) -> int:
 
 
 def can_inspect(value: torch.Tensor) -> bool:
-    """Whether a tensor's values may be read for a check: not while compiling or inside vmap."""
+    """Whether a tensor's values may be read (a check, a data-dependent branch): not while compiling
+    or inside vmap."""
     return not torch.compiler.is_compiling() and not torch._C._functorch.is_batchedtensor(value)
 
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import can_inspect
+
 _NEG_INF = float("-inf")
 
 
@@ -133,13 +135,9 @@ def lapsum_mask(x: torch.Tensor, k: int | torch.Tensor, tau: float | torch.Tenso
     # k + 3 + k/8 candidates hold the threshold in almost every row, and torch.topk on CPU is several
     # times cheaper for K <= n/64 than above: try them first when only they fit under that bound
     few = k + 3 + k // 8
-    if 64 * few <= n < 128 * k and _can_branch(x):
+    if 64 * few <= n < 128 * k and can_inspect(x):
         mask, *_, valid = _LaplaceMask.apply(x, tau_t, k_t, few)
         if bool(valid.all()):
             return mask
     return _LaplaceMask.apply(x, tau_t, k_t, 2 * k)[0]
 
-
-def _can_branch(x: torch.Tensor) -> bool:
-    """Whether a data-dependent Python branch is allowed (eager, not inside vmap or compile)."""
-    return not torch.compiler.is_compiling() and not torch._C._functorch.is_batchedtensor(x)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from .._validation import can_inspect
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
 P_VALUES = (2.0, 4.0 / 3.0)
@@ -142,7 +143,7 @@ def threshold(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> t
     """Exact threshold ``t`` (mask) or ``θ`` (magnitude) per row of ``x`` (B, n), float64 (B, 1)."""
     n = x.shape[-1]
     scores = x.detach().abs() if magnitude else x.detach()
-    branch = not torch.compiler.is_compiling() and not torch._C._functorch.is_batchedtensor(x)
+    branch = can_inspect(x)
     size = min(n, 2 * k + 8) if branch else n
     while True:
         vals = scores.topk(size, -1).values if size < n else scores.sort(-1, descending=True).values
