@@ -69,13 +69,13 @@ def _power_sums(u: torch.Tensor, r: int) -> list[torch.Tensor]:
 
 
 def _window_power(prefix: list[torch.Tensor], lo: torch.Tensor, hi: torch.Tensor, at: torch.Tensor, r: int):
-    """``Σ_{lo < i <= hi} (u_i - at)^r`` and the count, from prefix sums (all (B, M))."""
+    """``Σ_{lo < i <= hi} (u_i - at)^r`` from prefix sums (all (B, M))."""
     count = (hi - lo).to(at.dtype)
     moments = [p.gather(-1, hi) - p.gather(-1, lo) for p in prefix]
     if r == 1:
-        return moments[0] - at * count, count
+        return moments[0] - at * count
     m1, m2, m3 = moments
-    return m3 - 3 * at * m2 + 3 * at * at * m1 - at * at * at * count, count
+    return m3 - 3 * at * m2 + 3 * at * at * m1 - at * at * at * count
 
 
 def _solve_sorted(s: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torch.Tensor:
@@ -99,7 +99,7 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) 
             edge, scale = at + sk + lam, torch.full_like(at, lam**r)
         sat = torch.searchsorted(neg, (sk - edge).contiguous(), right=True)
         above = torch.searchsorted(neg, (-at).contiguous(), right=False).clamp_min(sat)
-        window, _ = _window_power(prefix, sat, above, at, r)
+        window = _window_power(prefix, sat, above, at, r)
         return sat.to(at.dtype) + window / scale.where(scale > 0, torch.ones_like(scale))
 
     sat_knots = (_saturation_knot(u + sk, lam, r) - sk) if magnitude else u - lam
