@@ -16,7 +16,7 @@ def test_demo_prints_every_method_and_writes_json(tmp_path, capsys):
     for name, info in softtopk.methods().items():
         assert name in printed
         assert abs(sum(results["masks"][name]) - 3.0) < 1e-4
-        if "ranks" in info.outputs:
+        if "ranks" in info.outputs and not info.stochastic:
             assert 0.0 <= results["training"][f"topk_ce[{name}]"]["top5"] <= 1.0
     assert results["steps"] == 2
 

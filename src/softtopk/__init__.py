@@ -5,18 +5,35 @@ from importlib.metadata import PackageNotFoundError, version
 from . import functional
 from ._methods import MethodInfo, methods
 from .functional import (
+    bal_noised_topk,
+    gumbel_topk,
     hard_topk_mag,
     hard_topk_mask,
+    imbal_noised_topk,
     noised_kth_value,
     perturbed_topk,
+    smooth_top1_svm,
+    smooth_topk_svm,
     soft_permutation,
     soft_topk,
     soft_topk_ranks,
     sparse_topk_mag,
     sparse_topk_mask,
+    top1_svm,
     topk_cross_entropy,
+    topk_svm,
 )
-from .nn import SoftTopK, SoftTopKRanks, TopKCrossEntropyLoss
+from .nn import (
+    BalNoisedTopK,
+    ImbalNoisedTopK,
+    SmoothTop1SVM,
+    SmoothTopkSVM,
+    SoftTopK,
+    SoftTopKRanks,
+    Top1SVM,
+    TopKCrossEntropyLoss,
+    TopkSVM,
+)
 
 try:
     __version__ = version("softtopk")
@@ -24,20 +41,33 @@ except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "BalNoisedTopK",
+    "ImbalNoisedTopK",
     "MethodInfo",
+    "SmoothTop1SVM",
+    "SmoothTopkSVM",
     "SoftTopK",
     "SoftTopKRanks",
+    "Top1SVM",
     "TopKCrossEntropyLoss",
+    "TopkSVM",
+    "bal_noised_topk",
     "functional",
+    "gumbel_topk",
     "hard_topk_mag",
     "hard_topk_mask",
+    "imbal_noised_topk",
     "methods",
     "noised_kth_value",
     "perturbed_topk",
+    "smooth_top1_svm",
+    "smooth_topk_svm",
     "soft_permutation",
     "soft_topk",
     "soft_topk_ranks",
     "sparse_topk_mag",
     "sparse_topk_mask",
+    "top1_svm",
     "topk_cross_entropy",
+    "topk_svm",
 ]

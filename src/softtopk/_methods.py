@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from ._validation import can_inspect, check_number, check_real
+from .ops.gumbel import RELAXATIONS, check_hard, check_noise_flag, check_relaxation, gumbel_mask_rows, gumbel_ranks_rows
 from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
 from .ops.neuralsort import neuralsort_ranks
@@ -197,6 +198,27 @@ _REGISTRY["perturbed"] = _Method(
     None,
     perturbed_topk_rows,
     checks={"sigma": _positive, "n_samples": _count, "noise": check_noise_kind, "generator": check_generator},
+)
+_REGISTRY["gumbel"] = _Method(
+    MethodInfo(
+        name="gumbel",
+        outputs=("mask", "ranks"),
+        stochastic=True,
+        cost="relaxation 'lapsum': O(n) plus a topk of 2k; 'subsets': O(k n) (k sequential softmaxes)",
+        params={"tau": 1.0, "hard": False, "relaxation": "lapsum", "noise": True, "generator": None},
+        summary="Gumbel top-k subset sampling (Xie & Ermon 2019): a relaxed sample of k items without "
+        f"replacement, relaxations {RELAXATIONS}; ranks (the k successive softmaxes) need "
+        "relaxation='subsets'",
+    ),
+    gumbel_ranks_rows,
+    gumbel_mask_rows,
+    checks={
+        "tau": _positive,
+        "hard": check_hard,
+        "relaxation": check_relaxation,
+        "noise": check_noise_flag,
+        "generator": check_generator,
+    },
 )
 
 

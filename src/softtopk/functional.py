@@ -15,22 +15,32 @@ import torch
 from ._methods import methods, resolve
 from ._rows import along_rows
 from ._validation import check_dim, check_k, check_k_tensor, check_scores
+from .losses.noised import bal_noised_topk, imbal_noised_topk
+from .losses.smooth_svm import smooth_top1_svm, smooth_topk_svm, top1_svm, topk_svm
 from .losses.topk_ce import topk_cross_entropy
+from .ops.gumbel import gumbel_topk
 from .ops.perturbed import noised_kth_value, perturbed_topk
 from .ops.sparse import hard_mask_rows, sparse_mag_rows, sparse_mask_rows
 
 __all__ = [
+    "bal_noised_topk",
+    "gumbel_topk",
     "hard_topk_mag",
     "hard_topk_mask",
+    "imbal_noised_topk",
     "methods",
     "noised_kth_value",
     "perturbed_topk",
+    "smooth_top1_svm",
+    "smooth_topk_svm",
     "soft_permutation",
     "soft_topk",
     "soft_topk_ranks",
     "sparse_topk_mag",
     "sparse_topk_mask",
+    "top1_svm",
     "topk_cross_entropy",
+    "topk_svm",
 ]
 
 

@@ -48,7 +48,7 @@ def _solve_log_threshold(a: torch.Tensor, log_rest: torch.Tensor, k: torch.Tenso
     violation = (a - log_u).clamp_min(0) + (log_u - upper).clamp_min(0)
     best, j = violation.min(-1, keepdim=True)
     # a row is solved when its best segment holds t up to rounding; otherwise t lies below a_K
-    valid = best <= 1e-5 * (1 + a.gather(-1, j).abs())
+    valid = best <= 1e-9 * (1 + a.gather(-1, j).abs())  # float64: rounding only
     return log_u.gather(-1, j).clamp(a.gather(-1, j), upper.gather(-1, j)), valid
 
 
@@ -60,30 +60,34 @@ class _LaplaceMask(torch.autograd.Function):
         # x (B, n); tau, k broadcastable to (B, 1); big = number of candidates K
         n = x.shape[-1]
         inv_tau = tau.reciprocal()
-        # everything is measured from ``ref`` (the last candidate), so that scores far from 0
-        # relative to τ keep their differences: t/τ is only ever formed relative to it
+        # scores are measured from ``ref``, the k-th largest, near which t lies, and the (B, K)
+        # threshold search runs in float64: a row may span ~1e9 τ, far beyond float32's resolution
         if big == n:  # whole row sorted; a -inf sentinel adds the segment "all n above t"
             vals, idx = x.sort(-1, descending=True)
-            ref = vals[:, -1:]
-            a = torch.cat([(vals - ref) * inv_tau, vals.new_full((x.shape[0], 1), _NEG_INF)], -1)
-            log_rest = vals.new_full((x.shape[0], 1), _NEG_INF)
-            scaled = torch.zeros_like(x)
         else:
             vals, idx = x.topk(big, -1)
-            ref = vals[:, -1:]
-            a = (vals - ref) * inv_tau
+        wide = torch.float64
+        kth = (k.expand(x.shape[0], 1).ceil().long() - 1).clamp(0, big - 1)
+        ref = vals.gather(-1, kth)
+        a = (vals - ref).to(wide) * inv_tau.to(wide)
+        if big == n:
+            a = torch.cat([a, a.new_full((x.shape[0], 1), _NEG_INF)], -1)
+            log_rest = a.new_full((x.shape[0], 1), _NEG_INF)
+            scaled = torch.zeros_like(x)
+        else:
             # rest: Σ_{not among the K largest} e^{(x - s_K)/τ}, every term in (0, 1]
-            scaled = ((x - ref) * inv_tau).clamp_max_(0).exp_().scatter_(-1, idx, 0.0)
-            log_rest = scaled.sum(-1, keepdim=True).log_()
-        tt, valid = _solve_log_threshold(a, log_rest, k)
+            scaled = ((x - vals[:, -1:]) * inv_tau).clamp_max_(0).exp_().scatter_(-1, idx, 0.0)
+            log_rest = scaled.sum(-1, keepdim=True).to(wide).log_() + a[:, big - 1 : big]
+        tt, valid = _solve_log_threshold(a, log_rest, k.to(wide))
         z_top = a[:, : vals.shape[-1]] - tt
         half_e = 0.5 * torch.exp(-z_top.abs())
-        m_top = torch.where(z_top >= 0, 1 - half_e, half_e)
+        m_top = torch.where(z_top >= 0, 1 - half_e, half_e).to(x.dtype)
         # the rest lies below t, where m = F'(z) = e^z / 2; d = F'(z)/τ is what backward needs
-        rest_scale = 0.5 * torch.exp(a[:, big - 1 : big] - tt)
+        rest_scale = (0.5 * torch.exp(a[:, big - 1 : big] - tt)).to(x.dtype)
         mask = (scaled * rest_scale).scatter_(-1, idx, m_top)
-        d = scaled.mul_(rest_scale * inv_tau).scatter_(-1, idx, half_e * inv_tau)
-        total = (0.5 * torch.exp(log_rest - tt) + half_e.sum(-1, keepdim=True)) * inv_tau  # Σ d
+        d = scaled.mul_(rest_scale * inv_tau).scatter_(-1, idx, half_e.to(x.dtype) * inv_tau)
+        total = ((0.5 * torch.exp(log_rest - tt) + half_e.sum(-1, keepdim=True)).to(x.dtype)) * inv_tau  # Σ d
+        tt = tt.to(x.dtype)
         return mask, d, total, tt, ref, valid
 
     @staticmethod

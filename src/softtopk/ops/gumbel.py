@@ -1,0 +1,261 @@
+"""Gumbel top-k: a relaxed sample of ``k`` items without replacement (Xie & Ermon, 2019).
+
+Adding iid standard Gumbel noise to log-weights ``x`` and taking the top-k of the *keys*
+``g = x + G`` draws a size-``k`` subset exactly as sampling ``k`` items one after another without
+replacement with probabilities proportional to ``exp(x)`` (Gumbel-top-k, Kool et al. 2019).
+:func:`gumbel_topk` relaxes that top-k of the keys in one of two ways:
+
+* ``relaxation="lapsum"`` (default): the closed-form Laplace soft top-k mask of the keys
+  (:func:`softtopk.ops.lapsum.lapsum_mask`). Its entries lie in ``[0, 1]`` and sum to ``k`` exactly
+  (the capped simplex, so ``1 - mask`` is an "unselected" mask), it costs ``O(n)`` per row instead
+  of ``O(k n)``, has no sequential loop over ``k``, and tends to the hard top-k of the keys as
+  ``tau -> 0``.
+* ``relaxation="subsets"``: Xie & Ermon's ``k`` successive softmaxes (the ``SubsetOperator`` of their
+  code): ``r = g``, ``a_0 = 0`` and for ``j = 1..k``: ``r <- r + log(1 - a_{j-1})``,
+  ``a_j = softmax(r / tau)``, ``khot = Σ_j a_j``. Each step is a Gumbel-softmax argmax that damps the
+  previous soft pick (odds times ``(1 - a)^{1/tau}``). Rows sum to ``k`` exactly, but **entries may
+  exceed 1**: damping only rescales odds, so a dominant item keeps collecting mass at every step
+  (for ``n = 2, k = 2, tau = 1`` the second softmax is always ``[1/2, 1/2]``, so a well-separated
+  pair gives about ``[1.5, 0.5]``). This is structural, not rounding. ``log(1 - a)`` is computed
+  exactly in log space (``log1p(-a)`` for entries with ``a <= 1/2``, a log-sum-exp over the other
+  entries for the row's largest one), where the original clamps ``1 - a`` at a tiny number; the
+  two agree wherever that clamp is inactive.
+
+``hard=True`` returns the exact k-hot of the top-k of the keys ``g`` (a sample of the subset) in the
+forward pass and the gradient of the relaxed mask in the backward pass (straight-through). The
+original took the top-k of the relaxed subsets ``khot`` instead, which is not always the sample:
+at small ``tau`` that ``khot`` can reorder the keys (e.g. ``x = [0.97, -3.85, -1.24, -3.34, -1.18,
+-1.36]``, ``k = 3``, ``tau = 0.1``, no noise: the keys' top-3 is ``{0, 4, 2}``, the khot's ``{0, 5, 4}``).
+
+Randomness: the noise is drawn as ``(rows, n)`` standard Gumbel values in the compute dtype
+(float64 for float64 inputs, float32 otherwise) along the rows of ``x`` moved to ``dim``, from
+``generator`` or torch's global RNG; alternatively pass the noise itself as a tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._rows import along_rows
+from .._validation import check_dim, check_k, check_real, check_scores, compute_dtype
+from ._straight_through import straight_through_ranks
+from .lapsum import lapsum_mask
+from .perturbed import _draw, check_generator
+
+RELAXATIONS = ("lapsum", "subsets")
+
+__all__ = ["RELAXATIONS", "check_hard", "check_noise_flag", "check_relaxation", "gumbel_mask_rows",
+           "gumbel_ranks_rows", "gumbel_topk"]
+
+
+# ---------------------------------------------------------------------------------- validation
+
+
+def check_relaxation(name: str, value: Any) -> str:
+    """One of :data:`RELAXATIONS`."""
+    if not isinstance(value, str) or value not in RELAXATIONS:
+        raise ValueError(f"{name} must be one of {RELAXATIONS}, got {value!r}")
+    return value
+
+
+def check_hard(name: str, value: Any) -> bool:
+    """A bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_noise_flag(name: str, value: Any) -> bool:
+    """A bool (the row functions and the method registry take no noise tensors)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_noise(noise: Any, x: torch.Tensor) -> bool | torch.Tensor:
+    """``noise`` of :func:`gumbel_topk`: a bool, or a floating tensor of ``x``'s shape."""
+    if isinstance(noise, bool):
+        return noise
+    if not isinstance(noise, torch.Tensor) or not noise.is_floating_point():
+        raise TypeError(f"noise must be a bool or a floating torch.Tensor of x's shape, got "
+                        f"{type(noise).__name__} {getattr(noise, 'dtype', noise)!r}")
+    if noise.shape != x.shape:
+        raise ValueError(f"noise must have x's shape {tuple(x.shape)}, got {tuple(noise.shape)}")
+    return noise
+
+
+# ------------------------------------------------------------------------------------ relaxations
+
+
+def _log1m_softmax(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a = softmax(z)`` and ``log(1 - a)`` along the last axis, both accurate for any ``z``.
+
+    Only the row's largest entry can have ``a > 1/2``; there ``log(1 - a)`` is the log-sum-exp of
+    the *other* entries minus that of all of them (never ``-inf`` for finite ``z`` and ``n >= 2``);
+    elsewhere ``log1p(-a)`` is exact to rounding. The clamp keeps the unused branch finite (and its
+    gradient zero) for the largest entry.
+    """
+    top = z.argmax(-1, keepdim=True)
+    # measured from the maximum (exact for the entries near it, where it matters), so that the
+    # normaliser is a small number and ``a`` sums to 1 to rounding however large ``z`` is
+    z = z - z.gather(-1, top).detach()
+    lse = z.logsumexp(-1, keepdim=True)
+    a = (z - lse).exp()
+    is_top = torch.zeros_like(z, dtype=torch.bool).scatter_(-1, top, True)
+    others = z.masked_fill(is_top, float("-inf")).logsumexp(-1, keepdim=True) - lse
+    return a, torch.where(is_top, others, torch.log1p(-a.clamp_max(0.5)))
+
+
+def _subsets_steps(keys: torch.Tensor, k: int, tau: float) -> torch.Tensor:
+    """The ``k`` successive softmaxes ``(B, n, k)`` of the subsets relaxation of ``keys`` (B, n)."""
+    r = keys
+    steps = []
+    for j in range(k):
+        a, log1m = _log1m_softmax(r / tau)
+        steps.append(a)
+        if j + 1 < k:
+            r = r + log1m
+    return torch.stack(steps, -1)
+
+
+def _keys(rows: torch.Tensor, noise: bool | torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Perturbed keys ``rows + G``: drawn (``noise=True``), given rows of draws, or none (``False``)."""
+    if isinstance(noise, torch.Tensor):
+        return rows + noise
+    if noise:
+        return rows + _draw(tuple(rows.shape), "gumbel", generator, rows)
+    return rows
+
+
+def _hard_mask(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """Exact k-hot of the ``k`` largest keys (rows)."""
+    return torch.zeros_like(keys).scatter_(-1, keys.topk(k, -1).indices, 1.0)
+
+
+# ---------------------------------------------------------------------------------- row functions
+
+
+def gumbel_ranks_rows(
+    rows: torch.Tensor, k: int, *, tau: float = 1.0, hard: bool = False, relaxation: str = "subsets",
+    noise: bool | torch.Tensor = True, generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Per-step soft picks ``(B, n, k)`` of the subsets relaxation of rows ``(B, n)``.
+
+    Column ``j`` is the ``j``-th successive softmax (it sums to 1); the columns sum to the subsets
+    ``khot``. ``hard=True``: forward the one-hot ranks of the keys' top-k (column ``j`` picks the
+    ``j``-th largest key, i.e. the ``j``-th item drawn), backward the relaxed ranks' gradient. Only
+    ``relaxation="subsets"`` has per-step ranks (``"lapsum"`` raises). ``noise`` may be a tensor of
+    draws of the rows' shape.
+    """
+    if relaxation != "subsets":
+        raise ValueError(f"relaxation {relaxation!r} gives a mask only; ranks need relaxation='subsets'")
+    keys = _keys(rows, noise, generator)
+    ranks = _subsets_steps(keys, k, tau)
+    return straight_through_ranks(keys, ranks) if hard else ranks
+
+
+def gumbel_mask_rows(
+    rows: torch.Tensor, k: int, *, tau: float = 1.0, hard: bool = False, relaxation: str = "lapsum",
+    noise: bool | torch.Tensor = True, generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Relaxed (or straight-through hard) Gumbel top-k mask ``(B, n)`` of validated rows ``(B, n)``
+    (already in the compute dtype). ``noise`` may be a tensor of draws of the rows' shape."""
+    keys = _keys(rows, noise, generator)
+    if relaxation == "subsets":
+        ranks = _subsets_steps(keys, k, tau)
+        # the one-hot ranks of the keys' top-k sum to its exact k-hot
+        return (straight_through_ranks(keys, ranks) if hard else ranks).sum(-1)
+    mask = lapsum_mask(keys, k, tau)
+    if not hard:
+        return mask
+    # straight-through: mask + (hard - mask) is exactly 0 or 1 for mask in [0, 1]
+    return mask + (_hard_mask(keys, k) - mask).detach()
+
+
+# ------------------------------------------------------------------------------------- public API
+
+
+def gumbel_topk(
+    x: torch.Tensor, k: int, *, tau: float = 1.0, hard: bool = False, relaxation: str = "lapsum",
+    noise: bool | torch.Tensor = True, generator: torch.Generator | None = None, dim: int = -1,
+) -> torch.Tensor:
+    """Relaxed k-hot sample of ``k`` items without replacement, with probabilities ``∝ exp(x)``.
+
+    .. math::
+        g = x + G, \\quad G_i \\overset{iid}{\\sim} \\operatorname{Gumbel}(0, 1), \\qquad
+        \\operatorname{topk}_k(g) \\sim \\text{draw } k \\text{ without replacement},\\
+        P(i \\text{ next}) \\propto e^{x_i}
+
+    The top-k indicator of the keys ``g`` is relaxed with temperature ``tau``:
+
+    * ``"lapsum"`` (default): :math:`m_i = F((g_i - t)/\\tau)` with ``F`` the Laplace CDF and ``t``
+      solved in closed form so that :math:`\\sum_i m_i = k`. Entries in ``[0, 1]``, the sum exactly
+      ``k`` (the capped simplex), ``O(n)`` per row. This is the default because it is a genuine
+      relaxed k-hot: ``1 - mask`` is a valid "unselected" mask, no entry exceeds 1, and it needs
+      no sequential loop over ``k``.
+    * ``"subsets"``: Xie & Ermon's successive softmaxes :math:`a_j = \\operatorname{softmax}(r_j/\\tau)`,
+      :math:`r_1 = g`, :math:`r_{j+1} = r_j + \\log(1 - a_j)`, mask :math:`\\sum_{j=1}^k a_j`.
+      Sums to ``k`` exactly, ``O(k n)`` per row; **entries can exceed 1** (structurally: damping
+      rescales odds only, so a dominant item collects mass at every step).
+
+    Both tend to the exact k-hot of the top-k of ``g`` as ``tau -> 0``.
+
+    Args:
+        x: log-weights (scores), floating tensor of any shape (float16/bfloat16 computed in float32).
+        k: subset size, ``1 <= k <= x.shape[dim]``.
+        tau: temperature, a positive finite number. Default ``1.0``.
+        hard: ``True``: forward the exact k-hot of the top-k of the keys ``g`` (a sample), backward
+            the gradient of the relaxed mask (straight-through). Default ``False``.
+        relaxation: ``"lapsum"`` (default) or ``"subsets"``.
+        noise: ``True`` (default) draws the Gumbel noise; ``False`` uses ``g = x`` (deterministic);
+            a floating tensor of ``x``'s shape is used as the standard Gumbel draws themselves
+            (``generator`` is then ignored; gradients flow into it if it requires them).
+        generator: a :class:`torch.Generator` on ``x``'s device type, or ``None`` (global RNG).
+            The noise ``(rows, n)`` is drawn in the compute dtype along the rows of ``x`` moved to
+            ``dim``.
+        dim: the axis to select along. Default ``-1``.
+
+    Returns:
+        A tensor of ``x``'s shape and dtype: the relaxed (or hard) k-hot mask; each slice along
+        ``dim`` sums to ``k``.
+
+    Example:
+        >>> import torch
+        >>> from softtopk.ops.gumbel import gumbel_topk
+        >>> x = torch.tensor([2.0, 0.0, 1.0, -1.0], requires_grad=True)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> gumbel_topk(x, 2, tau=0.5, generator=g).detach().round(decimals=4)
+        tensor([0.9818, 0.8591, 0.1550, 0.0041])
+        >>> gumbel_topk(x, 2, relaxation="subsets", noise=False).detach().round(decimals=4)
+        tensor([1.0843, 0.2399, 0.5841, 0.0917])
+        >>> y = gumbel_topk(x, 2, hard=True, generator=torch.Generator().manual_seed(0))
+        >>> y.detach()  # a sample: the exact k-hot of the top-2 keys
+        tensor([1., 1., 0., 0.])
+        >>> (y * torch.tensor([1.0, 0.0, 0.0, 0.0])).sum().backward()  # the relaxed mask's gradient
+        >>> x.grad.round(decimals=4)
+        tensor([ 0.0784, -0.0332, -0.0389, -0.0063])
+
+    References:
+        S. M. Xie, S. Ermon, "Reparameterizable Subset Sampling via Continuous Relaxations",
+        IJCAI 2019. W. Kool, H. van Hoof, M. Welling, "Stochastic Beams and Where to Find Them:
+        The Gumbel-Top-k Trick for Sampling Sequences Without Replacement", ICML 2019.
+    """
+    x = check_scores(x)
+    dim = check_dim(x, dim)
+    k = check_k(k, x.shape[dim], dim)
+    tau = check_real("tau", tau, positive=True)
+    hard = check_hard("hard", hard)
+    relaxation = check_relaxation("relaxation", relaxation)
+    noise = _check_noise(noise, x)
+    generator = check_generator("generator", generator, x.device)
+    if isinstance(noise, torch.Tensor):  # the draws, as rows in the compute dtype
+        moved = noise.movedim(dim, -1)
+        noise = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
+    return along_rows(
+        x, dim,
+        lambda rows: gumbel_mask_rows(rows, k, tau=tau, hard=hard, relaxation=relaxation, noise=noise,
+                                      generator=generator),
+        None,
+    )
