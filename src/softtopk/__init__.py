@@ -25,6 +25,7 @@ from .functional import (
 )
 from .nn import (
     BalNoisedTopK,
+    DifferentiableKNN,
     ImbalNoisedTopK,
     SmoothTop1SVM,
     SmoothTopkSVM,
@@ -42,6 +43,7 @@ except PackageNotFoundError:  # running from a source tree without installation
 
 __all__ = [
     "BalNoisedTopK",
+    "DifferentiableKNN",
     "ImbalNoisedTopK",
     "MethodInfo",
     "SmoothTop1SVM",

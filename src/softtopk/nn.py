@@ -9,13 +9,16 @@ import torch
 from ._methods import resolve
 from ._validation import check_class_weight, check_reduction
 from .functional import soft_topk, soft_topk_ranks
+from .knn import DifferentiableKNN, KNNOutput
 from .losses.noised import BalNoisedTopK, ImbalNoisedTopK
 from .losses.smooth_svm import SmoothTop1SVM, SmoothTopkSVM, Top1SVM, TopkSVM
 from .losses.topk_ce import check_m, check_p_k, check_top1_mode, topk_cross_entropy
 
 __all__ = [
     "BalNoisedTopK",
+    "DifferentiableKNN",
     "ImbalNoisedTopK",
+    "KNNOutput",
     "SmoothTop1SVM",
     "SmoothTopkSVM",
     "SoftTopK",

@@ -1,0 +1,211 @@
+"""Differentiable k-nearest-neighbours: relaxed top-k neighbour weights and the kNN loss of the
+NeuralSort / Gumbel subset-sampling experiments, plus the hard kNN vote used to evaluate them."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, NamedTuple
+
+import torch
+
+from ._methods import resolve
+from .functional import soft_topk
+
+__all__ = ["DifferentiableKNN", "KNNOutput"]
+
+
+class KNNOutput(NamedTuple):
+    """What :meth:`DifferentiableKNN.forward` returns.
+
+    Attributes:
+        weights: ``(Q, N)`` relaxed top-k neighbour weights, each row summing to ``k``.
+        loss: scalar kNN loss in ``[-1, 0]`` when ``query_labels`` were given, else ``None``.
+    """
+
+    weights: torch.Tensor
+    loss: torch.Tensor | None
+
+
+def _check_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return int(k)
+
+
+def _check_embeddings(name: str, x: Any) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"{name} must have shape (rows, d), got {tuple(x.shape)}")
+    return x
+
+
+def _check_labels(name: str, labels: Any, rows: int, rows_name: str) -> torch.Tensor:
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(labels).__name__}")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype, got {labels.dtype}")
+    if labels.shape != (rows,):
+        raise ValueError(f"{name} must have shape ({rows},) to match {rows_name}, got {tuple(labels.shape)}")
+    return labels
+
+
+def _neg_sq_distances(query: torch.Tensor, neighbors: torch.Tensor) -> torch.Tensor:
+    """``-||q_i - c_j||^2`` as ``(Q, N)``, via the expansion ``|q|^2 + |c|^2 - 2 q.c``.
+
+    Both sides are first centred on the (detached) neighbour mean: distances are translation
+    invariant, so this is exact, and it removes most of the cancellation of the expansion for
+    embeddings far from the origin. The result is clamped at 0 (rounding can make it negative)."""
+    centre = neighbors.detach().mean(0, keepdim=True)
+    q, c = query - centre, neighbors - centre
+    sq = q.pow(2).sum(-1, keepdim=True) + c.pow(2).sum(-1) - 2.0 * (q @ c.transpose(0, 1))
+    return -sq.clamp_min(0.0)
+
+
+class DifferentiableKNN(torch.nn.Module):
+    r"""Differentiable k-nearest-neighbour selection and loss (Grover et al. 2019; Xie & Ermon 2019).
+
+    Each query scores every candidate neighbour by its negative squared Euclidean distance and takes
+    a relaxed top-k mask of the scores (:func:`softtopk.soft_topk` with ``method``):
+
+    .. math::
+        s_{qj} = -\lVert h_q - h_j \rVert^2, \qquad w_{q\cdot} = \mathrm{softtopk}_k(s_{q\cdot}),
+        \qquad \sum_j w_{qj} = k,
+
+    and, given query labels, the loss is the negative expected fraction of correct neighbours among
+    the relaxed top k, averaged over the ``Q`` queries:
+
+    .. math::
+        \mathcal{L} = -\frac{1}{Q\,k} \sum_q \sum_j \mathbb{1}[y_j = y_q]\, w_{qj} \in [-1, 0].
+
+    Normalisation: the reference code (Xie & Ermon's ``subsets``, following NeuralSort) minimises the
+    unnormalised sum :math:`-\sum_j \mathbb{1}[y_j = y_q] w_{qj}` (the expected *number* of correct
+    neighbours, in ``[-k, 0]``). Here it is divided by ``k`` (and averaged over queries), so the loss
+    reads as a negative precision and its scale, hence a good learning rate, does not depend on ``k``
+    or the batch size; gradients are the reference ones times ``1/(Q k)``.
+
+    :meth:`predict` is the hard kNN classifier used for evaluation: a majority vote over the ``k``
+    nearest neighbours.
+
+    Args:
+        k: number of neighbours, ``1 <= k <= N``.
+        method: any mask-capable method of :func:`softtopk.methods` (default ``'gumbel'``, the
+            relaxed subset sampling of Xie & Ermon; ``'neuralsort'`` is Grover et al.'s).
+        **params: the method's parameters, checked here, e.g. ``tau=1.0`` or
+            ``generator=torch.Generator()`` for the stochastic methods.
+
+    Shape:
+        - query: ``(Q, d)``, floating.
+        - neighbors: ``(N, d)``, floating.
+        - neighbor_labels: ``(N,)``, integer.
+        - query_labels: ``(Q,)``, integer (optional).
+        - output: ``weights`` ``(Q, N)``; ``loss`` a scalar or ``None``; :meth:`predict` ``(Q,)`` int64.
+
+    Example:
+        >>> import torch
+        >>> from softtopk.knn import DifferentiableKNN
+        >>> knn = DifferentiableKNN(2, method="gumbel", tau=0.5, generator=torch.Generator().manual_seed(0))
+        >>> query = torch.tensor([[0.0, 0.0], [5.0, 5.0]], requires_grad=True)
+        >>> neighbors = torch.tensor([[0.1, 0.0], [0.0, 0.2], [5.0, 4.9], [4.8, 5.0], [2.5, 2.5]])
+        >>> labels = torch.tensor([0, 0, 1, 1, 2])
+        >>> out = knn(query, neighbors, labels, query_labels=torch.tensor([0, 1]))
+        >>> out.weights.shape, out.weights.detach().sum(-1).round(decimals=4)
+        (torch.Size([2, 5]), tensor([2., 2.]))
+        >>> out.loss.backward()
+        >>> query.grad.shape
+        torch.Size([2, 2])
+        >>> knn.predict(query, neighbors, labels)
+        tensor([0, 1])
+
+    References:
+        A. Grover, E. Wang, A. Zweig, S. Ermon, "Stochastic Optimization of Sorting Networks via
+        Continuous Relaxations", ICLR 2019 (NeuralSort; the differentiable kNN experiment).
+
+        S. M. Xie, S. Ermon, "Reparameterizable Subset Sampling via Continuous Relaxations",
+        IJCAI 2019 (Gumbel top-k relaxation; the same kNN protocol).
+
+        F. Petersen, H. Kuehne, C. Borgelt, O. Deussen, "Differentiable Top-k Classification
+        Learning", ICML 2022 (sorting-network masks, e.g. ``method='bitonic'``).
+    """
+
+    def __init__(self, k: int, *, method: str = "gumbel", **params: Any) -> None:
+        super().__init__()
+        self.k = _check_k(k)
+        _, self.params = resolve(method, params, "mask")
+        self.method = method
+
+    def _scores(
+        self, query: Any, neighbors: Any, neighbor_labels: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        query = _check_embeddings("query", query)
+        neighbors = _check_embeddings("neighbors", neighbors)
+        if query.shape[1] != neighbors.shape[1]:
+            raise ValueError(
+                f"query and neighbors must have the same feature size d, got query {tuple(query.shape)} "
+                f"and neighbors {tuple(neighbors.shape)}"
+            )
+        n = neighbors.shape[0]
+        neighbor_labels = _check_labels("neighbor_labels", neighbor_labels, n, "neighbors")
+        if self.k > n:
+            raise ValueError(f"k must satisfy k <= N = {n} (the number of neighbors), got k = {self.k}")
+        if query.dtype != neighbors.dtype:
+            dtype = torch.promote_types(query.dtype, neighbors.dtype)
+            query, neighbors = query.to(dtype), neighbors.to(dtype)
+        return _neg_sq_distances(query, neighbors), neighbor_labels
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        neighbors: torch.Tensor,
+        neighbor_labels: torch.Tensor,
+        query_labels: torch.Tensor | None = None,
+    ) -> KNNOutput:
+        """Relaxed top-k neighbour weights ``(Q, N)`` and, with ``query_labels``, the kNN loss."""
+        scores, neighbor_labels = self._scores(query, neighbors, neighbor_labels)
+        weights = soft_topk(scores, self.k, method=self.method, dim=-1, **self.params)
+        if query_labels is None:
+            return KNNOutput(weights, None)
+        query_labels = _check_labels("query_labels", query_labels, scores.shape[0], "query")
+        same = (query_labels.unsqueeze(1) == neighbor_labels.unsqueeze(0)).to(weights.dtype)
+        loss = -(same * weights).sum(-1).mean() / self.k
+        return KNNOutput(weights, loss)
+
+    @torch.no_grad()
+    def predict(
+        self,
+        query: torch.Tensor,
+        neighbors: torch.Tensor,
+        neighbor_labels: torch.Tensor,
+        num_classes: int | None = None,
+    ) -> torch.Tensor:
+        """Hard kNN classification: the majority label among the ``k`` nearest neighbours.
+
+        The ``k`` nearest are ``torch.topk`` of the negative squared distances (exactly equidistant
+        neighbours at the k-th place are chosen by ``torch.topk``). A tie in the vote goes to the
+        smallest class index. Labels must lie in ``[0, num_classes)``; ``num_classes`` defaults to
+        ``neighbor_labels.max() + 1``. No gradient. Returns ``(Q,)`` int64 labels.
+        """
+        scores, neighbor_labels = self._scores(query, neighbors, neighbor_labels)
+        if neighbor_labels.numel() and int(neighbor_labels.min()) < 0:
+            raise ValueError(f"neighbor_labels must be >= 0, got {int(neighbor_labels.min())}")
+        top = int(neighbor_labels.max()) + 1
+        if num_classes is None:
+            num_classes = top
+        elif isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral):
+            raise TypeError(f"num_classes must be an int or None, got {type(num_classes).__name__} {num_classes!r}")
+        elif num_classes < top:
+            raise ValueError(
+                f"num_classes must exceed every label: got num_classes = {num_classes} but neighbor_labels "
+                f"contain {top - 1}"
+            )
+        index = scores.topk(self.k, dim=-1).indices
+        votes = torch.nn.functional.one_hot(neighbor_labels.long()[index], int(num_classes)).sum(1)
+        return votes.argmax(-1)  # argmax returns the first maximum: ties go to the smallest class
+
+    def extra_repr(self) -> str:
+        params = "".join(f", {key}={value!r}" for key, value in self.params.items())
+        return f"k={self.k}, method={self.method!r}{params}"
