@@ -35,7 +35,8 @@ import torch
 
 from .._reduction import class_rows, reduce_loss
 from .._validation import check_class_input, check_class_target, check_class_weight, check_real, check_reduction
-from ..ops.esf import log_esf
+from .smooth_svm import _hard_rows as _hard
+from .smooth_svm import _smooth_topk_rows as _smooth
 
 __all__ = ["smooth_hard_topk_loss", "smooth_topk_loss"]
 
@@ -60,26 +61,6 @@ def _flatten(
     target = check_class_target(input, target, ignore_index)
     weight = check_class_weight(weight, classes)
     return (*class_rows(input, target, ignore_index), weight)
-
-
-def _split_label(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The label's score ``(R,)`` and the scores with the label's set to ``-inf`` (``(R, C)``)."""
-    label = label.unsqueeze(-1)
-    return logits.gather(-1, label).squeeze(-1), logits.scatter(-1, label, -math.inf)
-
-
-def _smooth(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
-    label_score, others = _split_label(logits, label)
-    scale = 1.0 / (k * tau)
-    log_sigma = log_esf(others * scale, k)
-    margin = alpha / tau + log_sigma[:, k] - log_sigma[:, k - 1] - label_score * scale
-    return tau * torch.nn.functional.softplus(margin)
-
-
-def _hard(logits: torch.Tensor, label: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
-    label_score, others = _split_label(logits, label)
-    kth_other = others.topk(k, dim=-1).values[:, -1]
-    return torch.clamp(alpha + (kth_other - label_score) / k, min=0.0)
 
 
 def smooth_topk_loss(
