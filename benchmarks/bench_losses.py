@@ -17,9 +17,7 @@ settings when importable, and ``gumbel_topk`` (k = 5, τ = 1) for both relaxatio
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from pathlib import Path
 import torch
 
 import softtopk
+from _machine import machine_info
 
 CONFIGS = ((100, 128), (1000, 256))
 RESULTS = Path(__file__).parent / "results"
@@ -93,8 +92,7 @@ def run(repeats: int) -> dict:
                          "ratio_to_ce": statistics.median(ratios[name]), "repeats": repeats})
     return {
         "command": "python benchmarks/bench_losses.py",
-        "machine": {"processor": platform.processor() or platform.machine(), "torch": torch.__version__,
-                    "threads": 1, "date": datetime.datetime.now().isoformat(timespec="seconds")},
+        "machine": machine_info("pytopk"),
         "rows": rows,
     }
 

@@ -38,14 +38,11 @@ candidate and config, at least ``--min-repeats``; a candidate whose first fwd+bw
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from _machine import machine_info
 
 try:
     import softtopk
@@ -433,50 +431,6 @@ def summarise(entries: list[Entry]) -> list[dict]:
 # Environment
 
 
-def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
-def machine_info(threads: int) -> dict:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*cmd: str) -> str:
-        try:
-            return subprocess.run(["git", *cmd], cwd=root, capture_output=True, text=True, timeout=10,
-                                  check=False).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    return {
-        "cpu_model": cpu,
-        "logical_cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": threads,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "softtopk": getattr(softtopk, "__version__", None),
-        "entmax": _dist_version("entmax"),
-        "torchsort": _dist_version("torchsort"),
-        "git_commit": git("rev-parse", "--short", "HEAD"),
-        "git_src_dirty": bool(git("status", "--porcelain", "src")),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    }
-
-
 def softtopk_api() -> dict:
     if softtopk is None:
         return {"error": SOFTTOPK_ERROR}
@@ -556,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
                                     *(sys.argv[1:] if argv is None else argv)])
     result = {
         "command": command,
-        "machine": {**machine_info(args.threads), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "machine": {**machine_info("entmax", "torchsort"), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "settings": {
             "quick": q, "ns": list(ns), "k_rules": list(K_RULES), "batch": BATCH, "dtype": "float32",
             "repeats": args.repeats, "min_repeats": args.min_repeats, "warmup": args.warmup,

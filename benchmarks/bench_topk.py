@@ -41,13 +41,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import io
 import json
 import math
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -60,6 +58,7 @@ from pathlib import Path
 import torch
 
 import softtopk
+from _machine import machine_info
 
 # ------------------------------------------------------------------------------------------------------
 # difftopk, with a pure-torch torch_sparse stand-in when needed
@@ -385,48 +384,6 @@ def run_timing(specs: list[dict], repeats: int, warmup: int, min_time: float | N
 # Machine info and report
 
 
-def machine_info() -> dict:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    return {
-        "cpu_model": cpu,
-        "logical_cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "softtopk": softtopk.__version__,
-        "difftopk": getattr(difftopk, "__version__", None) or _dist_version("difftopk"),
-        "git_commit": git("rev-parse", "--short", "HEAD"),
-        "git_src_dirty": bool(git("status", "--porcelain", "src")),
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    }
-
-
-def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
 TARGET_CONFIG = (1000, 512)  # (n, b) of the TopKCrossEntropyLoss targets
 TARGETS = {
     # (suite, softtopk method, n, b) -> max x CE
@@ -561,7 +518,7 @@ def main(argv: list[str] | None = None) -> None:
     records = summarise(specs, timing, saved, peaks)
     targets = check_targets(records)
     result = {
-        "machine": {**machine_info(), "torch_threads": args.threads, "loadavg_before": load_before,
+        "machine": {**machine_info("difftopk"), "torch_threads": args.threads, "loadavg_before": load_before,
                     "loadavg_after": os.getloadavg()},
         "settings": {"quick": args.quick, "repeats": repeats, "warmup": warmup,
                      "timing_mode": "steady-state loops" if min_time else "single interleaved calls",
