@@ -71,10 +71,6 @@ def _choice(options: tuple) -> Callable[[str, Any], None]:
     return check
 
 
-def _count(name: str, value: Any) -> None:
-    check_n_samples(name, value)
-
-
 def _at_least_one(name: str, value: Any) -> None:
     if not 1 <= check_number(name, value) < math.inf:
         raise ValueError(f"{name} must be a finite number >= 1, got {value!r}")
@@ -183,7 +179,7 @@ _REGISTRY["sparse"] = _Method(
     ),
     None,
     sparse_mask_rows,
-    checks={"l": _positive, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": _count},
+    checks={"l": _positive, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": check_n_samples},
 )
 _REGISTRY["perturbed"] = _Method(
     MethodInfo(
@@ -197,7 +193,7 @@ _REGISTRY["perturbed"] = _Method(
     ),
     None,
     perturbed_topk_rows,
-    checks={"sigma": _positive, "n_samples": _count, "noise": check_noise_kind, "generator": check_generator},
+    checks={"sigma": _positive, "n_samples": check_n_samples, "noise": check_noise_kind, "generator": check_generator},
 )
 _REGISTRY["gumbel"] = _Method(
     MethodInfo(
