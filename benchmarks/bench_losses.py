@@ -7,7 +7,8 @@ Usage::
 
 Each repeat times every candidate once on the same logits (``randn(b, n)``, float32, one thread), in
 an order rotated every repeat, and divides by ``nn.CrossEntropyLoss`` timed in that repeat; the
-tables give medians over repeats. Candidates: softtopk's ``SmoothTopkSVM`` (k = 5, τ = 1 and
+tables give medians over repeats. glibc's malloc thresholds are fixed first
+(``_machine.steady_malloc``; ``--default-malloc`` keeps them adaptive). Candidates: softtopk's ``SmoothTopkSVM`` (k = 5, τ = 1 and
 τ = 0.1), ``SmoothTop1SVM``, ``BalNoisedTopK`` (ε = 1, 5 samples) and ``ImbalNoisedTopK`` (ε = 0.01,
 max_m = 0.2, scale 60), pytopk 0.1.0's ``BalNoisedTopK`` and ``ImbalNoisedTopK`` with the same
 settings when importable, and ``gumbel_topk`` (k = 5, τ = 1) for both relaxations as
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 import softtopk
-from _machine import machine_info
+from _machine import machine_info, steady_malloc
 
 CONFIGS = ((100, 128), (1000, 256))
 RESULTS = Path(__file__).parent / "results"
@@ -70,7 +71,7 @@ def _time(call, x: torch.Tensor) -> float:
     return time.perf_counter() - start
 
 
-def run(repeats: int) -> dict:
+def run(repeats: int, malloc: str) -> dict:
     torch.set_num_threads(1)
     rows = []
     for n, b in CONFIGS:
@@ -92,13 +93,15 @@ def run(repeats: int) -> dict:
                          "ratio_to_ce": statistics.median(ratios[name]), "repeats": repeats})
     return {
         "command": "python benchmarks/bench_losses.py",
-        "machine": machine_info("pytopk"),
+        "machine": {**machine_info("pytopk"), "malloc": malloc},
         "rows": rows,
     }
 
 
 def markdown(result: dict) -> str:
-    lines = [f"fwd+bwd, 1 thread, torch {result['machine']['torch']}, medians (`{result['command']}`)", ""]
+    machine = result["machine"]
+    lines = [f"fwd+bwd, 1 thread, torch {machine['torch']}, malloc: {machine['malloc']}, medians "
+             f"(`{result['command']}`)", ""]
     lines += ["| candidate | n | batch | ms | × CE |", "|---|---|---|---|---|"]
     lines += [f"| {r['candidate']} | {r['n']} | {r['batch']} | {r['ms']:.3g} | {r['ratio_to_ce']:.1f}× |"
               for r in result["rows"]]
@@ -109,8 +112,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats, results not written")
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="keep glibc's adaptive malloc thresholds (see _machine.steady_malloc)")
     args = parser.parse_args()
-    result = run(3 if args.quick else args.repeats)
+    malloc = "glibc default" if args.default_malloc else steady_malloc()
+    result = run(3 if args.quick else args.repeats, malloc)
     text = markdown(result)
     print(text)
     if not args.quick:

@@ -91,3 +91,13 @@ def test_network_loss_fullgraph_inductor():
         return torch.randn(5, 4, generator=g), torch.randint(0, 4, (5,), generator=g)
 
     _check_compiled_matches_eager(loss, make_inputs, backend="inductor")
+
+
+@pytest.mark.parametrize("loss", [softtopk.SmoothTopkSVM(12, k=3, tau=0.5), softtopk.TopkSVM(12, k=3)])
+def test_topk_svm_fullgraph(loss):
+    """The smooth loss runs through the ESF's hand-written tail Function (module ``ops.esf``)."""
+
+    def make_inputs(g):
+        return torch.randn(6, 12, generator=g), torch.randint(0, 12, (6,), generator=g)
+
+    _check_compiled_matches_eager(loss, make_inputs)

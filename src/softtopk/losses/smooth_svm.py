@@ -21,11 +21,10 @@ k-th largest score other than the label's (for ``k = 1``: the Crammer–Singer m
 
 Numerics. Every row is shifted by the (detached) largest non-label score before anything else, so
 the loss is shift invariant up to the rounding of the input itself; :math:`\\log e_{k-1}, \\log e_k` come
-from the algorithm of :func:`softtopk.ops.esf.log_esf` (exact log-space prefix sums, ``O(C k)``), in a
-variant whose log-space path keeps float32 gradients exact for large ``|s| / (k\\tau)`` (see
-``_relative_logcumsumexp``), and the gradient is plain autograd through it. There is no per-row switch to the hard loss (the original's ``thresh``), so the
-loss is continuous in ``s`` everywhere, and the float32 result is the exact smooth loss for every input
-(errors of order :math:`\\epsilon_{32} \\cdot \\max_j |s_j - \\max s|`, as any float32 computation of a
+from :func:`softtopk.ops.esf.log_esf` (exact prefix sums, ``O(C k)``, with an analytic ``O(C k)``
+backward; see that module for the numerics). There is no per-row switch to the hard loss (the
+original's ``thresh``), so the loss is continuous in ``s`` everywhere, and the float32 result is the
+exact smooth loss for every input (errors of order :math:`\\epsilon_{32} \\cdot \\max_j |s_j - \\max s|`, as any float32 computation of a
 loss of that size).
 """
 

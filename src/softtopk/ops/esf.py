@@ -13,25 +13,36 @@ over ``i``:
 .. math::
     e^{(i)}_j = \\sum_{i' \\le i} x_{i'}\\, e^{(i'-1)}_{j-1} .
 
-So :func:`log_esf` loops over ``j = 1..k`` (not over ``n``) and each step is one vectorised
-cumulative sum over the whole batch: ``O(n k)`` work, ``k`` tensor operations, plain autograd.
+So the ``j``-th degree is one cumulative sum over the previous degree's prefix values: ``O(n k)``
+work and ``k`` vectorised tensor operations over the whole batch.
 
-Numerics. The entries are shifted by their maximum
-(:math:`\\log e_j(c\\,x) = j \\log c + \\log e_j(x)`) and the ``k`` largest are put first, in
-decreasing order (followed by all ``n`` entries with those ``k`` replaced by ``x = 0``: a ``topk``
-instead of a full sort). Then every prefix value that is used (``i >= j``) lies between
-:math:`\\prod_{l \\le j} x_l` (its first term, the largest ``j``-product) and
-:math:`\\binom{n}{j}` times that, so each prefix sum is accumulated in linear space relative to its
-first term: nothing that matters can underflow, and the running sum stays below
-:math:`\\binom{n}{j}`. Where :math:`\\binom{n}{j}` would overflow the compute dtype (float32:
-e.g. ``n = 1000, k >= 19``; float64: ``n = 1000, k >= ~150``) the prefix sums are taken with
-``torch.logcumsumexp`` instead, which is exact in log space but slower. Which path runs depends only
-on ``(n, k, dtype)``, never on the data.
+Numerics and speed. With ``m`` the ``k``-th largest entry, the ``k`` largest entries (*top*, all
+``>= m``) and the others (*tail*, all ``<= m``) are treated apart, and
 
-This form was the fastest of three candidates in a one-thread CPU comparison during development
-(the others: ``logcumsumexp`` for every degree, and a loop over ``n`` of ``logaddexp`` on
-``(B, k+1)``); that comparison is not kept in ``benchmarks/``. ``tests/test_esf.py`` checks it
-against float64 and brute force.
+.. math::
+    e_j(x) = \\sum_{a + b = j} e_a(\\mathrm{top})\\, e_b(\\mathrm{tail}) .
+
+- *Tail*: relative to ``m`` every tail value lies in ``[0, 1]``, so its polynomials are summed in
+  linear space (one ``exp`` in all, then one multiply and one ``cumsum`` per degree), bounded by
+  :math:`\\binom{n}{b}`. A value that underflows changes :math:`e_j` by at most ``j`` times itself,
+  relative (every tail value is at most every top value), so nothing that matters is lost. The
+  backward is analytic, :math:`\\partial e_b / \\partial x_i = e_{b-1}(x_{\\setminus i})`, from the
+  deflation :math:`e_c(x_{\\setminus i}) = e_c(x) - x_i\\, e_{c-1}(x_{\\setminus i})`: ``O(n k)``
+  fused multiply-adds and no reverse scans. Deflation cancels where :math:`x_i` dominates, but the
+  absolute error it leaves in :math:`\\partial \\log e_j / \\partial \\log x_i` stays within a few
+  ``k`` ulps because tail values never exceed top values. A second derivative (``create_graph``)
+  differentiates the forward recursion with autograd instead.
+- *Top* (``k`` values): the log-space recursion below, in decreasing order, relative to the
+  largest.
+- The ``(k + 1)^2`` products of the convolution are combined with ``logsumexp``.
+
+Where :math:`\\binom{n}{k}` would overflow the compute dtype (float32: e.g. ``n = 1000, k >= 19``;
+float64: ``n = 1000, k >= ~150``) the whole sequence (top first, in decreasing order, then the
+tail) runs through the log-space recursion with ``torch.logcumsumexp``; each prefix sum is taken
+relative to its first term, the largest ``j``-product, so it lies in
+:math:`[0, \\log\\binom{n}{j}]`. Which path runs depends only on ``(n, k, dtype)``, never on the
+data. ``tests/test_esf.py`` checks both against float64 and brute force; ``benchmarks/bench_losses.py``
+times the smooth SVM loss built on it.
 
 Reference: L. Berrada, A. Zisserman, M. P. Kumar, "Smooth Loss Functions for Deep Top-k
 Classification", ICLR 2018 (Sec. 4: the loss as a ratio of ESFs, computed in log space; they use a
@@ -74,6 +85,79 @@ def _linear_prefix_log_sums(t: torch.Tensor) -> torch.Tensor:
     return torch.log(torch.cumsum(torch.exp(t - first), dim=-1)) + first
 
 
+def _sorted_log_esf(a: torch.Tensor, degree: int, prefix_log_sums) -> torch.Tensor:
+    """``log e_j`` for ``j = 0..degree`` of entries whose first ``degree`` are the largest, in
+    decreasing order (the rest in any order): the prefix recursion in log space, ``(*, degree + 1)``."""
+    largest = a[..., :1].detach()
+    a = a - largest
+    prefix = torch.zeros_like(a[..., :1]).expand(*a.shape[:-1], a.shape[-1] + 1)  # log e_0 of every prefix
+    coefficients = [prefix[..., -1]]
+    for j in range(1, degree + 1):
+        # prefix holds log e_{j-1} of the prefixes of length j-1..n; keep lengths j.. for e_j
+        prefix = prefix_log_sums(a[..., j - 1 :] + prefix[..., :-1])
+        coefficients.append(prefix[..., -1])
+    return torch.stack(coefficients, dim=-1) + largest * torch.arange(degree + 1, dtype=a.dtype, device=a.device)
+
+
+def _tail_esf(y: torch.Tensor, degree: int) -> torch.Tensor:
+    """Linear ``e_b(y)``, ``b = 0..degree``, of values ``y`` in ``[0, 1]``: ``(*, degree + 1)``."""
+    prefix = torch.cumsum(y, dim=-1)  # e_1 of the prefixes of length 1..n
+    coefficients = [torch.ones_like(y[..., 0]), prefix[..., -1]]
+    for b in range(2, degree + 1):
+        # e_b of the prefixes of length b..n: entry i times e_{b-1} of the i entries before it; the
+        # last degree needs only the whole row's sum
+        terms = y[..., b - 1 :] * prefix[..., :-1]
+        prefix = torch.cumsum(terms, dim=-1) if b < degree else terms.sum(-1, keepdim=True)
+        coefficients.append(prefix[..., -1])
+    return torch.stack(coefficients, dim=-1)
+
+
+def _log_or_minus_inf(e: torch.Tensor) -> torch.Tensor:
+    """``log e`` with ``-inf`` where ``e == 0``, and a zero (not NaN) gradient there."""
+    positive = e > 0
+    return torch.where(positive, torch.log(torch.where(positive, e, torch.ones_like(e))), -math.inf)
+
+
+class _TailLogESF(torch.autograd.Function):
+    """``log e_b(exp t)``, ``b = 0..degree``, for ``t <= 0``, with the deflation backward (module doc)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(t: torch.Tensor, degree: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = torch.exp(t)
+        e = _tail_esf(y, degree)
+        return _log_or_minus_inf(e), y, e
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _, y, e = output
+        ctx.mark_non_differentiable(y, e)
+        ctx.save_for_backward(inputs[0], y, e)
+        ctx.degree = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _grad_y: torch.Tensor, _grad_e: torch.Tensor):
+        t, y, e = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph: differentiate the forward recursion itself
+            out = _log_or_minus_inf(_tail_esf(torch.exp(t), ctx.degree))
+            return torch.autograd.grad(out, t, grad, create_graph=True)[0], None
+        # d log e_b / d t_i = y_i e_{b-1}(y without i) / e_b. Deflation,
+        # e_c(y without i) = sum_m (-y_i)^m e_{c-m}(y), collects into one polynomial in y_i with
+        # per-row coefficients c_m = sum_b (grad_b / e_b) e_{b-1-m}, evaluated by Horner's rule
+        ratio = torch.where(e > 0, grad / torch.where(e > 0, e, torch.ones_like(e)), torch.zeros_like(e))
+        degree = ctx.degree
+        coefficient = [
+            sum(ratio[..., b] * e[..., b - 1 - m] for b in range(m + 1, degree + 1)).unsqueeze(-1)
+            for m in range(degree)
+        ]
+        minus_y = -y
+        total = coefficient[-1].expand_as(y).clone()
+        for m in range(degree - 2, -1, -1):
+            total.mul_(minus_y).add_(coefficient[m])
+        return total.mul_(y), None
+
+
 def log_esf(log_x: torch.Tensor, k: int) -> torch.Tensor:
     """Log elementary symmetric polynomials :math:`\\log e_j(\\exp a)` for ``j = 0..k``.
 
@@ -88,7 +172,8 @@ def log_esf(log_x: torch.Tensor, k: int) -> torch.Tensor:
     Returns:
         ``(*, k + 1)``, in ``log_x``'s dtype (float16/bfloat16 are computed in float32). Shift
         equivariant: ``log_esf(a + c, k)[..., j] = log_esf(a, k)[..., j] + j c``. Differentiable
-        with plain autograd; :math:`\\partial \\log e_j / \\partial a_i = x_i\\, e_{j-1}(x_{\\setminus i}) / e_j`.
+        (twice; ``vmap`` and ``torch.compile`` work):
+        :math:`\\partial \\log e_j / \\partial a_i = x_i\\, e_{j-1}(x_{\\setminus i}) / e_j`.
 
     Example:
         >>> import torch
@@ -110,24 +195,29 @@ def log_esf(log_x: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError("log_x must have at least one entry along its last dim")
     degree = min(k, n)
     a = log_x.to(compute_dtype(log_x.dtype))
-    if degree > 0:
-        # the `degree` largest entries first (descending), then all n entries with those set to
-        # x = 0: only the first terms of each prefix sum need an order (module doc), no full sort
+    if degree == 0:
+        out = torch.zeros_like(a[..., :1])
+    elif _largest_log_binomial(n, degree) < math.log(torch.finfo(a.dtype).max) - 1.0:
+        out = _split_log_esf(a, degree)
+    else:
+        # top first, in decreasing order, then the rest with those set to x = 0 (module doc)
         top = a.topk(degree, dim=-1)
-        a = torch.cat([top.values, a.scatter(-1, top.indices, -math.inf)], dim=-1)
-    largest = a.amax(dim=-1, keepdim=True).detach()
-    a = a - largest
-    fits = _largest_log_binomial(n, degree) < math.log(torch.finfo(a.dtype).max) - 1.0
-    prefix_log_sums = _linear_prefix_log_sums if fits else _relative_logcumsumexp
-
-    length = a.shape[-1]
-    prefix = torch.zeros_like(a[..., :1]).expand(*a.shape[:-1], length + 1)  # log e_0 of every prefix
-    coefficients = [prefix[..., -1]]
-    for j in range(1, degree + 1):
-        # prefix holds log e_{j-1} of the prefixes of length j-1..length; keep lengths j.. for e_j
-        prefix = prefix_log_sums(a[..., j - 1 :] + prefix[..., :-1])
-        coefficients.append(prefix[..., -1])
-    out = torch.stack(coefficients, dim=-1) + largest * torch.arange(degree + 1, dtype=a.dtype, device=a.device)
+        ordered = torch.cat([top.values, a.scatter(-1, top.indices, -math.inf)], dim=-1)
+        out = _sorted_log_esf(ordered, degree, _relative_logcumsumexp)
     if k > n:
         out = torch.cat([out, out.new_full((*out.shape[:-1], k - n), -math.inf)], dim=-1)
     return out.to(log_x.dtype)
+
+
+def _split_log_esf(a: torch.Tensor, degree: int) -> torch.Tensor:
+    """``log e_j``, ``j = 0..degree``, from the top ``degree`` entries and the tail (module doc)."""
+    top = a.topk(degree, dim=-1)
+    kth = top.values[..., -1:].detach()
+    log_top = _sorted_log_esf(top.values, degree, _linear_prefix_log_sums)
+    log_tail = _TailLogESF.apply(a.scatter(-1, top.indices, -math.inf) - kth, degree)[0]
+    log_tail = log_tail + kth * torch.arange(degree + 1, dtype=a.dtype, device=a.device)
+    # out_j = logsumexp_b (log_top[j - b] + log_tail[b]), b = 0..j
+    j = torch.arange(degree + 1, device=a.device)
+    offsets = j.unsqueeze(-1) - j  # [j, b] -> j - b
+    terms = log_top[..., offsets.clamp_min(0)] + log_tail.unsqueeze(-2)
+    return torch.logsumexp(terms.masked_fill(offsets < 0, -math.inf), dim=-1)
