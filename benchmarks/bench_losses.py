@@ -12,7 +12,8 @@ tables give medians over repeats. glibc's malloc thresholds are fixed first
 τ = 0.1), ``SmoothTop1SVM``, ``BalNoisedTopK`` (ε = 1, 5 samples) and ``ImbalNoisedTopK`` (ε = 0.01,
 max_m = 0.2, scale 60), pytopk 0.1.0's ``BalNoisedTopK`` and ``ImbalNoisedTopK`` with the same
 settings when importable, and ``gumbel_topk`` (k = 5, τ = 1) for both relaxations as
-``(mask * g).sum()``. Berrada's smooth-topk package is not installable here (REFERENCE §2).
+``(mask * g).sum()``, and, as the floor of the noised losses, their
+``torch.randn(b, n, 5)`` draw alone. Berrada's smooth-topk package is not installable here (REFERENCE §2).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def _candidates(n: int, b: int) -> dict:
         calls["pytopk ImbalNoisedTopK"] = lambda x: imbal(x, target)
     except ImportError:
         pass
+    # the floor of the noised losses' estimator: its B·C·S Gaussian draws alone (no backward)
+    calls["randn(b, n, 5) alone"] = lambda x: torch.randn((*x.shape, 5), generator=gen)
     for relaxation in ("lapsum", "subsets"):
         calls[f"gumbel_topk k=5 {relaxation}"] = lambda x, r=relaxation: (
             softtopk.gumbel_topk(x, 5, tau=1.0, relaxation=r, generator=gen) * g
@@ -67,7 +70,9 @@ def _candidates(n: int, b: int) -> dict:
 def _time(call, x: torch.Tensor) -> float:
     x.grad = None
     start = time.perf_counter()
-    call(x).backward()
+    out = call(x)
+    if out.requires_grad:
+        out.backward()
     return time.perf_counter() - start
 
 

@@ -71,7 +71,8 @@ def _draw(shape: tuple[int, ...], kind: str, generator, like: torch.Tensor) -> t
     if kind == "gaussian":
         return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
     uniform = torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
-    return -torch.log(-torch.log(uniform.clamp_min(torch.finfo(like.dtype).tiny)))  # finite: no U = 0
+    # -log(-log U), in place on the fresh draws; finite: no U = 0
+    return uniform.clamp_min_(torch.finfo(like.dtype).tiny).log_().neg_().log_().neg_()
 
 
 class _PerturbedTopK(torch.autograd.Function):
