@@ -174,6 +174,45 @@ def test_smooth_topk_matches_brute_force(n, tau, alpha):
         torch.testing.assert_close(ours32, _brute_smooth(x, y, k, tau, alpha).mean().float(), rtol=1e-5, atol=1e-5)
 
 
+def _original_smooth_rows(x: torch.Tensor, y: torch.Tensor, k: int, tau: float, alpha: float):
+    """The original's smooth path (REFERENCE §2.3) in ``x``'s dtype: the product of the polynomials
+    ``e^{-z_i} + t`` of the non-label classes in log space, pairwise (divide and conquer), truncated
+    at degree ``k + p - 1``; ``log e_m = coeff_m + sum z``; loss ``tau softplus(alpha/tau + log e_k -
+    log e_{k-1} - z_y)``. Also returns its routing: a row is smooth iff ``s_[k] - s_[k+1] < k tau ln 1e3``."""
+    degree = k + int(1 + 0.2 * k) - 1
+    z = x / (k * tau)
+    label = y.unsqueeze(1)
+    others = z.scatter(1, label, math.nan)[~torch.zeros_like(z, dtype=torch.bool).scatter(1, label, True)]
+    others = others.reshape(z.shape[0], -1)
+    polys = [torch.stack([-others[:, i], torch.zeros_like(others[:, i])], -1) for i in range(others.shape[1])]
+    while len(polys) > 1:
+        merged = []
+        for a, b in zip(polys[0::2], polys[1::2]):
+            size = min(a.shape[1] + b.shape[1] - 1, degree + 1)
+            terms = [[a[:, i] + b[:, m - i] for i in range(max(0, m - b.shape[1] + 1), min(m, a.shape[1] - 1) + 1)]
+                     for m in range(size)]
+            merged.append(torch.stack([torch.stack(t, -1).logsumexp(-1) for t in terms], -1))
+        polys = merged + ([polys[-1]] if len(polys) % 2 else [])
+    log_e = polys[0] + others.sum(1, keepdim=True)
+    margin = alpha / tau + log_e[:, k] - log_e[:, k - 1] - z.gather(1, label).squeeze(1)
+    top = x.topk(k + 1, dim=1).values
+    smooth = top[:, k - 1] - top[:, k] < k * tau * math.log(1e3)
+    return tau * torch.logaddexp(margin, torch.zeros_like(margin)), smooth
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n, k", [(10, 1), (10, 5), (30, 5), (100, 5), (100, 9)])
+@pytest.mark.parametrize("tau", [0.1, 1.0, 10.0])
+def test_smooth_topk_matches_the_original_smooth_path(dtype, n, k, tau):
+    """On the rows the original routes to its smooth path, at scales where its float32 renormalisation
+    is accurate (|s| of order 1), the per-sample losses agree to 1e-5 relative."""
+    x, y = _data(64, n, n + k, scale=1.0, dtype=dtype)
+    original, smooth = _original_smooth_rows(x, y, k, tau, 1.0)
+    ours = smooth_svm.smooth_topk_svm(x, y, k=k, tau=tau, reduction="none")
+    assert smooth.sum() >= 16
+    torch.testing.assert_close(ours[smooth], original[smooth], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("tau", [0.5, 1.0, 3.0])
 def test_smooth_top1_matches_brute_force(tau):
     x, y = _data(6, 9, 4)

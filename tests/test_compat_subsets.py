@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from softtopk.compat.subsets import SubsetOperator
+from softtopk.compat.subsets import SubsetOperator, SubsetsDKNN
 from softtopk.ops.gumbel import gumbel_topk
 
 TINY = torch.finfo(torch.float32).tiny
@@ -172,3 +172,86 @@ def test_bad_scores_and_noise():
         SubsetOperator(1)(torch.randn(5))
     with pytest.raises(ValueError, match="noise must have x's shape"):
         SubsetOperator(1)(torch.randn(2, 5), noise=torch.randn(2, 4))
+
+
+# ------------------------------------------------------------------------------------ SubsetsDKNN
+
+
+def naive_dknn(query, neighbors, noise, k, tau, hard=False):
+    """The original's SubsetsDKNN.forward, written out: scores -||q - c||^2, then the subset operator."""
+    scores = -((query.unsqueeze(1) - neighbors.unsqueeze(0)) ** 2).sum(2)
+    return naive_subset_operator(scores, noise, k, tau, hard)
+
+
+@pytest.mark.parametrize("hard", [False, True])
+@pytest.mark.parametrize("k, tau", [(1, 1.0), (3, 0.5), (9, 5.0)])
+def test_dknn_equals_naive_with_injected_noise(k, tau, hard):
+    g = torch.Generator().manual_seed(k)
+    query = torch.randn(6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    neighbors = torch.randn(12, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    noise = gumbel_draw(torch.zeros(6, 12, dtype=torch.float64))
+    ours = SubsetsDKNN(k, tau, hard=hard)(query, neighbors, noise=noise)
+    w = torch.randn(6, 12, generator=g, dtype=torch.float64)
+    ours_grads = torch.autograd.grad((ours * w).sum(), (query, neighbors))
+    ref = naive_dknn(query, neighbors, noise, k, tau, hard)
+    ref_grads = torch.autograd.grad((ref * w).sum(), (query, neighbors))
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
+    for a, b in zip(ours_grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ours.sum(1), torch.full((6,), float(k), dtype=torch.float64))
+
+
+def test_dknn_same_global_seed_same_noise_as_the_original():
+    query, neighbors = torch.randn(5, 3), torch.randn(8, 3)
+    torch.manual_seed(7)
+    ours = SubsetsDKNN(4, 0.5)(query, neighbors)
+    torch.manual_seed(7)
+    scores = -((query.unsqueeze(1) - neighbors.unsqueeze(0)) ** 2).sum(2)
+    ref = naive_subset_operator(scores.double(), gumbel_draw(scores).double(), 4, 0.5)
+    torch.testing.assert_close(ours, ref.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_dknn_gradient_pulls_same_label_neighbours_closer():
+    """One step of the seed's loss (-sum over same-label neighbours of the relaxed top-k) lowers it."""
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(4, 2, generator=g, dtype=torch.float64)
+    neighbors = torch.randn(10, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    same = (torch.arange(10) % 2 == 0).double().expand(4, 10)
+    noise = gumbel_draw(torch.zeros(4, 10, dtype=torch.float64))
+    layer = SubsetsDKNN(3, 1.0)
+    loss = -(same * layer(query, neighbors, noise=noise)).sum()
+    (grad,) = torch.autograd.grad(loss, neighbors)
+    stepped = -(same * layer(query, neighbors.detach() - 0.05 * grad, noise=noise)).sum()
+    assert stepped < loss
+
+
+def test_dknn_defaults_repr_and_unused_arguments():
+    layer = SubsetsDKNN(2)
+    assert (layer.k, layer.num_samples, layer.subset_sample.tau, layer.subset_sample.hard) == (2, -1, 1.0, False)
+    assert "k=2" in repr(layer) and "SubsetOperator" in repr(layer)
+    query, neighbors = torch.randn(2, 3), torch.randn(5, 3)
+    # forward's tau is unused, as in the original
+    torch.testing.assert_close(layer(query, neighbors, 0.01, noise=False), layer(query, neighbors, noise=False))
+
+
+@pytest.mark.parametrize(
+    "query, neighbors, match",
+    [
+        (torch.randn(3), torch.randn(5, 3), "shapes"),
+        (torch.randn(2, 3), torch.randn(5, 4), "shapes"),
+        (torch.randn(2, 3), torch.randn(1, 3), "exceeds the number of neighbors N = 1"),
+        (torch.arange(6).reshape(2, 3), torch.randn(5, 3), "query"),
+    ],
+)
+def test_dknn_bad_inputs(query, neighbors, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        SubsetsDKNN(2)(query, neighbors)
+
+
+def test_dknn_bad_constructor_arguments():
+    with pytest.raises(TypeError, match="num_samples must be an int"):
+        SubsetsDKNN(2, num_samples=1.5)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        SubsetsDKNN(0)
+    with pytest.raises(ValueError, match="tau"):
+        SubsetsDKNN(2, tau=0.0)

@@ -30,8 +30,12 @@ Intended differences from the original:
   tensor of standard Gumbel draws of the scores' shape used instead of drawing (for tests and
   common random numbers), or ``False`` for no noise.
 
-The kNN experiment's ``DKNN`` layer is not provided here; for a differentiable kNN see
-:mod:`softtopk.knn`.
+``SubsetsDKNN(k, tau=1.0, hard=False, num_samples=-1)`` is the kNN experiment's layer: scores
+``-||q - c||^2`` of every query against every candidate neighbour, then ``SubsetOperator`` along the
+candidates. As in the original, ``num_samples`` and ``forward``'s ``tau`` are accepted and unused
+(one Gumbel sample per call; the constructor's ``tau`` applies). The distances are formed as the
+original forms them (``(M, N, p)`` differences), so the memory is ``M N p``; for large neighbour
+sets use :class:`softtopk.nn.DifferentiableKNN`, which also computes the kNN loss.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import torch
 from .._validation import check_real, check_scores
 from ..ops.gumbel import check_hard, gumbel_topk
 
-__all__ = ["SubsetOperator"]
+__all__ = ["SubsetOperator", "SubsetsDKNN"]
 
 
 def _check_k(k: Any) -> int:
@@ -108,3 +112,61 @@ class SubsetOperator(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"k={self.k}, tau={self.tau}, hard={self.hard}"
+
+
+class SubsetsDKNN(torch.nn.Module):
+    """``SubsetsDKNN``: relaxed top-k neighbours of each query by Gumbel subset sampling.
+
+    .. math::
+        s_{ij} = -\\lVert q_i - c_j \\rVert_2^2, \\qquad
+        \\mathrm{out}_{i\\cdot} = \\mathrm{SubsetOperator}(k, \\tau, \\mathrm{hard})(s_{i\\cdot})
+
+    Args:
+        k: neighbours per query, ``1 <= k <= N``.
+        tau: temperature of the subset relaxation, positive and finite. Default 1.0.
+        hard: straight-through k-hot, with ``SubsetOperator``'s semantics. Default ``False``.
+        num_samples: accepted for the original's signature, unused (an int). Default -1.
+
+    Shape:
+        query ``(M, p)``, neighbors ``(N, p)``; output ``(M, N)``, each row summing to ``k``.
+
+    Example:
+        >>> import torch
+        >>> from softtopk.compat.subsets import SubsetsDKNN
+        >>> query, neighbors = torch.tensor([[0.0, 0.0]]), torch.tensor([[0.0, 1.0], [3.0, 0.0], [0.5, 0.5]])
+        >>> SubsetsDKNN(k=2, hard=True)(query, neighbors, noise=False)
+        tensor([[1., 0., 1.]])
+
+    Reference:
+        S. M. Xie, S. Ermon, "Reparameterizable Subset Sampling via Continuous Relaxations",
+        IJCAI 2019 (Sec. 5.2, differentiable kNN).
+    """
+
+    def __init__(self, k: int, tau: float = 1.0, hard: bool = False, num_samples: int = -1) -> None:
+        super().__init__()
+        self.k = _check_k(k)
+        self.subset_sample = SubsetOperator(k=k, tau=tau, hard=hard)
+        if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
+            raise TypeError(f"num_samples must be an int, got {type(num_samples).__name__} {num_samples!r}")
+        self.num_samples = int(num_samples)
+
+    def forward(
+        self, query: torch.Tensor, neighbors: torch.Tensor, tau: float = 1.0, *,
+        noise: bool | torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Relaxed k-hot ``(M, N)`` over the neighbours of each query; ``tau`` is unused (as in the
+        original); ``noise`` as in :meth:`SubsetOperator.forward`, of shape ``(M, N)``."""
+        query = check_scores(query, "query")
+        neighbors = check_scores(neighbors, "neighbors")
+        if query.dim() != 2 or neighbors.dim() != 2 or query.shape[1] != neighbors.shape[1]:
+            raise ValueError(
+                "query and neighbors must have shapes (M, p) and (N, p) with the same p, got "
+                f"{tuple(query.shape)} and {tuple(neighbors.shape)}"
+            )
+        if self.k > neighbors.shape[0]:
+            raise ValueError(f"k = {self.k} exceeds the number of neighbors N = {neighbors.shape[0]}")
+        scores = -((query.unsqueeze(1) - neighbors.unsqueeze(0)) ** 2).sum(2)
+        return self.subset_sample(scores, noise=noise)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, num_samples={self.num_samples}"
