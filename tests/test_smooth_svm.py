@@ -106,7 +106,9 @@ def test_factorisation_matches_brute_force():
         torch.testing.assert_close(dp_reference(s, y, k, 0.7, 1.3), brute_force(s, y, k, 0.7, 1.3), rtol=1e-10, atol=0)
 
 
-@pytest.mark.parametrize("n,k", [(20, 3), (200, 5), (1000, 5), (1000, 20), (1000, 40)])
+@pytest.mark.parametrize(
+    "n,k", [(20, 3), (200, 5), (1000, 5), (1000, 20), (1000, 40), (1000, 1), (1000, 2), (300, 7), (1000, 10), (11, 10)]
+)
 @pytest.mark.parametrize("tau", [1e-3, 1e-1, 1.0, 1e2])
 def test_float32_against_float64_dp(n, k, tau):
     for scale in [1e-4, 1e-1, 1.0, 1e2, 1e4, 1e6]:
