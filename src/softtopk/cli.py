@@ -1,4 +1,11 @@
-"""The ``softtopk`` console script."""
+"""The ``softtopk`` console script.
+
+Subcommands: ``demo`` (the main job, :mod:`softtopk.experiments.demo`), ``train-embeddings``
+(:mod:`softtopk.experiments.embeddings`), ``train-cifar100`` (:mod:`softtopk.experiments.cifar100`),
+``knn`` (:mod:`softtopk.experiments.knn_train`) and ``data build-wordnet``
+(:mod:`softtopk.experiments.wordnet`). Problems with flags or data exit with status 2 and one line
+``softtopk <command>: error: <message>`` on stderr; unexpected exceptions keep their traceback.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +15,110 @@ from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .experiments.embeddings import add_arguments
+
     parser = argparse.ArgumentParser(prog="softtopk", description="Differentiable top-k for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="soft top-k of an example input and a short training comparison")
-    demo.add_argument("--steps", type=int, default=150, help="training steps per loss (default 150)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    demo.add_argument("--out", type=Path, default=None, help="write the results as JSON to this file")
+    demo = commands.add_parser(
+        "demo", help="the main job: soft top-k of an example, then CE vs top-k losses on the built-in wordnet148",
+        description="Print the soft top-3 mask of an example for every method, then train a linear head on the "
+                    "built-in wordnet148 embeddings with cross-entropy and one loss of each top-k family; print "
+                    "top-1/top-5 (test at best validation) and ms per step; write demo.json and demo.png.")
+    demo.add_argument("--n_epochs", type=int, default=None, help="epochs per run (default: 30)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed of every run (default 0)")
+    demo.add_argument("--out", type=Path, default=Path("runs/demo"),
+                      help="output directory: demo.json, demo.png and one run directory per loss (default runs/demo)")
+    embeddings = commands.add_parser(
+        "train-embeddings", help="train a linear/MLP head on precomputed embeddings (difftopk's train_imagenet.py)",
+        description="Train a linear (or MLP) head on precomputed embeddings with a top-k loss. Flags of difftopk's "
+                    "experiments/train_imagenet.py keep their names and defaults. Writes config.json, metrics.jsonl, "
+                    "checkpoint.pt (every epoch), results.json and curves.png to the run directory. Under torchrun "
+                    "the global batch is split across processes.")
+    add_arguments(embeddings)
+    from .experiments import cifar100
+
+    cifar = commands.add_parser(
+        "train-cifar100", help="train a ResNet-18 on CIFAR-100 from scratch (difftopk's train_cifar100.py)",
+        description="Train a CIFAR ResNet-18 from scratch on CIFAR-100 with a top-k loss. Flags of difftopk's "
+                    "experiments/train_cifar100.py keep their names and defaults (--device cuda). Writes config.json, "
+                    "metrics.jsonl (every epoch), checkpoint.pt (every epoch), results.json and curves.png to the "
+                    "run directory. Under torchrun the global batch is split across processes.")
+    cifar100.add_arguments(cifar)
+    from .experiments import knn_train
+
+    knn = commands.add_parser(
+        "knn", help="train a differentiable-kNN embedding on MNIST / Fashion-MNIST (NeuralSort / subsets protocol)",
+        description="Train an embedding net with a relaxed top-k kNN loss (k = 9, 100 queries x 100 candidates per "
+                    "step, SGD) and evaluate the hard kNN majority vote on validation and test with the training "
+                    "split as neighbours; the result is the test accuracy at the best validation accuracy. Writes "
+                    "config.json, metrics.jsonl, checkpoint.pt (every epoch), results.json and curves.png to the "
+                    "run directory. Under torchrun the queries of a step are split across processes.")
+    knn_train.add_arguments(knn)
+    data = commands.add_parser("data", help="build datasets")
+    data_commands = data.add_subparsers(dest="data_command", required=True)
+    wordnet = data_commands.add_parser("build-wordnet", help="embed the WordNet noun datasets once and cache them",
+                                       description="Build the built-in WordNet embedding datasets.")
+    wordnet.add_argument("--out", type=Path, required=True, help="directory the datasets are written to")
+    wordnet.add_argument("--wordnet-dir", dest="wordnet_dir", type=Path, default=None,
+                         help="directory holding WordNet's data.noun (default: the system's WordNet)")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.steps < 1:
-        print("softtopk demo: error: --steps must be >= 1", file=sys.stderr)
-        return 2
+def _demo(args: argparse.Namespace) -> None:
     from .experiments.demo import run_demo
+    from .experiments.runner import UsageError
 
-    run_demo(steps=args.steps, seed=args.seed, out=args.out)
+    if args.n_epochs is not None and args.n_epochs < 1:
+        raise UsageError(f"--n_epochs must be >= 1, got {args.n_epochs}")
+    run_demo(seed=args.seed, out=args.out, n_epochs=args.n_epochs)
+
+
+def _train_embeddings(args: argparse.Namespace) -> None:
+    import torch
+
+    from .experiments.embeddings import train_embeddings
+
+    torch.set_num_threads(1)  # as difftopk's train_imagenet.py
+    train_embeddings(args)
+
+
+def _train_cifar100(args: argparse.Namespace) -> None:
+    from .experiments.cifar100 import train_cifar100
+
+    train_cifar100(args)
+
+
+def _knn(args: argparse.Namespace) -> None:
+    from .experiments.knn_train import train_knn
+
+    train_knn(args)
+
+
+def _build_wordnet(args: argparse.Namespace) -> None:
+    from .experiments.wordnet import build_wordnet
+
+    from .experiments.runner import UsageError
+
+    options = {} if args.wordnet_dir is None else {"wordnet_dir": args.wordnet_dir}
+    try:
+        build_wordnet(args.out, **options)
+    except (FileNotFoundError, RuntimeError) as error:  # a missing source; the message names the install
+        raise UsageError(str(error)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``softtopk`` command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    from .experiments.runner import UsageError
+
+    args = _parser().parse_args(argv)
+    name = args.command if args.command != "data" else f"data {args.data_command}"
+    handler = {"demo": _demo, "train-embeddings": _train_embeddings, "train-cifar100": _train_cifar100, "knn": _knn,
+               "data": _build_wordnet}[args.command]
+    try:
+        handler(args)
+    except UsageError as error:
+        print(f"softtopk {name}: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,0 +1,242 @@
+"""Shared machinery of the ``softtopk`` training tools: run directory, device, DDP, progress, resume.
+
+A :class:`Run` owns one training run:
+
+* **run directory** (``--out DIR``, default ``runs/<command>-<YYYYmmdd-HHMMSS>``): ``config.json``
+  (every flag, softtopk/torch versions, git commit when available, world size), ``metrics.jsonl``
+  (one JSON object per evaluation), ``checkpoint.pt`` (atomic, end of every epoch),
+  ``results.json`` and ``curves.png`` (written by :meth:`Run.finish`).
+* **resume** (``--resume DIR``): the run continues in ``DIR`` from its last checkpoint (the end of
+  the last completed epoch); evaluations logged after that checkpoint are dropped from
+  ``metrics.jsonl`` because they are replayed. A flag that changes the result (anything but
+  ``RESUME_IGNORED`` and the tool's own extra list) must equal the stored config, else
+  :class:`UsageError`.
+* **device** (``--device cpu|cuda|cuda:N``) and **multi-process** training: launched by
+  ``torchrun`` (env ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``), the run initialises
+  ``torch.distributed`` (gloo on CPU, nccl on CUDA; ``cuda`` means ``cuda:LOCAL_RANK``), wraps the
+  model in ``DistributedDataParallel`` and splits every global batch across ranks
+  (:meth:`Run.shard`, :meth:`Run.shard_weight`), so the global batch size stays the flag's value.
+  Only rank 0 writes files and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoint import load_checkpoint, rng_state, save_atomic, set_rng_state
+
+RESUME_IGNORED = ("out", "resume", "no_progress", "device", "experiment_id")
+
+
+class UsageError(Exception):
+    """A problem with the user's flags or data; the CLI prints it as one line and exits 2."""
+
+
+def resolve_device(text: str, local_rank: int | None = None) -> torch.device:
+    """``--device`` as a ``torch.device``: ``cpu``, ``cuda`` (``cuda:LOCAL_RANK`` under torchrun) or ``cuda:N``.
+
+    Raises:
+        UsageError: an unknown device string, or CUDA requested but not available.
+    """
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UsageError(f"--device must be cpu, cuda or cuda:N, got {text!r}") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise UsageError(f"--device must be cpu, cuda or cuda:N, got {text!r}")
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {text}: CUDA is not available on this machine (use --device cpu)")
+    index = device.index if device.index is not None else (local_rank or 0)
+    if index >= torch.cuda.device_count():
+        raise UsageError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device("cuda", index)
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The training order of epoch ``epoch``: a function of ``(seed, epoch)`` only, so replays are exact."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=generator)
+
+
+def _git_commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                              check=False, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class Run:
+    """One training run (see the module docstring).
+
+    Args:
+        command: the subcommand name (``train-embeddings``, ...), used for the default directory.
+        args: the parsed flags; must have ``out``, ``resume``, ``no_progress``, ``device``.
+        resume_ignored: extra flag names that may differ on ``--resume``.
+    """
+
+    def __init__(self, command: str, args: Any, resume_ignored: Iterable[str] = ()) -> None:
+        self.command = command
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.distributed = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+        self.device = resolve_device(args.device, local_rank if self.distributed else None)
+        self.is_main = self.rank == 0
+        self.show_progress = self.is_main and not args.no_progress and sys.stderr.isatty()
+        self.config = {name: _jsonable(value) for name, value in sorted(vars(args).items())}
+        self.resumed: dict[str, Any] | None = None
+        if args.resume is not None:
+            self.dir = Path(args.resume)
+            self._check_resume(resume_ignored)
+        else:
+            self.dir = Path(args.out) if args.out is not None else self._default_dir()
+            if (self.dir / "checkpoint.pt").exists():
+                raise UsageError(f"--out {self.dir}: already holds a run (use --resume {self.dir} to continue it)")
+            if self.is_main:
+                self.dir.mkdir(parents=True, exist_ok=True)
+        if self.distributed:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            torch.distributed.init_process_group(backend)
+        if self.is_main and self.resumed is None:
+            from .. import __version__
+
+            meta = {"softtopk_version": __version__, "torch_version": torch.__version__,
+                    "git_commit": _git_commit(), "world_size": self.world_size, "command": command}
+            (self.dir / "config.json").write_text(json.dumps({"flags": self.config, **meta}, indent=2) + "\n")
+            (self.dir / "metrics.jsonl").write_text("")
+        self.started = time.monotonic() - (self.resumed["elapsed"] if self.resumed else 0.0)
+
+    def _default_dir(self) -> Path:
+        """``runs/<command>-<YYYYmmdd-HHMMSS>``, with ``-2``, ``-3``, ... when that already exists."""
+        base = Path("runs") / f"{self.command}-{time.strftime('%Y%m%d-%H%M%S')}"
+        path, number = base, 1
+        while path.exists():
+            number += 1
+            path = base.with_name(f"{base.name}-{number}")
+        return path
+
+    def _check_resume(self, resume_ignored: Iterable[str]) -> None:
+        config_path, checkpoint_path = self.dir / "config.json", self.dir / "checkpoint.pt"
+        if not config_path.is_file() or not checkpoint_path.is_file():
+            raise UsageError(f"--resume {self.dir}: no config.json and checkpoint.pt there (nothing to resume)")
+        stored = json.loads(config_path.read_text())["flags"]
+        ignored = set(RESUME_IGNORED) | set(resume_ignored)
+        for name in sorted(set(stored) | set(self.config)):
+            if name not in ignored and stored.get(name) != self.config.get(name):
+                raise UsageError(f"--resume {self.dir}: flag --{name} differs from the stored run "
+                                 f"(stored {stored.get(name)!r}, given {self.config.get(name)!r})")
+        self.resumed = load_checkpoint(checkpoint_path)
+
+    # ---- model and batches -------------------------------------------------------------------
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move ``model`` to the device; under torchrun wrap it in ``DistributedDataParallel``."""
+        model = model.to(self.device)
+        if not self.distributed:
+            return model
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def shard(self, indices: torch.Tensor) -> torch.Tensor:
+        """This rank's contiguous part of a global batch (the whole batch without torchrun)."""
+        return indices.tensor_split(self.world_size)[self.rank]
+
+    def shard_weight(self, local: int, total: int) -> float:
+        """Factor for a rank's mean loss so DDP's gradient average equals the global-batch mean."""
+        return local * self.world_size / total
+
+    def global_mean(self, value: torch.Tensor) -> float:
+        """Mean over ranks of a scalar (``value`` itself without torchrun)."""
+        value = value.detach().float().reshape(1).clone()
+        if self.distributed:
+            torch.distributed.all_reduce(value)
+            value /= self.world_size
+        return value.item()
+
+    def progress(self, iterable: Iterable, total: int, desc: str):
+        """A tqdm bar on stderr, disabled on other ranks, without a TTY or with ``--no-progress``."""
+        from tqdm import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, file=sys.stderr, disable=not self.show_progress,
+                    leave=False, dynamic_ncols=True)
+
+    # ---- files -------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        """Seconds of training so far, counting the time before a resume."""
+        return time.monotonic() - self.started
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Append one evaluation record to ``metrics.jsonl`` (rank 0 only)."""
+        if self.is_main:
+            with open(self.dir / "metrics.jsonl", "a") as stream:
+                stream.write(json.dumps(record) + "\n")
+
+    def save_checkpoint(self, state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
+        """Write ``checkpoint.pt`` atomically: ``state`` plus every RNG state and the elapsed time."""
+        if self.is_main:
+            payload = dict(state, rng=rng_state(generators), elapsed=self.elapsed())
+            save_atomic(payload, self.dir / "checkpoint.pt")
+
+    def restore(self, generators: dict[str, torch.Generator]) -> dict[str, Any] | None:
+        """On ``--resume``: restore the RNG states, trim ``metrics.jsonl`` and return the checkpoint."""
+        if self.resumed is None:
+            return None
+        set_rng_state(self.resumed["rng"], generators)
+        if self.is_main:
+            path = self.dir / "metrics.jsonl"
+            kept = [line for line in path.read_text().splitlines()
+                    if line and json.loads(line)["step"] <= self.resumed["step"]]
+            path.write_text("".join(line + "\n" for line in kept))
+        return self.resumed
+
+    def finish(self, results: dict[str, Any], summary: str) -> None:
+        """Write ``results.json`` and ``curves.png``, print ``summary``, end the process group."""
+        if self.is_main:
+            (self.dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+            self._plot()
+            print(summary)
+            print(f"run directory: {self.dir}")
+        if self.distributed:
+            torch.distributed.destroy_process_group()
+
+    def _plot(self) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        records = [json.loads(line) for line in (self.dir / "metrics.jsonl").read_text().splitlines() if line]
+        figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        trained = [r for r in records if r.get("train_loss") is not None]
+        left.plot([r["step"] for r in trained], [r["train_loss"] for r in trained], marker=".")
+        left.set(xlabel="step", ylabel="training loss (mean since last evaluation)", title="training loss")
+        for name in ("top1", "top5", "macro_top1", "macro_top5"):
+            if records and name in records[0]["valid"]:
+                right.plot([r["step"] for r in records], [r["valid"][name] for r in records], label=name)
+        right.set(xlabel="step", ylabel="validation accuracy", title="validation metrics")
+        right.legend()
+        figure.tight_layout()
+        figure.savefig(self.dir / "curves.png", dpi=100)
+        plt.close(figure)
