@@ -11,7 +11,7 @@ on the built-in WordNet dataset.
    time per step; ``demo.json`` and ``demo.png`` (validation top-5 over steps) go to ``--out``,
    next to each run's own directory.
 
-About 30 seconds on a 2-core CPU.
+16 seconds on this project's 2-vCPU machine (measured on an idle machine).
 """
 
 from __future__ import annotations
