@@ -144,8 +144,8 @@ class SubsetsDKNN(torch.nn.Module):
 
     def __init__(self, k: int, tau: float = 1.0, hard: bool = False, num_samples: int = -1) -> None:
         super().__init__()
-        self.k = _check_k(k)
-        self.subset_sample = SubsetOperator(k=k, tau=tau, hard=hard)
+        self.subset_sample = SubsetOperator(k=k, tau=tau, hard=hard)  # validates k, tau, hard
+        self.k = self.subset_sample.k
         if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
             raise TypeError(f"num_samples must be an int, got {type(num_samples).__name__} {num_samples!r}")
         self.num_samples = int(num_samples)

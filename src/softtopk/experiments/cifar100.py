@@ -37,14 +37,13 @@ import argparse
 import math
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from .metrics import BestTracker, summary_table, topk_metrics
 from .models import resnet18_cifar
-from .runner import Run, UsageError, epoch_permutation, resolve_device
+from .runner import Run, UsageError, add_run_arguments, epoch_permutation, resolve_device
 from .train_losses import add_loss_arguments, build_loss, check_p_k_flag, method_choices
 from .vision_data import (
     CIFAR100_CLASSES,
@@ -91,10 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
            "too), seeded by --seed; test labels stay clean (default 0)")
     p("--val_size", type=int, default=DEFAULT_VAL_SIZE,
       help=f"training images held out for validation by a seeded random split (default {DEFAULT_VAL_SIZE:,})")
-    p("--out", type=Path, default=None, help="run directory (default runs/train-cifar100-<timestamp>)")
-    p("--resume", type=Path, default=None,
-      help="continue the run in this directory from its last checkpoint (flags must match the stored run)")
-    p("--no-progress", dest="no_progress", action="store_true", help="no progress bars (also off without a TTY)")
+    add_run_arguments(parser, "train-cifar100")
     add_loss_arguments(parser)
 
 
@@ -187,11 +183,8 @@ def train_cifar100(args: Any) -> dict[str, Any]:
     loss_fn = build_loss(args, CIFAR100_CLASSES, class_counts, noise).to(run.device)
     generators, best = {"loss_noise": noise, "augment": augment}, BestTracker()
     start_epoch, step, valid, test = 0, 0, None, None
-    state = run.restore(generators)
+    state = run.restore(generators, model, optimizer, best)
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        best.load_state_dict(state["best"])
         start_epoch, step = state["epoch"] + 1, state["step"]
         valid, test = state["last_evaluation"]
     kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
@@ -202,7 +195,7 @@ def train_cifar100(args: Any) -> dict[str, Any]:
         order = epoch_permutation(len(train_y), args.seed, epoch)[:steps_per_epoch * args.batch_size]
         batches = run.progress(order.view(steps_per_epoch, args.batch_size), steps_per_epoch,
                                f"epoch {epoch + 1}/{args.n_epochs}")
-        losses, correct, seen = [], 0, 0
+        losses, correct, seen = [], torch.zeros((), dtype=torch.long, device=run.device), 0
         for batch in batches:
             images = augment_cifar(train_x[batch], augment)  # whole global batch, same draws on every rank
             parts = torch.arange(len(batch)).tensor_split(run.world_size)[run.rank]
@@ -214,21 +207,21 @@ def train_cifar100(args: Any) -> dict[str, Any]:
             loss.backward()
             optimizer.step()
             step += 1
-            losses.append(run.global_mean(loss))
-            correct += (logits.detach().argmax(1) == y).sum().item()
+            losses.append(loss.detach())
+            correct += (logits.detach().argmax(1) == y).sum()
             seen += len(y)
             if run.show_progress:
-                batches.set_postfix(loss=f"{losses[-1]:.4f}", acc=f"{correct / max(seen, 1):.3f}")
+                batches.set_postfix(loss=f"{losses[-1].item():.4f}", acc=f"{correct.item() / max(seen, 1):.3f}")
             if step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
         valid = evaluate_images(model, valid_x, valid_y, batch_size=args.batch_size, device=run.device)
         test = evaluate_images(model, test_x, test_y, batch_size=args.batch_size, device=run.device)
         best.update(valid, test, step)
-        train_loss = sum(losses) / len(losses)
+        train_loss = run.mean_loss(losses)
         if not math.isfinite(train_loss):
             raise FloatingPointError(f"training loss is {train_loss} in epoch {epoch + 1}")
         run.log({"step": step, "epoch": epoch + 1, "train_loss": train_loss,
-                 "train_top1_rank0": correct / max(seen, 1), "valid": valid, "test": test, "elapsed": run.elapsed()})
+                 "train_top1_rank0": correct.item() / max(seen, 1), "valid": valid, "test": test, "elapsed": run.elapsed()})
         run.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
                              "step": step, "best": best.state_dict(), "last_evaluation": (valid, test)},
                             generators)

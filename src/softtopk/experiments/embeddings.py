@@ -19,14 +19,13 @@ import argparse
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from .embedding_data import load_data
 from .metrics import BestTracker, evaluate, summary_table
-from .runner import Run, UsageError, epoch_permutation
+from .runner import Run, UsageError, add_run_arguments, epoch_permutation
 from .train_losses import add_loss_arguments, build_loss, check_p_k_flag, method_choices
 
 
@@ -60,10 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p("--eval_freq", type=int, default=100, help="evaluate every this many steps (default 100)")
     p("--apply_relu", action="store_true", help="apply a ReLU to the input embeddings")
     p("--apply_dropout", action="store_true", help="apply Dropout(0.5) to the input embeddings during training")
-    p("--out", type=Path, default=None, help="run directory (default runs/train-embeddings-<timestamp>)")
-    p("--resume", type=Path, default=None,
-      help="continue the run in this directory from its last checkpoint (flags must match the stored run)")
-    p("--no-progress", dest="no_progress", action="store_true", help="no progress bars (also off without a TTY)")
+    add_run_arguments(parser, "train-embeddings")
     p("--val_size", type=int, default=None,
       help="validation rows carved from the training set of a file (default difftopk's 50,000, 100,000 for "
            "21K-P, capped at a fifth of the training set; built-in datasets have their own split)")
@@ -119,11 +115,8 @@ def train_embeddings(args: Any) -> dict[str, Any]:
     loss_fn = build_loss(args, data["n_classes"], data["train_class_counts"], noise).to(run.device)
     generators, best = {"loss_noise": noise}, BestTracker()
     start_epoch, step, losses, train_seconds = 0, 0, [], 0.0
-    state = run.restore(generators)
+    state = run.restore(generators, model, optimizer, best)
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        best.load_state_dict(state["best"])
         start_epoch, step = state["epoch"] + 1, state["step"]
         valid, test = state["last_evaluation"]
         losses = list(state["losses_since_evaluation"])
@@ -136,7 +129,7 @@ def train_embeddings(args: Any) -> dict[str, Any]:
         valid = evaluate(model, valid_x, valid_y, batch_size=args.batch_size, device=run.device)
         test = evaluate(model, test_x, test_y, batch_size=args.batch_size, device=run.device)
         best.update(valid, test, step)
-        train_loss = sum(losses) / len(losses) if losses else None
+        train_loss = run.mean_loss(losses)
         run.log({"step": step, "epoch": step / steps_per_epoch, "train_loss": train_loss, "valid": valid, "test": test,
                  "elapsed": run.elapsed()})
         losses.clear()
@@ -163,10 +156,10 @@ def train_embeddings(args: Any) -> dict[str, Any]:
             optimizer.step()
             train_seconds += time.perf_counter() - tick
             step += 1
-            losses.append(run.global_mean(loss))
+            losses.append(loss.detach())
             if run.show_progress:
                 accuracy = (logits.argmax(1) == y).float().mean().item() if len(local) else 0.0
-                batches.set_postfix(loss=f"{losses[-1]:.4f}", acc=f"{accuracy:.3f}")
+                batches.set_postfix(loss=f"{losses[-1].item():.4f}", acc=f"{accuracy:.3f}")
             if step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             if step % args.eval_freq == 0 or step == total_steps:

@@ -48,7 +48,7 @@ import torch
 from .. import methods as _methods
 from ..knn import DifferentiableKNN
 from .metrics import BestTracker, summary_table
-from .runner import Run, UsageError, epoch_permutation
+from .runner import Run, UsageError, add_run_arguments, epoch_permutation
 from .vision_data import DataError, load_fashion_mnist, load_mnist
 
 DATASETS = ("mnist", "fashion-mnist")
@@ -101,10 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="train on the first N training images only (quick runs and tests; default: all)")
     p("--seed", type=int, default=0, help="seed of initialisation, data order and method noise (default 0)")
     p("--device", type=str, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    p("--out", type=Path, default=None, help="run directory (default runs/knn-<timestamp>)")
-    p("--resume", type=Path, default=None,
-      help="continue the run in this directory from its last checkpoint (flags must match the stored run)")
-    p("--no-progress", dest="no_progress", action="store_true", help="no progress bars (also off without a TTY)")
+    add_run_arguments(parser, "knn")
 
 
 def _check_flags(args: Any) -> None:
@@ -252,11 +249,8 @@ def train_knn(args: Any) -> dict[str, Any]:
     knn = build_knn(args, noise)
     generators, best = {"method_noise": noise}, BestTracker()
     start_epoch, step = 0, 0
-    state = run.restore(generators)
+    state = run.restore(generators, model, optimizer, best)
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        best.load_state_dict(state["best"])
         start_epoch, step = state["epoch"] + 1, state["step"]
         valid, test = state["last_evaluation"]
     kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
@@ -264,11 +258,11 @@ def train_knn(args: Any) -> dict[str, Any]:
     n_train = len(train_y)
     steps_per_epoch = n_train // args.num_queries
 
-    def evaluation(losses: list[float]) -> tuple[dict, dict]:
+    def evaluation(losses: list[torch.Tensor]) -> tuple[dict, dict]:
         valid_acc, test_acc = knn_accuracy(model, knn, data, args, run.device)
         valid, test = {"top1": valid_acc}, {"top1": test_acc}
         best.update(valid, test, step)
-        train_loss = sum(losses) / len(losses) if losses else None
+        train_loss = run.mean_loss(losses)
         run.log({"step": step, "epoch": step / steps_per_epoch, "train_loss": train_loss,
                  "train_precision": None if train_loss is None else -train_loss / args.k,
                  "valid": valid, "test": test, "elapsed": run.elapsed()})
@@ -282,7 +276,7 @@ def train_knn(args: Any) -> dict[str, Any]:
         candidates = candidate_order(n_train, args.seed, epoch, steps_per_epoch * args.num_candidates)
         batches = run.progress(zip(queries.split(args.num_queries), candidates.split(args.num_candidates)),
                                steps_per_epoch, f"epoch {epoch + 1}/{args.n_epochs}")
-        losses: list[float] = []
+        losses: list[torch.Tensor] = []
         for query_batch, candidate_batch in batches:
             local = run.shard(query_batch)
             images = torch.cat([train_x[local], train_x[candidate_batch]]).to(run.device)
@@ -299,9 +293,9 @@ def train_knn(args: Any) -> dict[str, Any]:
             loss.backward()
             optimizer.step()
             step += 1
-            losses.append(run.global_mean(loss))
+            losses.append(loss.detach())
             if run.show_progress:
-                batches.set_postfix(loss=f"{losses[-1]:.3f}")
+                batches.set_postfix(loss=f"{losses[-1].item():.3f}")
             if step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
         valid, test = evaluation(losses)

@@ -41,6 +41,15 @@ class UsageError(Exception):
     """A problem with the user's flags or data; the CLI prints it as one line and exits 2."""
 
 
+def add_run_arguments(parser: Any, command: str) -> None:
+    """The run-directory flags every training tool has: ``--out``, ``--resume``, ``--no-progress``."""
+    p = parser.add_argument
+    p("--out", type=Path, default=None, help=f"run directory (default runs/{command}-<timestamp>)")
+    p("--resume", type=Path, default=None,
+      help="continue the run in this directory from its last checkpoint (flags must match the stored run)")
+    p("--no-progress", dest="no_progress", action="store_true", help="no progress bars (also off without a TTY)")
+
+
 def resolve_device(text: str, local_rank: int | None = None) -> torch.device:
     """``--device`` as a ``torch.device``: ``cpu``, ``cuda`` (``cuda:LOCAL_RANK`` under torchrun) or ``cuda:N``.
 
@@ -167,9 +176,12 @@ class Run:
         """Factor for a rank's mean loss so DDP's gradient average equals the global-batch mean."""
         return local * self.world_size / total
 
-    def global_mean(self, value: torch.Tensor) -> float:
-        """Mean over ranks of a scalar (``value`` itself without torchrun)."""
-        value = value.detach().float().reshape(1).clone()
+    def mean_loss(self, losses: list[torch.Tensor]) -> float | None:
+        """Mean over steps and ranks of detached per-step losses (``None`` for none): one reduction and
+        one host sync per evaluation, none per step."""
+        if not losses:
+            return None
+        value = torch.stack(losses).double().mean().reshape(1)
         if self.distributed:
             torch.distributed.all_reduce(value)
             value /= self.world_size
@@ -199,11 +211,17 @@ class Run:
             payload = dict(state, rng=rng_state(generators), elapsed=self.elapsed())
             save_atomic(payload, self.dir / "checkpoint.pt")
 
-    def restore(self, generators: dict[str, torch.Generator]) -> dict[str, Any] | None:
-        """On ``--resume``: restore the RNG states, trim ``metrics.jsonl`` and return the checkpoint."""
+    def restore(self, generators: dict[str, torch.Generator], model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer, best: Any) -> dict[str, Any] | None:
+        """On ``--resume``: restore the RNG states, ``model``, ``optimizer`` and ``best`` (a
+        :class:`~softtopk.experiments.metrics.BestTracker`), trim ``metrics.jsonl`` and return the
+        checkpoint; ``None`` for a new run."""
         if self.resumed is None:
             return None
         set_rng_state(self.resumed["rng"], generators)
+        model.load_state_dict(self.resumed["model"])
+        optimizer.load_state_dict(self.resumed["optimizer"])
+        best.load_state_dict(self.resumed["best"])
         if self.is_main:
             path = self.dir / "metrics.jsonl"
             kept = [line for line in path.read_text().splitlines()

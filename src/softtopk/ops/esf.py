@@ -197,27 +197,28 @@ def log_esf(log_x: torch.Tensor, k: int) -> torch.Tensor:
     a = log_x.to(compute_dtype(log_x.dtype))
     if degree == 0:
         out = torch.zeros_like(a[..., :1])
-    elif _largest_log_binomial(n, degree) < math.log(torch.finfo(a.dtype).max) - 1.0:
-        out = _split_log_esf(a, degree)
     else:
-        # top first, in decreasing order, then the rest with those set to x = 0 (module doc)
+        # the `degree` largest entries in decreasing order, and all entries with those set to x = 0
         top = a.topk(degree, dim=-1)
-        ordered = torch.cat([top.values, a.scatter(-1, top.indices, -math.inf)], dim=-1)
-        out = _sorted_log_esf(ordered, degree, _relative_logcumsumexp)
+        rest = a.scatter(-1, top.indices, -math.inf)
+        if _largest_log_binomial(n, degree) < math.log(torch.finfo(a.dtype).max) - 1.0:
+            out = _split_log_esf(top.values, rest, degree)
+        else:  # the whole sequence, top first, in log space (module doc)
+            out = _sorted_log_esf(torch.cat([top.values, rest], dim=-1), degree, _relative_logcumsumexp)
     if k > n:
         out = torch.cat([out, out.new_full((*out.shape[:-1], k - n), -math.inf)], dim=-1)
     return out.to(log_x.dtype)
 
 
-def _split_log_esf(a: torch.Tensor, degree: int) -> torch.Tensor:
-    """``log e_j``, ``j = 0..degree``, from the top ``degree`` entries and the tail (module doc)."""
-    top = a.topk(degree, dim=-1)
-    kth = top.values[..., -1:].detach()
-    log_top = _sorted_log_esf(top.values, degree, _linear_prefix_log_sums)
-    log_tail = _TailLogESF.apply(a.scatter(-1, top.indices, -math.inf) - kth, degree)[0]
-    log_tail = log_tail + kth * torch.arange(degree + 1, dtype=a.dtype, device=a.device)
+def _split_log_esf(top: torch.Tensor, rest: torch.Tensor, degree: int) -> torch.Tensor:
+    """``log e_j``, ``j = 0..degree``, from the ``degree`` largest entries ``top`` (decreasing) and the
+    tail ``rest`` (every entry, those of ``top`` set to ``-inf``) (module doc)."""
+    kth = top[..., -1:].detach()
+    log_top = _sorted_log_esf(top, degree, _linear_prefix_log_sums)
+    log_tail = _TailLogESF.apply(rest - kth, degree)[0]
+    log_tail = log_tail + kth * torch.arange(degree + 1, dtype=top.dtype, device=top.device)
     # out_j = logsumexp_b (log_top[j - b] + log_tail[b]), b = 0..j
-    j = torch.arange(degree + 1, device=a.device)
+    j = torch.arange(degree + 1, device=top.device)
     offsets = j.unsqueeze(-1) - j  # [j, b] -> j - b
     terms = log_top[..., offsets.clamp_min(0)] + log_tail.unsqueeze(-2)
     return torch.logsumexp(terms.masked_fill(offsets < 0, -math.inf), dim=-1)
