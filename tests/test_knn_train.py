@@ -75,6 +75,8 @@ def test_mnist_training_improves_hard_knn_accuracy(tmp_path):
     assert (results["n_train"], results["n_valid"], results["n_test"], results["n_eval_neighbors"]) == (1000, 500, 500,
                                                                                                         1000)
     assert results["params"] == {"tau": 1.0, "hard": False, "relaxation": "lapsum", "noise": True}
+    assert results["net"] == "convnet" and results["ms_per_step"] > 0
+    assert results["ms_per_step"] == pytest.approx(1e3 * results["train_seconds"] / results["steps"])
 
 
 @needs_fashion
@@ -90,7 +92,32 @@ def test_fashion_mnist_smoke_with_preact_resnet(tmp_path):
     assert all(0.1 < r["valid"]["top1"] <= 1 and 0.1 < r["test"]["top1"] <= 1 for r in records)  # above chance
     results = _results(out)
     assert results["n_valid"] == results["n_test"] == 32 and results["params"] == {"tau": 5.0, "hard": False}
+    assert results["net"] == "preact_resnet18"
     assert -3 <= records[1]["train_loss"] <= 0
+
+
+@needs_fashion
+def test_fashion_mnist_with_the_convnet(tmp_path):
+    out = tmp_path / "run"
+    argv = ["knn", "--dataset", "fashion-mnist", "--net", "convnet", "--train_subset", "64", "--num_queries", "16",
+            "--num_candidates", "16", "--k", "3", "--n_epochs", "1", "--eval_neighbors", "64", "--eval_queries", "32",
+            "--method", "lapsum", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    results = _results(out)
+    assert results["net"] == "convnet" and results["steps"] == 4
+    state = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    assert state["fc.weight"].shape == (500, 800)  # the ConvNet's 800 -> 500 layer
+
+
+def test_net_names_and_defaults():
+    def args(dataset, net):
+        return argparse.Namespace(dataset=dataset, net=net)
+
+    assert knn_train.net_name(args("mnist", None)) == "convnet"
+    assert knn_train.net_name(args("fashion-mnist", None)) == "preact_resnet18"
+    assert knn_train.net_name(args("mnist", "preact_resnet18")) == "preact_resnet18"
+    assert knn_train.build_model("convnet")(torch.zeros(2, 1, 28, 28)).shape == (2, 500)
+    assert knn_train.build_model("preact_resnet18")(torch.zeros(2, 1, 28, 28)).shape == (2, 512)
 
 
 @pytest.mark.parametrize("dataset,missing,install", [
@@ -124,6 +151,7 @@ def test_absent_mnist_package_is_a_one_line_error(tmp_path, capsys, monkeypatch)
     (["--tau", "-1"], "--tau must be > 0, got -1.0"),
     (["--method", "nosuch"], "--method must be one of "),
     (["--dataset", "cifar10"], "--dataset must be one of mnist, fashion-mnist, got 'cifar10'"),
+    (["--net", "resnet50"], "--net must be one of convnet, preact_resnet18, got 'resnet50'"),
     (["--num_queries", "0"], "--num_queries must be >= 1, got 0"),
     (["--eval_neighbors", "5"], "--k must be <= --eval_neighbors, got k = 9 > 5"),
     (["--relaxation", "foo"], "--relaxation must be subsets or lapsum, got 'foo'"),
@@ -159,7 +187,8 @@ def _cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.
 
 def _comparable(run_dir: Path) -> tuple[dict, list]:
     results = _results(run_dir)
-    results.pop("elapsed")
+    for timing in ("elapsed", "train_seconds", "ms_per_step"):  # wall-clock, not results
+        results.pop(timing)
     records = _records(run_dir)
     for record in records:
         record.pop("elapsed")
@@ -196,5 +225,5 @@ def test_help_documents_every_flag(capsys):
         assert action.help and len(action.help) > 10, action.dest
         for option in action.option_strings:
             assert option in text, option
-    for word in ("mnist", "fashion-mnist", "--train_subset", "eval_neighbors", "200", "gumbel", "results.json"):
+    for word in ("mnist", "fashion-mnist", "--net", "preact_resnet18", "--train_subset", "eval_neighbors", "200", "gumbel", "results.json"):
         assert word in text, word

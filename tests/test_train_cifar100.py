@@ -20,7 +20,7 @@ import torch
 from softtopk.cli import main
 from softtopk.experiments.cifar100 import load_splits
 
-SEED_README = next(Path("/work/shared/seeds").glob("000_*.txt"), None)
+SEED_README = next((Path(__file__).resolve().parents[2] / "shared" / "seeds").glob("000_*.txt"), None)  # ../shared
 N_TRAIN, N_TEST = 120, 40
 # 120 train: 40 validation (5 batches of 8), 80 training rows = 10 steps of 8 per epoch
 TINY = ["--val_size", "40", "--batch_size", "8", "--n_epochs", "1", "--device", "cpu", "--no-progress"]

@@ -19,7 +19,7 @@ import softtopk.experiments
 
 from softtopk.cli import main
 
-SEED_README = next(Path("/work/shared/seeds").glob("000_*.txt"), None)
+SEED_README = next((Path(__file__).resolve().parents[2] / "shared" / "seeds").glob("000_*.txt"), None)  # ../shared
 FAST = ["--n_epochs", "1", "--batch_size", "100", "--eval_freq", "2", "--nloglr", "2", "--no-progress"]
 
 
@@ -103,6 +103,28 @@ def test_learning_improves_top1(data_file, tmp_path):
     assert main(argv) == 0
     results = _results(out)
     assert results["final_test"]["top1"] > 0.5 and results["reported_test_at_best_valid"]["top5"] > 0.8
+
+
+def test_normalized_last_layer_gives_cosine_scores(data_file, tmp_path):
+    from softtopk.experiments.embeddings import CosineLinear, build_model
+
+    layer = CosineLinear(16, 5)
+    x = torch.randn(7, 16) * 100
+    scores = layer(x)
+    expected = torch.nn.functional.cosine_similarity(x[:, None, :], layer.weight[None], dim=-1)
+    assert torch.allclose(scores, expected, atol=1e-6) and scores.abs().max() <= 1 + 1e-6
+    assert torch.equal(layer(torch.zeros(2, 16)), torch.zeros(2, 5))
+    model = build_model(16, 5, [8], False, False, normalize_ll=True)
+    assert isinstance(model[-1], CosineLinear) and model(x).abs().max() <= 1 + 1e-6
+    out = tmp_path / "run"
+    argv = ["train-embeddings", "-d", str(data_file), "--method", "imbal_noised_topk", "--p_k", "0", "0", "0", "0", "1",
+            "--epsilon", ".01", "--max_m", ".2", "--scale", "60", "--normalize_ll", "--n_epochs", "10",
+            "--batch_size", "60", "--nloglr", "2", "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    state = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    assert set(state) == {"0.weight"}  # no bias
+    results = _results(out)
+    assert results["reported_test_at_best_valid"]["top5"] > 0.8  # the 20 Gaussian classes are learnt
 
 
 def _readme_commands() -> list[list[str]]:

@@ -2,7 +2,8 @@
 
 Subcommands: ``demo`` (the main job, :mod:`softtopk.experiments.demo`), ``train-embeddings``
 (:mod:`softtopk.experiments.embeddings`), ``train-cifar100`` (:mod:`softtopk.experiments.cifar100`),
-``knn`` (:mod:`softtopk.experiments.knn_train`) and ``data build-wordnet``
+``knn`` (:mod:`softtopk.experiments.knn_train`), ``sweep`` (:mod:`softtopk.experiments.sweep`,
+the runs of ``docs/results.md``) and ``data build-wordnet``
 (:mod:`softtopk.experiments.wordnet`). Problems with flags or data exit with status 2 and one line
 ``softtopk <command>: error: <message>`` on stderr; unexpected exceptions keep their traceback.
 """
@@ -54,6 +55,15 @@ def _parser() -> argparse.ArgumentParser:
                     "config.json, metrics.jsonl, checkpoint.pt (every epoch), results.json and curves.png to the "
                     "run directory. Under torchrun the queries of a step are split across processes.")
     knn_train.add_arguments(knn)
+    from .experiments import sweep
+
+    sweep_parser = commands.add_parser(
+        "sweep", help="run a results suite (the runs of docs/results.md) over seeds and summarise it",
+        description="Run every setting of a suite with every seed, each as its own softtopk process with one torch "
+                    "thread, into OUT/SUITE/<setting>/seed<S> (finished runs are kept, interrupted ones resumed), "
+                    "then write OUT/SUITE/summary.json and summary.md: mean +- sample std over seeds of the test "
+                    "value at the best validation value, time per step, and each row's exact command.")
+    sweep.add_arguments(sweep_parser)
     data = commands.add_parser("data", help="build datasets")
     data_commands = data.add_subparsers(dest="data_command", required=True)
     wordnet = data_commands.add_parser("build-wordnet", help="embed the WordNet noun datasets once and cache them",
@@ -94,6 +104,12 @@ def _knn(args: argparse.Namespace) -> None:
     train_knn(args)
 
 
+def _sweep(args: argparse.Namespace) -> None:
+    from .experiments.sweep import run_sweep
+
+    run_sweep(args)
+
+
 def _build_wordnet(args: argparse.Namespace) -> None:
     from .experiments.wordnet import build_wordnet
 
@@ -113,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     name = args.command if args.command != "data" else f"data {args.data_command}"
     handler = {"demo": _demo, "train-embeddings": _train_embeddings, "train-cifar100": _train_cifar100, "knn": _knn,
-               "data": _build_wordnet}[args.command]
+               "sweep": _sweep, "data": _build_wordnet}[args.command]
     try:
         handler(args)
     except UsageError as error:

@@ -5,9 +5,11 @@ so its README commands run unchanged apart from the program name and the data pa
 Adam with the constant learning rate ``10 ** -nloglr``, no weight decay; the model is
 ``nn.Linear(D, C)`` or, with ``--hidden_dims``, a ReLU MLP; ``--apply_relu`` applies a ReLU and
 ``--apply_dropout`` a ``Dropout(0.5)`` to the input embeddings (difftopk's exact placement of the
-two is unverified). Top-1/5/10/20 (micro and macro) are evaluated on the validation and test sets
-at step 0, every ``--eval_freq`` steps and at the end; each metric is reported as the test value at
-the best validation value of that metric. Run files, resume and torchrun: :mod:`.runner`.
+two is unverified); ``--normalize_ll`` makes the last layer a :class:`CosineLinear` (pytopk's
+normalised last layer, used there with ``imbal_noised_topk``). Top-1/5/10/20 (micro and macro) are
+evaluated on the validation and test sets at step 0, every ``--eval_freq`` steps and at the end;
+each metric is reported as the test value at the best validation value of that metric. Run files,
+resume and torchrun: :mod:`.runner`.
 
 Test-only hook: with the environment variable ``SOFTTOPK_TEST_KILL_AT_STEP=N`` the process sends
 itself SIGKILL right after optimizer step ``N`` (used by the kill-and-resume test).
@@ -59,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p("--eval_freq", type=int, default=100, help="evaluate every this many steps (default 100)")
     p("--apply_relu", action="store_true", help="apply a ReLU to the input embeddings")
     p("--apply_dropout", action="store_true", help="apply Dropout(0.5) to the input embeddings during training")
+    p("--normalize_ll", action="store_true",
+      help="normalised last layer: scores are cosines of the features and the class weights, in [-1, 1], no bias "
+           "(pytopk's setting for imbal_noised_topk, whose --scale multiplies them)")
     add_run_arguments(parser, "train-embeddings")
     p("--val_size", type=int, default=None,
       help="validation rows carved from the training set of a file (default difftopk's 50,000, 100,000 for "
@@ -83,8 +88,29 @@ def _check_flags(args: Any) -> None:
     check_p_k_flag(args.p_k)
 
 
-def build_model(dim: int, n_classes: int, hidden_dims: list[int], apply_relu: bool, apply_dropout: bool) -> torch.nn.Module:
-    """``[ReLU] [Dropout(0.5)] (Linear ReLU)* Linear`` from ``dim`` inputs to ``n_classes`` scores."""
+class CosineLinear(torch.nn.Module):
+    """Normalised last layer: ``s_c = <x, w_c> / (||x|| ||w_c||)``, cosines in ``[-1, 1]``, no bias.
+
+    The "normalised last layer" of LDAM (Cao et al., NeurIPS 2019) that pytopk's Pl@ntNet experiment
+    uses with ``ImbalNoisedTopK`` (Garcin et al., ICML 2022), whose ``scale`` then acts as the inverse
+    temperature. Weights start as ``nn.Linear``'s (Kaiming-uniform); zero vectors give zero scores.
+
+    Shape: ``(N, in_features)`` → ``(N, out_features)``.
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.nn.Linear(in_features, out_features, bias=False).weight.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normalize = torch.nn.functional.normalize
+        return torch.nn.functional.linear(normalize(x, dim=-1), normalize(self.weight, dim=-1))
+
+
+def build_model(dim: int, n_classes: int, hidden_dims: list[int], apply_relu: bool, apply_dropout: bool,
+                normalize_ll: bool = False) -> torch.nn.Module:
+    """``[ReLU] [Dropout(0.5)] (Linear ReLU)* Linear`` from ``dim`` inputs to ``n_classes`` scores, the last
+    layer a :class:`CosineLinear` with ``normalize_ll``."""
     layers: list[torch.nn.Module] = []
     if apply_relu:
         layers.append(torch.nn.ReLU())
@@ -93,7 +119,7 @@ def build_model(dim: int, n_classes: int, hidden_dims: list[int], apply_relu: bo
     for width in hidden_dims:
         layers += [torch.nn.Linear(dim, width), torch.nn.ReLU()]
         dim = width
-    layers.append(torch.nn.Linear(dim, n_classes))
+    layers.append(CosineLinear(dim, n_classes) if normalize_ll else torch.nn.Linear(dim, n_classes))
     return torch.nn.Sequential(*layers)
 
 
@@ -108,7 +134,8 @@ def train_embeddings(args: Any) -> dict[str, Any]:
     run = Run("train-embeddings", args)
     torch.manual_seed(args.seed)
     (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = data["train"], data["valid"], data["test"]
-    model = build_model(train_x.shape[1], data["n_classes"], args.hidden_dims, args.apply_relu, args.apply_dropout)
+    model = build_model(train_x.shape[1], data["n_classes"], args.hidden_dims, args.apply_relu, args.apply_dropout,
+                        args.normalize_ll)
     net = run.wrap_model(model)
     optimizer = torch.optim.Adam(net.parameters(), lr=10 ** -args.nloglr)
     noise = torch.Generator(device=run.device).manual_seed(args.seed * 7919 + run.rank)
