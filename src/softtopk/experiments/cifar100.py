@@ -8,7 +8,7 @@ directory; CIFAR is never downloaded).
 
 Protocol (as difftopk): :func:`~.models.resnet18_cifar`; ``--val_size`` (2,500) training images held
 out by a random split seeded from ``--seed``; random crop (pad 4) + horizontal flip, normalised with
-the CIFAR-10 statistics (:func:`~.vision_data.augment_cifar`, drawn on the CPU from a generator whose
+the CIFAR-10 statistics (:func:`~.cifar_data.augment_cifar`, drawn on the CPU from a generator whose
 state is checkpointed); ``drop_last`` on the training and validation batches (the validation metrics
 use the first ``floor(val_size / batch_size) * batch_size`` held-out images, the test metrics all
 10,000); Adam with the constant learning rate ``10 ** -nloglr``, no weight decay. After every epoch
@@ -17,7 +17,7 @@ the validation and test sets are evaluated (top-1/5/10/20, micro and macro), a l
 best validation value of that metric.
 
 ``--label_noise P`` (Berrada et al., 2018): with probability ``P`` a label is redrawn uniformly within
-its block of 5 consecutive class ids (:func:`~.vision_data.noisy_labels`). The noise is drawn once,
+its block of 5 consecutive class ids (:func:`~.cifar_data.noisy_labels`). The noise is drawn once,
 from a generator seeded by ``--seed``, over all 50,000 training labels *before* the validation split,
 so the validation labels are noisy too, as in Berrada et al.'s protocol where the validation set is
 carved from the (noisy) training set: model selection sees the same corrupted labels a practitioner
@@ -45,14 +45,8 @@ from .metrics import BestTracker, summary_table, topk_metrics
 from .models import resnet18_cifar
 from .runner import Run, UsageError, add_run_arguments, epoch_permutation, resolve_device
 from .train_losses import add_loss_arguments, build_loss, check_p_k_flag, method_choices
-from .vision_data import (
-    CIFAR100_CLASSES,
-    DataError,
-    augment_cifar,
-    load_cifar100,
-    noisy_labels,
-    normalize_cifar,
-)
+from .cifar_data import CIFAR100_CLASSES, augment_cifar, load_cifar100, noisy_labels, normalize_cifar
+from .data_files import DataError
 
 DEFAULT_VAL_SIZE = 2500
 
@@ -116,7 +110,7 @@ def load_splits(path: str, seed: int, val_size: int, label_noise: float, batch_s
     """CIFAR-100 as uint8 train/valid/test splits, with label noise and the seeded validation split.
 
     Args:
-        path: the archive or extracted directory (see :func:`~.vision_data.load_cifar100`).
+        path: the archive or extracted directory (see :func:`~.cifar_data.load_cifar100`).
         seed: seeds the label noise and the split (two separate generators).
         val_size: held-out training images.
         label_noise: Berrada's block-of-5 noise probability, applied before the split.

@@ -51,7 +51,8 @@ from .. import methods as _methods
 from ..knn import DifferentiableKNN
 from .metrics import BestTracker, summary_table
 from .runner import Run, UsageError, add_run_arguments, epoch_permutation
-from .vision_data import DataError, load_fashion_mnist, load_mnist
+from .data_files import DataError
+from .mnist_data import load_fashion_mnist, load_mnist
 
 DATASETS = ("mnist", "fashion-mnist")
 NETS = ("convnet", "preact_resnet18")

