@@ -117,3 +117,13 @@ def test_render_formats_percentages_and_single_seed():
     assert "1 runs, 1.5 min of run time in all" in text
     summary["rows"][0]["top1"]["std"] = 0.0123
     assert "| `x` | f | 12.35 ± 1.23 |" in sweep.render(summary)
+
+
+def test_metric_values_read_from_the_run_files(tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps({
+        "reported_test_at_best_valid": {"top1": 0.5}, "best": {"top1": {"valid": 0.6, "test": 0.5, "step": 3}}}))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "test": {"top1": 0.1}}) + "\n"
+                                            + json.dumps({"step": 3, "test": {"top1": 0.5}}) + "\n")
+    assert sweep.metric_value(tmp_path, "top1") == 0.5
+    assert sweep.metric_value(tmp_path, "valid_top1") == 0.6
+    assert sweep.metric_value(tmp_path, "untrained_top1") == 0.1

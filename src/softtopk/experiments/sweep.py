@@ -9,7 +9,8 @@ checkpoint is continued with ``--resume``, so an interrupted sweep picks up wher
 
 ``OUT/SUITE/summary.json`` and ``summary.md`` then give, per setting, the mean ± sample standard
 deviation (``ddof = 1``) over seeds of each metric (the test value at the best validation value of
-that metric, as the tools report it; ``valid_*``: the best validation value itself), the mean
+that metric, as the tools report it; ``valid_*``: the best validation value itself; ``untrained_*``:
+the test value before the first step), the mean
 training time per step and per run, and the exact command of every row (``--seed S`` being the seed).
 """
 
@@ -103,10 +104,10 @@ SUITES: dict[str, Suite] = {
         "train-embeddings", f"-d wordnet-plants150 {EMBEDDING_COMMON}", ("top1", "top5", "macro_top1", "macro_top5"),
         (*EMBEDDING_SETTINGS, IMBALANCED), "linear head on the built-in long-tailed wordnet-plants150 (123 classes)"),
     "knn-mnist": Suite(
-        "knn", f"--dataset mnist {KNN_COMMON}", ("top1",), KNN_SETTINGS,
+        "knn", f"--dataset mnist {KNN_COMMON}", ("untrained_top1", "top1"), KNN_SETTINGS,
         "differentiable kNN, ConvNet on MNIST, 3 epochs; hard 9-NN accuracy"),
     "knn-fashion-mnist": Suite(
-        "knn", f"--dataset fashion-mnist --net convnet {KNN_COMMON}", ("top1",), KNN_SETTINGS,
+        "knn", f"--dataset fashion-mnist --net convnet {KNN_COMMON}", ("untrained_top1", "top1"), KNN_SETTINGS,
         "differentiable kNN, ConvNet on Fashion-MNIST, 3 epochs; hard 9-NN accuracy"),
 }
 
@@ -168,19 +169,29 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+def metric_value(run_dir: Path, metric: str) -> float:
+    """One run's value of ``metric``: ``top1`` etc. the test value at the best validation value,
+    ``valid_top1`` etc. the best validation value, ``untrained_top1`` etc. the test value at step 0."""
+    if metric.startswith("untrained_"):
+        with open(run_dir / "metrics.jsonl") as lines:
+            return json.loads(lines.readline())["test"][metric.removeprefix("untrained_")]
+    results = json.loads((run_dir / "results.json").read_text())
+    if metric.startswith("valid_"):
+        return results["best"][metric.removeprefix("valid_")]["valid"]
+    return results["reported_test_at_best_valid"][metric]
+
+
 def summarize(suite_name: str, settings: list[Setting], seeds: list[int], out: Path,
               n_epochs: int | None = None) -> dict[str, Any]:
     """Aggregate the finished runs of ``settings`` × ``seeds`` into ``summary.json`` and ``summary.md``."""
     suite, rows = SUITES[suite_name], []
     for setting in settings:
-        results = [json.loads((out / setting.label / f"seed{seed}" / "results.json").read_text()) for seed in seeds]
+        run_dirs = [out / setting.label / f"seed{seed}" for seed in seeds]
+        results = [json.loads((run_dir / "results.json").read_text()) for run_dir in run_dirs]
         row: dict[str, Any] = {"label": setting.label, "family": setting.family, "seeds": seeds,
                                "command": "softtopk " + shlex.join(command(suite, setting, 0, n_epochs)[:-1]) + " S"}
         for metric in suite.metrics:
-            if metric.startswith("valid_"):  # the best validation value itself
-                values = [r["best"][metric.removeprefix("valid_")]["valid"] for r in results]
-            else:
-                values = [r["reported_test_at_best_valid"][metric] for r in results]
+            values = [metric_value(run_dir, metric) for run_dir in run_dirs]
             row[metric] = {"values": values, "mean": mean_std(values)[0], "std": mean_std(values)[1]}
         row["ms_per_step"] = mean_std([r["ms_per_step"] for r in results])[0]
         row["seconds_per_run"] = mean_std([r["elapsed"] for r in results])[0]
@@ -201,7 +212,8 @@ def _cell(entry: dict[str, Any]) -> str:
 def render(summary: dict[str, Any]) -> str:
     """The markdown table of a summary: one row per setting, metrics in % as mean ± std over seeds."""
     names = {"top1": "top-1", "top5": "top-5", "macro_top1": "macro top-1", "macro_top5": "macro top-5",
-             "valid_top1": "best valid top-1", "valid_top5": "best valid top-5"}
+             "valid_top1": "best valid top-1", "valid_top5": "best valid top-5",
+             "untrained_top1": "untrained net: test top-1"}
     metrics = summary["metrics"]
     head = ["setting", "loss family", *(f"{names[m]} (%)" for m in metrics), "ms/step", "s/run"]
     lines = [f"{summary['suite']}: {summary['about']}; seeds {', '.join(map(str, summary['seeds']))}; "
