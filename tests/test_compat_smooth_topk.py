@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from softtopk.compat import smooth_topk as compat
-from softtopk.losses import smooth_svm
+from softtopk.losses import smooth_svm, smooth_svm_modules
 
 SIGNATURES = {
     # the original's (name, default) pairs, in order
@@ -103,10 +103,10 @@ def test_positional_arguments_in_the_original_order():
 
 
 def test_subclasses_of_softtopk_modules():
-    assert isinstance(compat.SmoothTopkSVM(10), smooth_svm.SmoothTopkSVM)
-    assert isinstance(compat.SmoothTop1SVM(10), smooth_svm.SmoothTop1SVM)
-    assert isinstance(compat.MaxTopkSVM(10), smooth_svm.TopkSVM)
-    assert isinstance(compat.MaxTop1SVM(10), smooth_svm.Top1SVM)
+    assert isinstance(compat.SmoothTopkSVM(10), smooth_svm_modules.SmoothTopkSVM)
+    assert isinstance(compat.SmoothTop1SVM(10), smooth_svm_modules.SmoothTop1SVM)
+    assert isinstance(compat.MaxTopkSVM(10), smooth_svm_modules.TopkSVM)
+    assert isinstance(compat.MaxTop1SVM(10), smooth_svm_modules.Top1SVM)
 
 
 # ------------------------------------------------------------------------ delegation (exact)

@@ -20,16 +20,8 @@ import math
 import pytest
 import torch
 
-from softtopk.losses.smooth_svm import (
-    SmoothTop1SVM,
-    SmoothTopkSVM,
-    Top1SVM,
-    TopkSVM,
-    smooth_top1_svm,
-    smooth_topk_svm,
-    top1_svm,
-    topk_svm,
-)
+from softtopk.losses.smooth_svm import smooth_top1_svm, smooth_topk_svm, top1_svm, topk_svm
+from softtopk.losses.smooth_svm_modules import SmoothTop1SVM, SmoothTopkSVM, Top1SVM, TopkSVM
 
 EPS32 = torch.finfo(torch.float32).eps
 

@@ -10,8 +10,8 @@ from ._methods import resolve
 from ._validation import check_class_weight, check_reduction
 from .functional import soft_topk, soft_topk_ranks
 from .knn import DifferentiableKNN, KNNOutput
-from .losses.noised import BalNoisedTopK, ImbalNoisedTopK
-from .losses.smooth_svm import SmoothTop1SVM, SmoothTopkSVM, Top1SVM, TopkSVM
+from .losses.noised_modules import BalNoisedTopK, ImbalNoisedTopK
+from .losses.smooth_svm_modules import SmoothTop1SVM, SmoothTopkSVM, Top1SVM, TopkSVM
 from .losses.topk_ce import check_m, check_p_k, check_top1_mode, topk_cross_entropy
 
 __all__ = [

@@ -43,7 +43,7 @@ For ``weight``, ``ignore_index`` and ``reduction`` use :mod:`softtopk.losses.smo
 
 from __future__ import annotations
 
-from ..losses import smooth_svm as _svm
+from ..losses import smooth_svm_modules as _svm
 
 __all__ = ["MaxTop1SVM", "MaxTopkSVM", "SmoothTop1SVM", "SmoothTopkSVM"]
 
