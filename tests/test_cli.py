@@ -24,6 +24,12 @@ def test_demo_prints_every_method_trains_every_family_and_writes_json_and_plot(t
         assert 0.2 < run["top5"] <= 1.0 and 0.0 < run["top1"] <= run["top5"]
         assert run["ms_per_step"] > 0 and run["command"].startswith("softtopk train-embeddings -d wordnet148")
     assert (tmp_path / "demo.png").stat().st_size > 0
+    # the README command run a second time replaces the first run's output (same seed: same results)
+    assert main(["demo", "--n_epochs", "1", "--out", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "demo.json").read_text())["runs"]
+    for name, run in results["runs"].items():
+        assert (again[name]["top1"], again[name]["top5"], again[name]["curve"]) == (run["top1"], run["top5"],
+                                                                                    run["curve"])
 
 
 def test_demo_rejects_non_positive_epochs(capsys):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -66,12 +67,15 @@ def _print_masks(seed: int) -> dict:
 
 
 def _run(name: str, flags: list[str], out: Path, seed: int, n_epochs: int | None) -> dict:
-    """One ``train-embeddings`` run; returns its reported metrics, time per step and curve."""
+    """One ``train-embeddings`` run (replacing an earlier demo's run of the same name); returns its
+    reported metrics, time per step and curve."""
     from ..cli import _parser
     from .embeddings import train_embeddings
 
-    argv = ["train-embeddings", *COMMON, *flags, "--seed", str(seed), "--no-progress",
-            "--out", str(out / name.split(" (")[0].replace(" ", "_"))]
+    run_dir = out / name.split(" (")[0].replace(" ", "_")
+    if (run_dir / "config.json").is_file():  # the demo's own output from an earlier call
+        shutil.rmtree(run_dir)
+    argv = ["train-embeddings", *COMMON, *flags, "--seed", str(seed), "--no-progress", "--out", str(run_dir)]
     if n_epochs is not None:
         argv += ["--n_epochs", str(n_epochs)]
     args = _parser().parse_args(argv)
@@ -115,7 +119,7 @@ def run_demo(*, seed: int = 0, out: Path = Path("runs/demo"), n_epochs: int | No
 
     Args:
         seed: seed of every run.
-        out: output directory (one subdirectory per run).
+        out: output directory (one subdirectory per run; a second call replaces the first's runs).
         n_epochs: override of the runs' 30 epochs (for quick checks).
     """
     torch.set_num_threads(1)
