@@ -67,6 +67,16 @@ def test_sweep_runs_summarises_and_keeps_finished_runs(tmp_path, capsys):
     before = (out / "cross_entropy" / "seed0" / "results.json").stat().st_mtime_ns
     assert _sweep(tmp_path, "--seeds", "0", "1", "--only", "cross_entropy", "svm_tau1") == 0
     assert (out / "cross_entropy" / "seed0" / "results.json").stat().st_mtime_ns == before  # kept, not rerun
+    assert (out / "cross_entropy" / "seed0.command").read_text().endswith("--n_epochs 1 --seed 0")
+    capsys.readouterr()
+    # the same directories with another epoch count: refused, not mixed into the summary
+    argv = ["sweep", "wordnet148", "--n_epochs", "2", "--out", str(tmp_path / "out"), "--only", "cross_entropy"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"softtopk sweep: error: {out / 'cross_entropy' / 'seed0'} holds a run of another command (")
+    assert err.endswith("; use another --out\n") and err.count("\n") == 1
+    assert (out / "cross_entropy" / "seed0" / "results.json").stat().st_mtime_ns == before
+    assert not (out / "cross_entropy" / "seed2").exists()  # checked before anything ran
 
 
 def test_a_killed_run_is_resumed_by_the_next_sweep(tmp_path, monkeypatch, capsys):

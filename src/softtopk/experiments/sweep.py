@@ -4,8 +4,10 @@ A *suite* (:data:`SUITES`) is one dataset's protocol: a training tool, flags com
 one entry per loss setting (the seeds' recommended settings where they give one). ``softtopk sweep
 SUITE --seeds 0 1 2`` runs every setting with every seed as a separate ``softtopk`` process
 (``--jobs`` at a time, each with one torch thread: results depend on the thread count), into
-``OUT/SUITE/<setting>/seed<S>``. A run whose ``results.json`` exists is kept; one with only a
-checkpoint is continued with ``--resume``, so an interrupted sweep picks up where it stopped.
+``OUT/SUITE/<setting>/seed<S>`` (its command in ``seed<S>.command``, its output in ``seed<S>.log``).
+A run whose ``results.json`` exists is kept; one with only a checkpoint is continued with
+``--resume``, so an interrupted sweep picks up where it stopped. A directory holding a run of a
+different command (other ``--n_epochs``, or a changed suite) is an error, never mixed in.
 
 ``OUT/SUITE/summary.json`` and ``summary.md`` then give, per setting, the mean ± sample standard
 deviation (``ddof = 1``) over seeds of each metric (the test value at the best validation value of
@@ -147,11 +149,22 @@ def command(suite: Suite, setting: Setting, seed: int, n_epochs: int | None = No
     return [suite.tool, *shlex.split(suite.common), *setting.flags, *epochs, "--seed", str(seed)]
 
 
+def _recorded(run_dir: Path) -> Path:
+    return run_dir.parent / f"{run_dir.name}.command"
+
+
+def _check_recorded(argv: list[str], run_dir: Path) -> None:
+    recorded = _recorded(run_dir)
+    if recorded.exists() and recorded.read_text() != shlex.join(argv):
+        raise UsageError(f"{run_dir} holds a run of another command ({recorded.read_text()}); use another --out")
+
+
 def _run_one(argv: list[str], run_dir: Path) -> None:
     if (run_dir / "results.json").exists():
         return
     where = ["--resume", str(run_dir)] if (run_dir / "checkpoint.pt").exists() else ["--out", str(run_dir)]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
+    _recorded(run_dir).write_text(shlex.join(argv))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
         done = subprocess.run([sys.executable, "-m", "softtopk.cli", *argv, *where, "--no-progress"], env=env,
@@ -242,10 +255,17 @@ def run_sweep(args: Any) -> dict[str, Any] | None:
         for argv, run_dir in jobs:
             print("softtopk " + shlex.join([*argv, "--out", str(run_dir)]))
         return None
+    for argv, run_dir in jobs:  # before anything runs
+        _check_recorded(argv, run_dir)
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for future in [pool.submit(_run_one, argv, run_dir) for argv, run_dir in jobs]:
-            future.result()
+        futures = [pool.submit(_run_one, argv, run_dir) for argv, run_dir in jobs]
+        try:
+            for future in futures:
+                future.result()
+        except UsageError:  # a failed run: start no further runs
+            pool.shutdown(cancel_futures=True)
+            raise
     summary = summarize(args.suite, settings, args.seeds, args.out / args.suite, args.n_epochs)
     print(render(summary))
     print(f"{len(jobs)} runs, {time.perf_counter() - start:.0f} s; wrote {args.out / args.suite / 'summary.md'}")
