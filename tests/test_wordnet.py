@@ -10,19 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from softtopk.experiments import wordnet
+from softtopk.experiments import wordnet, wordnet_db
 from softtopk.experiments.wordnet import (
     BUILTIN_DATASETS,
-    balanced_labels,
     build_wordnet,
     builtin_metadata,
     load_builtin,
     load_builtin_arrays,
-    parse_data_noun,
-    plant_family_labels,
-    plant_lexfile,
     select_and_split,
 )
+from softtopk.experiments.wordnet_db import balanced_labels, parse_data_noun, plant_family_labels, plant_lexfile
 
 KEYS = (
     "train_embeddings",
@@ -138,7 +135,7 @@ def test_parse_and_label(tmp_path):
         ("@", 100),
         ("#m", 303),
     )
-    assert wordnet.synset_text(synsets[1000]) == "big 0: member 0"
+    assert wordnet_db.synset_text(synsets[1000]) == "big 0: member 0"
     assert plant_lexfile(tmp_path) == 17
     labels = balanced_labels(synsets, depth=5)
     assert {offset: labels[offset] for offset in (1000, 2000)} == {1000: 100, 2000: 200}
@@ -150,7 +147,7 @@ def test_parse_and_label(tmp_path):
 
 
 def test_plant_lexfile_default_without_lexnames(tmp_path):
-    assert plant_lexfile(tmp_path) == wordnet.NOUN_PLANT_LEXFILE
+    assert plant_lexfile(tmp_path) == wordnet_db.NOUN_PLANT_LEXFILE
 
 
 def test_select_and_split_is_deterministic_and_stratified():
