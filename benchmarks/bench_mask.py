@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from _machine import machine_info
+from _machine import machine_info, steady_malloc
 
 try:
     import softtopk
@@ -465,7 +465,10 @@ def main(argv: list[str] | None = None) -> None:
                         "(e.g. why torchsort could not be installed); repeatable")
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON to write (default benchmarks/results/mask.json; --quick: $TMPDIR/softtopk_bench/mask_quick.json)")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="keep glibc's adaptive malloc thresholds (see _machine.steady_malloc)")
     args = parser.parse_args(argv)
+    malloc = "glibc default" if args.default_malloc else steady_malloc()
     q = args.quick
     args.repeats = args.repeats or (3 if q else 40)
     args.min_repeats = min(args.repeats, args.min_repeats or (1 if q else 5))
@@ -510,7 +513,8 @@ def main(argv: list[str] | None = None) -> None:
                                     *(sys.argv[1:] if argv is None else argv)])
     result = {
         "command": command,
-        "machine": {**machine_info("entmax", "torchsort"), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "machine": {**machine_info("entmax", "torchsort"), "malloc": malloc, "loadavg_before": load_before,
+                    "loadavg_after": os.getloadavg()},
         "settings": {
             "quick": q, "ns": list(ns), "k_rules": list(K_RULES), "batch": BATCH, "dtype": "float32",
             "repeats": args.repeats, "min_repeats": args.min_repeats, "warmup": args.warmup,

@@ -58,7 +58,7 @@ from pathlib import Path
 import torch
 
 import softtopk
-from _machine import machine_info
+from _machine import machine_info, steady_malloc
 
 # ------------------------------------------------------------------------------------------------------
 # difftopk, with a pure-torch torch_sparse stand-in when needed
@@ -473,6 +473,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="timing seconds per candidate that caps its repeats (default 15, quick 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS child processes")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="keep glibc's adaptive malloc thresholds for the timings (see _machine.steady_malloc)")
     parser.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON to write (default benchmarks/results/topk.json, quick: topk_quick.json)")
@@ -480,6 +482,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.zygote:
         zygote()
         return
+    # timings only: the peak-RSS children run in a separate zygote process with their own malloc settings
+    malloc = "glibc default" if args.default_malloc else steady_malloc()
     if args.out is None:
         args.out = Path(__file__).resolve().parent / "results" / ("topk_quick.json" if args.quick else "topk.json")
     repeats = args.repeats or (3 if args.quick else 60)
@@ -518,7 +522,8 @@ def main(argv: list[str] | None = None) -> None:
     records = summarise(specs, timing, saved, peaks)
     targets = check_targets(records)
     result = {
-        "machine": {**machine_info("difftopk"), "torch_threads": args.threads, "loadavg_before": load_before,
+        "machine": {**machine_info("difftopk"), "malloc": malloc, "torch_threads": args.threads,
+                    "loadavg_before": load_before,
                     "loadavg_after": os.getloadavg()},
         "settings": {"quick": args.quick, "repeats": repeats, "warmup": warmup,
                      "timing_mode": "steady-state loops" if min_time else "single interleaved calls",

@@ -45,7 +45,7 @@ def load(path: Path) -> dict:
 def hardware(data: dict) -> str:
     m = data["machine"]
     return (f"{m['cpu_model']} ({m['logical_cpus']} logical CPUs), CPU only, "
-            f"{m['torch_threads']} thread(s), Python {m['python']}")
+            f"{m['torch_threads']} thread(s), Python {m['python']}, malloc: {m['malloc']}")
 
 
 def candidates(data: dict) -> list[str]:

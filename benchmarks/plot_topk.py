@@ -49,7 +49,7 @@ def configs(data: dict, suite: str) -> list[tuple[int, int]]:
 def hardware(data: dict) -> str:
     m = data["machine"]
     return (f"{m['cpu_model']} ({m['logical_cpus']} logical CPUs), torch {m['torch']} CPU, "
-            f"{m['torch_threads']} thread(s), Python {m['python']}")
+            f"{m['torch_threads']} thread(s), Python {m['python']}, malloc: {m['malloc']}")
 
 
 def err(record: dict, field: str) -> list[float]:
