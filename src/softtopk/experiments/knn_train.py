@@ -264,14 +264,12 @@ def train_knn(args: Any) -> dict[str, Any]:
     noise = torch.Generator(device=run.device).manual_seed(args.seed * 7919 + run.rank)
     knn = build_knn(args, noise)
     generators, best = {"method_noise": noise}, BestTracker()
-    start_epoch, step = 0, 0
+    start_epoch, step, train_seconds = 0, 0, 0.0
     state = run.restore(generators, model, optimizer, best)
     if state is not None:
         start_epoch, step = state["epoch"] + 1, state["step"]
         valid, test = state["last_evaluation"]
         train_seconds = state["train_seconds"]
-    else:
-        train_seconds = 0.0
     kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
     train_x, train_y = data["train"]
     n_train = len(train_y)

@@ -205,7 +205,8 @@ def summarize(suite_name: str, settings: list[Setting], seeds: list[int], out: P
                                "command": "softtopk " + shlex.join(command(suite, setting, 0, n_epochs)[:-1]) + " S"}
         for metric in suite.metrics:
             values = [metric_value(run_dir, metric) for run_dir in run_dirs]
-            row[metric] = {"values": values, "mean": mean_std(values)[0], "std": mean_std(values)[1]}
+            mean, std = mean_std(values)
+            row[metric] = {"values": values, "mean": mean, "std": std}
         row["ms_per_step"] = mean_std([r["ms_per_step"] for r in results])[0]
         row["seconds_per_run"] = mean_std([r["elapsed"] for r in results])[0]
         rows.append(row)
