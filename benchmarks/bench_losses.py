@@ -8,7 +8,7 @@ Usage::
 Each repeat times every candidate once on the same logits (``randn(b, n)``, float32, one thread), in
 an order rotated every repeat, and divides by ``nn.CrossEntropyLoss`` timed in that repeat; the
 tables give medians over repeats. glibc's malloc thresholds are fixed first
-(``_machine.steady_malloc``; ``--default-malloc`` keeps them adaptive). Candidates: softtopk's ``SmoothTopkSVM`` (k = 5, τ = 1 and
+(``_machine.steady_malloc``; ``--default-malloc`` keeps them adaptive). Candidates: softtopk's ``SmoothTopKSVM`` (k = 5, τ = 1 and
 τ = 0.1), ``SmoothTop1SVM``, ``BalNoisedTopK`` (ε = 1, 5 samples) and ``ImbalNoisedTopK`` (ε = 0.01,
 max_m = 0.2, scale 60), pytopk 0.1.0's ``BalNoisedTopK`` and ``ImbalNoisedTopK`` with the same
 settings when importable, and ``gumbel_topk`` (k = 5, τ = 1) for both relaxations as
@@ -40,9 +40,9 @@ def _candidates(n: int, b: int) -> dict:
     gen = torch.Generator().manual_seed(4)
     losses = {
         "cross_entropy": torch.nn.CrossEntropyLoss(),
-        "SmoothTopkSVM k=5 tau=1": softtopk.SmoothTopkSVM(n, k=5, tau=1.0),
-        "SmoothTopkSVM k=5 tau=0.1": softtopk.SmoothTopkSVM(n, k=5, tau=0.1),
-        "SmoothTop1SVM tau=1": softtopk.SmoothTop1SVM(n, tau=1.0),
+        "SmoothTopKSVM k=5 tau=1": softtopk.SmoothTopKSVM(k=5, tau=1.0),
+        "SmoothTopKSVM k=5 tau=0.1": softtopk.SmoothTopKSVM(k=5, tau=0.1),
+        "SmoothTop1SVM tau=1": softtopk.SmoothTop1SVM(tau=1.0),
         "BalNoisedTopK k=5 eps=1 S=5": softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5, generator=gen),
         "ImbalNoisedTopK k=5 eps=0.01 S=5": softtopk.ImbalNoisedTopK(
             5, epsilon=0.01, max_m=0.2, cls_num_list=counts, scale=60.0, n_samples=5, generator=gen

@@ -29,7 +29,6 @@ from bench_topk import difftopk  # noqa: E402  (installs the torch_sparse stand-
 import diffsort  # noqa: E402,F401  (the tests' oracle for DiffSortNet)
 import softtopk  # noqa: E402
 from softtopk.compat import difftopk as compat  # noqa: E402
-from softtopk.losses.smooth_topk import smooth_topk_loss  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +123,7 @@ def smooth_losses() -> None:
             classes = 10 + 18 * seed
             x = torch.randn(16, classes, generator=generator)
             y = torch.randint(0, classes, (16,), generator=generator)
-            truth = _grad(lambda s, t: smooth_topk_loss(s, t, k, tau=tau), x.double(), y)
+            truth = _grad(lambda s, t: softtopk.smooth_topk_svm(s, t, k=k, tau=tau), x.double(), y)
             error_theirs = max(error_theirs, (_grad(difftopk.SmoothTopKLoss(classes, k, tau), x, y) - truth).abs().max().item())
             error_ours = max(error_ours, (_grad(compat.SmoothTopKLoss(classes, k, tau), x, y) - truth).abs().max().item())
         print(f"   k={k}, tau={tau}: difftopk {error_theirs:.1e}, softtopk {error_ours:.1e}")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from softtopk.compat.subsets import SubsetOperator, SubsetsDKNN
-from softtopk.ops.gumbel import gumbel_topk
+from softtopk.stochastic import gumbel_topk
 
 TINY = torch.finfo(torch.float32).tiny
 
@@ -170,7 +170,7 @@ def test_bad_tau_and_hard():
 def test_bad_scores_and_noise():
     with pytest.raises(ValueError, match="scores must have shape"):
         SubsetOperator(1)(torch.randn(5))
-    with pytest.raises(ValueError, match="noise must have x's shape"):
+    with pytest.raises(ValueError, match="noise must have shape"):
         SubsetOperator(1)(torch.randn(2, 5), noise=torch.randn(2, 4))
 
 

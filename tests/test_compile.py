@@ -93,7 +93,7 @@ def test_network_loss_fullgraph_inductor():
     _check_compiled_matches_eager(loss, make_inputs, backend="inductor")
 
 
-@pytest.mark.parametrize("loss", [softtopk.SmoothTopkSVM(12, k=3, tau=0.5), softtopk.TopkSVM(12, k=3)])
+@pytest.mark.parametrize("loss", [softtopk.SmoothTopKSVM(k=3, tau=0.5), softtopk.TopKSVM(k=3)])
 def test_topk_svm_fullgraph(loss):
     """The smooth loss runs through the ESF's hand-written tail Function (module ``ops.esf``)."""
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from softtopk.losses.noised import bal_noised_topk, imbal_noised_topk, ldam_margins
-from softtopk.losses.noised_modules import BalNoisedTopK, ImbalNoisedTopK
+from softtopk.losses.noised import BalNoisedTopK, ImbalNoisedTopK
 
 FEW = settings(max_examples=20, deadline=None)
 COUNTS = [50, 7, 200, 1, 13]
@@ -130,8 +130,8 @@ def test_modules_equal_functions():
     assert torch.equal(imbal(s, y), expected)
     assert "margins" in dict(imbal.named_buffers()) and imbal.margins.dtype == torch.float64
     assert "weight" in dict(imbal.named_buffers())
-    assert repr(imbal) == ("ImbalNoisedTopK(k=2, epsilon=0.5, n_samples=3, reduction='sum', ignore_index=-1, "
-                           "max_m=0.3, scale=7.0, classes=5)")
+    assert repr(imbal) == ("ImbalNoisedTopK(k=2, epsilon=0.5, max_m=0.3, scale=7.0, classes=5, n_samples=3, "
+                           "reduction='sum', ignore_index=-1, weight=True)")
 
 
 # ------------------------------------------------------------------------ reduction conventions
@@ -234,16 +234,19 @@ def test_error_messages():
     bal = {"k": 1, "epsilon": 1.0}
     imb = {"k": 1, "epsilon": 1.0, "max_m": 0.3, "cls_num_list": [1, 2, 3, 4]}
     cases = [
-        (ValueError, "smaller than the number of classes C = 4", lambda: bal_noised_topk(s, y, k=4, epsilon=1.0)),
-        (ValueError, "k must be >= 1, got 0", lambda: bal_noised_topk(s, y, k=0, epsilon=1.0)),
+        (ValueError, "k must satisfy 1 <= k <= 3 (k < C, the number of classes",
+         lambda: bal_noised_topk(s, y, k=4, epsilon=1.0)),
+        (ValueError, "k must satisfy 1 <= k <= 3 (k < C, the number of classes",
+         lambda: bal_noised_topk(s, y, k=0, epsilon=1.0)),
         (ValueError, "k must be >= 1, got 0", lambda: BalNoisedTopK(0, epsilon=1.0)),
         (TypeError, "k must be an int", lambda: bal_noised_topk(s, y, k=1.5, epsilon=1.0)),
-        (ValueError, "smaller than the number of classes C = 4", lambda: BalNoisedTopK(5, epsilon=1.0)(s, y)),
-        (ValueError, "epsilon must be a non-negative finite number, got -0.5",
+        (ValueError, "k must satisfy 1 <= k <= 3 (k < C, the number of classes",
+         lambda: BalNoisedTopK(5, epsilon=1.0)(s, y)),
+        (ValueError, "epsilon must be a finite number >= 0, got -0.5",
          lambda: bal_noised_topk(s, y, k=1, epsilon=-0.5)),
-        (ValueError, "epsilon must be a finite number, got nan",
+        (ValueError, "epsilon must be a finite number >= 0, got nan",
          lambda: bal_noised_topk(s, y, k=1, epsilon=math.nan)),
-        (ValueError, "epsilon must be a non-negative", lambda: BalNoisedTopK(1, epsilon=-1.0)),
+        (ValueError, "epsilon must be a finite number >= 0", lambda: BalNoisedTopK(1, epsilon=-1.0)),
         (ValueError, "n_samples must be >= 1, got 0", lambda: bal_noised_topk(s, y, n_samples=0, **bal)),
         (ValueError, "n_samples must be >= 1, got 0", lambda: BalNoisedTopK(1, epsilon=1.0, n_samples=0)),
         (ValueError, "cls_num_list must have one count per class, C = 4, got length 3",
@@ -257,9 +260,9 @@ def test_error_messages():
          lambda: imbal_noised_topk(s, y, **{**imb, "cls_num_list": []})),
         (TypeError, "cls_num_list must hold real numbers",
          lambda: imbal_noised_topk(s, y, **{**imb, "cls_num_list": [1, 2, "3", 4]})),
-        (ValueError, "max_m must be a non-negative finite number, got -0.1",
+        (ValueError, "max_m must be a finite number >= 0, got -0.1",
          lambda: imbal_noised_topk(s, y, **{**imb, "max_m": -0.1})),
-        (ValueError, "max_m must be a non-negative",
+        (ValueError, "max_m must be a finite number >= 0",
          lambda: ImbalNoisedTopK(1, epsilon=1.0, max_m=-0.1, cls_num_list=[1, 2, 3, 4])),
         (ValueError, "scale must be a positive finite number, got 0", lambda: imbal_noised_topk(s, y, scale=0, **imb)),
         (ValueError, "target values must be in [0, 3] (or ignore_index=-100), got 4",
@@ -275,7 +278,7 @@ def test_error_messages():
         (ValueError, "reduction must be one of", lambda: bal_noised_topk(s, y, reduction="avg", **bal)),
         (ValueError, "input must have shape (N, C)", lambda: bal_noised_topk(s[0], y, **bal)),
         (TypeError, "input must have a floating dtype", lambda: bal_noised_topk(y[None], y[:1], **bal)),
-        (ValueError, "noise must have shape input.shape + (S,) = (2, 4, S)",
+        (ValueError, "noise must have shape (2, 4, S): one noise draw per entry and sample, S >= 1, got (2, 4)",
          lambda: bal_noised_topk(s, y, noise=torch.randn(2, 4), **bal)),
         (TypeError, "noise must be a floating torch.Tensor", lambda: bal_noised_topk(s, y, noise=[1.0], **bal)),
         (TypeError, "generator must be a torch.Generator", lambda: bal_noised_topk(s, y, generator=0, **bal)),

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from softtopk.ops import perturbed as P
-from softtopk.ops.perturbed import noised_kth_value, perturbed_topk
+from softtopk.stochastic import noised_kth_value, perturbed_topk
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 FEW = settings(max_examples=20, deadline=None)
@@ -362,18 +362,18 @@ def test_generator_wrong_device():
 
 @pytest.mark.parametrize(
     "shape,n_samples,expected",
-    [((3, 5), None, "(3, 5, n_samples)"), ((3, 5, 4, 1), None, "(3, 5, n_samples)"), ((5, 3, 4), None, "(3, 5, 4)"),
-     ((3, 5, 0), None, "(3, 5, n_samples)"), ((3, 5, 4), 5, "(3, 5, 5)"), ((3, 5), 4, "(3, 5, 4)")],
+    [((3, 5), None, "(3, 5, S)"), ((3, 5, 4, 1), None, "(3, 5, S)"), ((5, 3, 4), None, "(3, 5, S)"),
+     ((3, 5, 0), None, "(3, 5, S)"), ((3, 5, 4), 5, "(3, 5, 5)"), ((3, 5), 4, "(3, 5, 4)")],
 )
 def test_noise_tensor_wrong_shape(shape, n_samples, expected):
-    with pytest.raises(ValueError, match=_match("noise must have shape x.shape + (n_samples,) = " + expected,
-                                                f"got {shape}")):
+    with pytest.raises(ValueError, match=_match("noise must have shape " + expected,
+                                                "one noise draw per entry and sample, S >= 1", f"got {shape}")):
         noised_kth_value(X, 2, noise=torch.randn(shape), n_samples=n_samples)
 
 
 @pytest.mark.parametrize("noise,shown", [(torch.zeros(3, 5, 2, dtype=torch.long), "torch.int64"), ([0.0], "list")])
 def test_noise_tensor_wrong_type(noise, shown):
-    with pytest.raises(TypeError, match=_match("noise must be a floating torch.Tensor or None", shown)):
+    with pytest.raises(TypeError, match=_match("noise must be a floating torch.Tensor", shown)):
         noised_kth_value(X, 2, noise=noise)
 
 
@@ -389,11 +389,13 @@ def test_epsilon_not_a_number():
 
 
 def test_helpers_name_the_argument():
-    assert P.check_generator("gen", None) is None and P.check_n_samples("s", 3) == 3
-    assert P.check_noise_kind("kind", "gumbel") == "gumbel"
+    from softtopk._validation import check_choice, check_generator, check_int
+
+    assert check_generator("gen", None) is None and check_int("s", 3, low=1) == 3
+    assert check_choice("kind", "gumbel", P.NOISE_KINDS) == "gumbel"
     with pytest.raises(TypeError, match="gen must be a torch.Generator"):
-        P.check_generator("gen", 1)
+        check_generator("gen", 1)
     with pytest.raises(ValueError, match="kind must be one of"):
-        P.check_noise_kind("kind", "cauchy")
+        check_choice("kind", "cauchy", P.NOISE_KINDS)
     with pytest.raises(ValueError, match="s must be >= 1, got -2"):
-        P.check_n_samples("s", -2)
+        check_int("s", -2, low=1)

@@ -20,8 +20,7 @@ import math
 import pytest
 import torch
 
-from softtopk.losses.smooth_svm import smooth_top1_svm, smooth_topk_svm, top1_svm, topk_svm
-from softtopk.losses.smooth_svm_modules import SmoothTop1SVM, SmoothTopkSVM, Top1SVM, TopkSVM
+from softtopk import SmoothTop1SVM, SmoothTopKSVM, Top1SVM, TopKSVM, smooth_top1_svm, smooth_topk_svm, top1_svm, topk_svm
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -155,7 +154,7 @@ def test_k1_general_equals_smooth_top1():
         general = smooth_topk_svm(s, y, k=1, tau=tau, alpha=alpha, reduction="none")
         top1 = smooth_top1_svm(s, y, tau=tau, alpha=alpha, reduction="none")
         torch.testing.assert_close(general, top1, rtol=1e-5, atol=float32_tolerance(s))
-        torch.testing.assert_close(SmoothTop1SVM(50, tau=tau, alpha=alpha)(s, y), top1.mean(), rtol=1e-6, atol=0)
+        torch.testing.assert_close(SmoothTop1SVM(tau=tau, alpha=alpha)(s, y), top1.mean(), rtol=1e-6, atol=0)
 
 
 def test_top1_without_margin_is_cross_entropy():
@@ -172,14 +171,14 @@ def test_hard_loss_and_small_tau_limit(k):
     kth_other = s.scatter(1, y[:, None], -math.inf).topk(k, dim=1).values[:, -1]
     hinge = torch.clamp(1.0 + (kth_other - label) / k, min=0)
     torch.testing.assert_close(topk_svm(s, y, k=k, reduction="none"), hinge)
-    torch.testing.assert_close(TopkSVM(12, k=k)(s, y), hinge.mean())
+    torch.testing.assert_close(TopKSVM(k=k)(s, y), hinge.mean())
     # the smooth loss is within tau * log C(n-1, k) of the hinge, and tends to it
     tau = 1e-4
     smooth = smooth_topk_svm(s, y, k=k, tau=tau, reduction="none")
     assert float((smooth - hinge).abs().max()) <= tau * math.log(math.comb(11, k) + 1) + 1e-12
     if k == 1:
         torch.testing.assert_close(top1_svm(s, y, reduction="none"), hinge)
-        torch.testing.assert_close(Top1SVM(12)(s, y), hinge.mean())
+        torch.testing.assert_close(Top1SVM()(s, y), hinge.mean())
 
 
 # --- continuity and shift invariance -------------------------------------------------------------
@@ -212,7 +211,7 @@ def test_shift_invariance_against_cross_entropy():
     Both are dominated by the rounding of s + 1e4 to float32 (ulp 1e-3)."""
     s, y = data(64, 1000, seed=7)
     moved = s + 1e4
-    ours = abs(float(SmoothTopkSVM(1000, k=5, tau=1.0)(moved, y)) - float(SmoothTopkSVM(1000, k=5)(s, y)))
+    ours = abs(float(SmoothTopKSVM(k=5, tau=1.0)(moved, y)) - float(SmoothTopKSVM(k=5)(s, y)))
     ce = abs(float(torch.nn.CrossEntropyLoss()(moved, y)) - float(torch.nn.CrossEntropyLoss()(s, y)))
     assert ours <= 10 * max(ce, EPS32)
     # exactly invariant for shifts the float32 input represents exactly
@@ -253,10 +252,10 @@ def test_spatial_input_and_modules():
     s, y = data(12, 5, seed=2)
     spatial = s.view(3, 4, 5).permute(0, 2, 1)  # (N, C, d1)
     for fn, module in [
-        (lambda a, b, **kw: smooth_topk_svm(a, b, k=2, tau=0.5, **kw), SmoothTopkSVM(5, k=2, tau=0.5, reduction="none")),
-        (lambda a, b, **kw: smooth_top1_svm(a, b, **kw), SmoothTop1SVM(5, reduction="none")),
-        (lambda a, b, **kw: topk_svm(a, b, k=3, **kw), TopkSVM(5, k=3, reduction="none")),
-        (lambda a, b, **kw: top1_svm(a, b, **kw), Top1SVM(5, reduction="none")),
+        (lambda a, b, **kw: smooth_topk_svm(a, b, k=2, tau=0.5, **kw), SmoothTopKSVM(k=2, tau=0.5, reduction="none")),
+        (lambda a, b, **kw: smooth_top1_svm(a, b, **kw), SmoothTop1SVM(reduction="none")),
+        (lambda a, b, **kw: topk_svm(a, b, k=3, **kw), TopKSVM(k=3, reduction="none")),
+        (lambda a, b, **kw: top1_svm(a, b, **kw), Top1SVM(reduction="none")),
     ]:
         flat = fn(s, y, reduction="none")
         torch.testing.assert_close(fn(spatial, y.view(3, 4), reduction="none"), flat.view(3, 4))
@@ -266,19 +265,17 @@ def test_spatial_input_and_modules():
 
 def test_module_state_buffer_and_repr():
     weight = torch.rand(10) + 0.1
-    loss = SmoothTopkSVM(10, k=3, tau=0.5, alpha=2.0, weight=weight, ignore_index=1)
+    loss = SmoothTopKSVM(k=3, tau=0.5, alpha=2.0, weight=weight, ignore_index=1)
     assert "weight" in dict(loss.named_buffers())
-    assert repr(loss) == (
-        "SmoothTopkSVM(n_classes=10, k=3, tau=0.5, alpha=2.0, reduction='mean', ignore_index=1, weight=True)"
-    )
-    assert repr(Top1SVM(4)) == "Top1SVM(n_classes=4, alpha=1.0, reduction='mean')"
+    assert repr(loss) == "SmoothTopKSVM(k=3, tau=0.5, alpha=2.0, reduction='mean', ignore_index=1, weight=True)"
+    assert repr(Top1SVM()) == "Top1SVM(alpha=1.0, reduction='mean')"
     s, y = data(6, 10)
     loss.alpha = 0.0  # attributes are read at every forward (the original froze them)
     torch.testing.assert_close(
         loss(s, y), smooth_topk_svm(s, y, k=3, tau=0.5, alpha=0.0, weight=weight, ignore_index=1)
     )
     assert loss.double().weight.dtype == torch.float64
-    assert SmoothTopkSVM(10).cpu() is not None  # the original's .cpu() raised
+    assert SmoothTopKSVM().cpu() is not None  # the original's .cpu() raised
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -291,7 +288,7 @@ def test_half_dtypes_computed_in_float32(dtype):
     torch.testing.assert_close(loss, expected.to(dtype))
     loss.sum().backward()
     assert half.grad.dtype == dtype and torch.isfinite(half.grad.float()).all()
-    assert SmoothTopkSVM(30, k=3)(s.to(dtype), y).dtype == dtype
+    assert SmoothTopKSVM(k=3)(s.to(dtype), y).dtype == dtype
 
 
 # --- errors --------------------------------------------------------------------------------------
@@ -299,11 +296,11 @@ def test_half_dtypes_computed_in_float32(dtype):
 
 def test_errors_name_the_argument():
     s, y = data(4, 6)
-    with pytest.raises(ValueError, match="k must be smaller than the number of classes"):
+    with pytest.raises(ValueError, match=r"k must satisfy 1 <= k <= 5 \(k < C, the number of classes\)"):
         smooth_topk_svm(s, y, k=6)
-    with pytest.raises(ValueError, match="k must be smaller"):
+    with pytest.raises(ValueError, match="k < C"):
         topk_svm(s, y, k=7)
-    with pytest.raises(ValueError, match="k must be >= 1"):
+    with pytest.raises(ValueError, match="k must satisfy 1 <= k"):
         smooth_topk_svm(s, y, k=0)
     with pytest.raises(TypeError, match="k must be an int"):
         smooth_topk_svm(s, y, k=2.0)
@@ -311,12 +308,12 @@ def test_errors_name_the_argument():
         with pytest.raises(ValueError, match="tau"):
             smooth_topk_svm(s, y, tau=tau, k=2)
         with pytest.raises(ValueError, match="tau"):
-            SmoothTop1SVM(6, tau=tau)
+            SmoothTop1SVM(tau=tau)
     for alpha in [-0.5, math.nan, math.inf]:
         with pytest.raises(ValueError, match="alpha"):
             smooth_topk_svm(s, y, alpha=alpha, k=2)
         with pytest.raises(ValueError, match="alpha"):
-            Top1SVM(6, alpha=alpha)
+            Top1SVM(alpha=alpha)
     with pytest.raises(ValueError, match="target values must be in"):
         smooth_topk_svm(s, torch.tensor([0, 1, 6, 2]), k=2)
     with pytest.raises(ValueError, match="target values must be in"):
@@ -328,13 +325,11 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="weight must have shape"):
         smooth_topk_svm(s, y, k=2, weight=torch.ones(5))
     with pytest.raises(ValueError, match="weight must have shape"):
-        SmoothTopkSVM(6, k=2, weight=torch.ones(6, 1))
-    with pytest.raises(ValueError, match="n_classes = 7"):
-        SmoothTopkSVM(7, k=2)(s, y)
-    with pytest.raises(ValueError, match="n_classes must be >= 2"):
-        Top1SVM(1)
-    with pytest.raises(ValueError, match="k must be smaller"):
-        SmoothTopkSVM(5, k=5)
+        SmoothTopKSVM(k=2, weight=torch.ones(6, 1))
+    with pytest.raises(ValueError, match="k < C"):
+        SmoothTopKSVM(k=6)(s, y)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        SmoothTopKSVM(k=2, weight=torch.ones(5))(s, y)
     with pytest.raises(ValueError, match="reduction"):
         smooth_topk_svm(s, y, k=2, reduction="avg")
     with pytest.raises(ValueError, match="input must have shape"):

@@ -1,4 +1,6 @@
-"""Smooth top-k SVM losses: the subset definition, gradients, the hard switch, reduction, dtypes."""
+"""Smooth top-k SVM losses: the subset definition of :func:`softtopk.smooth_topk_svm`, gradients, the hard
+switch of :func:`softtopk.compat.difftopk.smooth_hard_topk_loss` (a batch mean, ``(N, C)`` input), reduction,
+dtypes."""
 
 from __future__ import annotations
 
@@ -8,7 +10,18 @@ import math
 import pytest
 import torch
 
-from softtopk.losses.smooth_topk import smooth_hard_topk_loss, smooth_topk_loss
+from softtopk import smooth_topk_svm
+from softtopk.compat.difftopk import smooth_hard_topk_loss
+
+
+def smooth_topk_loss(input: torch.Tensor, target: torch.Tensor, k: int, **kwargs) -> torch.Tensor:
+    """:func:`softtopk.smooth_topk_svm` with ``k`` positional."""
+    return smooth_topk_svm(input, target, k=k, **kwargs)
+
+
+def per_row_hard(s: torch.Tensor, y: torch.Tensor, k: int, **kwargs) -> torch.Tensor:
+    """Per-sample values of the batch-mean ``smooth_hard_topk_loss`` (one row at a time)."""
+    return torch.stack([smooth_hard_topk_loss(s[i : i + 1], y[i : i + 1], k, **kwargs) for i in range(len(s))])
 
 
 def subset_definition(s: torch.Tensor, y: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
@@ -50,18 +63,19 @@ def test_gradcheck(loss_fn, k):
     s, y = _data(6, 7, seed=k)
     s[:2, 0] += 40.0  # hard rows for smooth_hard_topk_loss (top-1 gap) ...
     s[:2, 1] += 40.0 * (k > 1)  # ... and top-2 gap; away from every kink of the hinge
-    assert torch.autograd.gradcheck(lambda t: loss_fn(t, y, k, tau=0.7, reduction="sum"), s.requires_grad_())
+    assert torch.autograd.gradcheck(lambda t: loss_fn(t, y, k, tau=0.7), s.requires_grad_())
 
 
 def test_hard_switch():
     s, y = _data(6, 7)
     s[:3, 2] += 40.0  # gap >= k τ log(1000) for k = 1 on rows 0-2
-    mixed = smooth_hard_topk_loss(s, y, 1, reduction="none")
+    mixed = per_row_hard(s, y, 1)
     hinge = torch.clamp(1.0 + s.scatter(1, y[:, None], -math.inf).max(1).values - s.gather(1, y[:, None])[:, 0], min=0)
     torch.testing.assert_close(mixed[:3], hinge[:3])
     torch.testing.assert_close(mixed[3:], smooth_topk_loss(s, y, 1, reduction="none")[3:])
     # τ -> 0: every row switches, and the smooth loss tends to the same hinge
-    torch.testing.assert_close(smooth_hard_topk_loss(s, y, 1, tau=1e-3, reduction="none"), hinge)
+    torch.testing.assert_close(per_row_hard(s, y, 1, tau=1e-3), hinge)
+    torch.testing.assert_close(smooth_hard_topk_loss(s, y, 1), mixed.mean())  # the batch mean
     torch.testing.assert_close(smooth_topk_loss(s, y, 1, tau=1e-3, reduction="none"), hinge, atol=1e-2, rtol=0)
 
 
@@ -76,8 +90,8 @@ def test_reduction_weight_ignore_index_and_spatial_input():
     torch.testing.assert_close(smooth_topk_loss(s, y, 2, weight=weight), (per_sample[valid] * w).sum() / w.sum())
     torch.testing.assert_close(smooth_topk_loss(s, y, 2, reduction="sum"), per_sample.sum())
     spatial = s.view(3, 4, 5).permute(0, 2, 1)  # (N, C, d1)
-    out = smooth_hard_topk_loss(spatial, y.view(3, 4), 2, reduction="none")
-    torch.testing.assert_close(out, smooth_hard_topk_loss(s, y, 2, reduction="none").view(3, 4))
+    out = smooth_topk_loss(spatial, y.view(3, 4), 2, reduction="none")
+    torch.testing.assert_close(out, per_sample.view(3, 4))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

@@ -272,17 +272,17 @@ def test_p_k_entries_not_numbers(p_k):
 
 @pytest.mark.parametrize("m", [5, 3, 0, -2])
 def test_m_not_larger_than_k(m):
-    with pytest.raises(ValueError, match=_match("m must be larger than k = len(p_k) = 5", f"got {m}")):
+    with pytest.raises(ValueError, match=_match("m must be >= 6 (larger than k = len(p_k) = 5)", f"got {m}")):
         _loss(p_k=[0.2] * 5, m=m)
-    with pytest.raises(ValueError, match=_match("m must be larger than k = len(p_k) = 5", f"got {m}")):
+    with pytest.raises(ValueError, match=_match("m must be >= 6 (larger than k = len(p_k) = 5)", f"got {m}")):
         softtopk.TopKCrossEntropyLoss([0.2] * 5, m=m)
 
 
 @pytest.mark.parametrize("m", [10, 11, 100])
 def test_m_not_smaller_than_number_of_classes(m):
-    with pytest.raises(ValueError, match=_match("m must be smaller than the number of classes 10", f"got {m}")):
+    with pytest.raises(ValueError, match=_match("m must be <= 9 (smaller than the number of classes 10)", f"got {m}")):
         _loss(m=m)
-    with pytest.raises(ValueError, match=_match("m must be smaller than the number of classes 10", f"got {m}")):
+    with pytest.raises(ValueError, match=_match("m must be <= 9 (smaller than the number of classes 10)", f"got {m}")):
         softtopk.TopKCrossEntropyLoss([0.5, 0.5], m=m)(INPUT, TARGET)
 
 

@@ -1,15 +1,21 @@
-"""softtopk: differentiable top-k operators and top-k losses for PyTorch."""
+"""softtopk: differentiable top-k operators and top-k losses for PyTorch.
+
+The face of the library: every public name, re-exported from :mod:`softtopk.functional`,
+:mod:`softtopk.nn` and :mod:`softtopk.losses` (where they are documented); ``softtopk.compat`` holds
+the original packages' signatures.
+"""
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import functional
-from ._methods import MethodInfo, methods
+from . import functional, losses, nn
+from ._registry import MethodInfo
 from .functional import (
     bal_noised_topk,
     gumbel_topk,
     hard_topk_mag,
     hard_topk_mask,
     imbal_noised_topk,
+    methods,
     noised_kth_value,
     perturbed_topk,
     smooth_top1_svm,
@@ -28,11 +34,13 @@ from .nn import (
     DifferentiableKNN,
     ImbalNoisedTopK,
     SmoothTop1SVM,
+    SmoothTopKSVM,
     SmoothTopkSVM,
     SoftTopK,
     SoftTopKRanks,
     Top1SVM,
     TopKCrossEntropyLoss,
+    TopKSVM,
     TopkSVM,
 )
 
@@ -47,11 +55,13 @@ __all__ = [
     "ImbalNoisedTopK",
     "MethodInfo",
     "SmoothTop1SVM",
+    "SmoothTopKSVM",
     "SmoothTopkSVM",
     "SoftTopK",
     "SoftTopKRanks",
     "Top1SVM",
     "TopKCrossEntropyLoss",
+    "TopKSVM",
     "TopkSVM",
     "bal_noised_topk",
     "functional",
@@ -59,7 +69,9 @@ __all__ = [
     "hard_topk_mag",
     "hard_topk_mask",
     "imbal_noised_topk",
+    "losses",
     "methods",
+    "nn",
     "noised_kth_value",
     "perturbed_topk",
     "smooth_top1_svm",

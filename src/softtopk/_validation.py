@@ -1,25 +1,37 @@
-"""Argument checks with messages that name the argument, the expectation and the value received."""
+"""The argument checks of softtopk, in one place: ``check_*(name, value, ...)`` returns the value,
+normalised, or raises a ``TypeError``/``ValueError`` whose message names the argument, what was
+expected and what was received. Families, compat adapters and Modules compose these; ``ops/``
+never validates."""
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from .ops.compute import can_inspect
+
 REDUCTIONS = ("mean", "sum", "none")
 
 
-def check_scores(x: Any, name: str = "x") -> torch.Tensor:
-    """A floating-point tensor with at least one dimension."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must have a floating dtype (float16/bfloat16/float32/float64), got {x.dtype}")
-    if x.dim() == 0:
-        raise ValueError(f"{name} must have at least one dimension, got a 0-d tensor")
-    return x
+# ------------------------------------------------------------------------------------ scalars
+
+
+def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None, why: str = "") -> int:
+    """``value`` as an int in ``[low, high]`` (either bound optional; bools refused); ``why`` explains
+    the bound."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        if high is None or low is None:
+            bound = f"be >= {low}" if high is None else f"be <= {high}"
+        else:
+            bound = f"satisfy {low} <= {name} <= {high}"
+        raise ValueError(f"{name} must {bound}{why}, got {value}")
+    return int(value)
 
 
 def check_number(name: str, value: Any) -> float:
@@ -29,25 +41,142 @@ def check_number(name: str, value: Any) -> float:
     return float(value)
 
 
-def check_real(name: str, value: Any, *, positive: bool) -> float:
-    """``value`` as a finite float (``positive``: also ``> 0``); TypeError/ValueError otherwise."""
-    if not math.isfinite(check_number(name, value)) or (positive and value <= 0):
-        kind = "a positive finite" if positive else "a finite"
-        raise ValueError(f"{name} must be {kind} number, got {value!r}")
-    return float(value)
+def check_real(
+    name: str, value: Any, *, positive: bool = False, low: float | None = None, below: float | None = None
+) -> float:
+    """``value`` as a finite float; ``positive``: ``> 0``; ``low``: ``>= low``; ``below``: ``< below``."""
+    number = check_number(name, value)
+    if positive:
+        expected, ok = "a positive finite number", number > 0
+    elif below is not None:
+        expected, ok = f"in [{low:g}, {below:g})", (low is None or number >= low) and number < below
+    elif low is not None:
+        expected, ok = f"a finite number >= {low:g}", number >= low
+    else:
+        expected, ok = "a finite number", True
+    if not (math.isfinite(number) and ok):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return number
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype scores are computed in: float64 stays float64, every other float becomes float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def check_bool(name: str, value: Any) -> bool:
+    """A bool (ints refused)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
 
 
-def check_class_input(input: Any) -> torch.Tensor:
-    """Loss scores of shape ``(N, C)`` or ``(N, C, d1, ...)``."""
-    input = check_scores(input, "input")
-    if input.dim() < 2:
-        raise ValueError(f"input must have shape (N, C) or (N, C, d1, ...), got {tuple(input.shape)}")
-    return input
+def check_choice(name: str, value: Any, options: Sequence[Any]) -> Any:
+    """``value`` if it equals one of ``options`` (a bool never equals a number here)."""
+    if not any(value == option and type(value) is not bool for option in options):
+        raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}")
+    return value
+
+
+def check_generator(name: str, value: Any, device: torch.device | None = None) -> torch.Generator | None:
+    """``None`` or a :class:`torch.Generator` (on ``device``'s type when given)."""
+    if value is not None and not isinstance(value, torch.Generator):
+        raise TypeError(f"{name} must be a torch.Generator or None, got {type(value).__name__} {value!r}")
+    if value is not None and device is not None and value.device.type != device.type:
+        raise ValueError(
+            f"{name} must be on the input's device type ({device.type}), got a {value.device.type} generator"
+        )
+    return value
+
+
+def check_positive_or_tensor(name: str, value: Any) -> float | torch.Tensor:
+    """A positive finite number, or a floating tensor of positive finite values (one per row or one)."""
+    if not isinstance(value, torch.Tensor):
+        return check_real(name, value, positive=True)
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor when given as a tensor, got {value.dtype}")
+    if can_inspect(value) and value.numel() and not bool(((value > 0) & torch.isfinite(value)).all()):
+        raise ValueError(f"{name} must be positive and finite, got a tensor with min {value.min().item()!r}")
+    return value
+
+
+def _reals(name: str, value: Any) -> tuple[float, ...]:
+    """A non-empty sequence (or 1-d tensor/array) of real numbers, as a tuple of floats."""
+    if hasattr(value, "tolist"):  # torch tensors, numpy arrays
+        value = value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) == 0:
+        raise TypeError(f"{name} must be a non-empty sequence of floats, got {value!r}")
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Real) for v in value):
+        raise TypeError(f"{name} must hold real numbers, got {list(value)!r}")
+    return tuple(float(v) for v in value)
+
+
+def check_p_k(name: str, value: Any) -> tuple[float, ...]:
+    """``P_K``: finite weights ``>= 0`` summing to 1 (within 1e-4, as difftopk)."""
+    values = _reals(name, value)
+    if any(not math.isfinite(v) or v < 0 for v in values):
+        raise ValueError(f"{name} entries must be finite and >= 0, got {list(values)}")
+    if abs(sum(values) - 1.0) > 1e-4:
+        raise ValueError(f"{name} must sum to 1, got {list(values)} summing to {sum(values)}")
+    return values
+
+
+def check_class_counts(name: str, value: Any, classes: int | None = None) -> tuple[float, ...]:
+    """Per-class training counts: positive and finite (a zero count has no LDAM margin), ``classes`` of them."""
+    counts = _reals(name, value)
+    bad = [(c, n) for c, n in enumerate(counts) if not (math.isfinite(n) and n > 0)]
+    if bad:
+        c, n = bad[0]
+        raise ValueError(
+            f"{name} must hold positive finite class counts, got {n!r} for class {c} "
+            "(a class without training examples has no LDAM margin)"
+        )
+    if classes is not None and len(counts) != classes:
+        raise ValueError(f"{name} must have one count per class, C = {classes}, got length {len(counts)}")
+    return counts
+
+
+# ------------------------------------------------------------------------------------ tensors
+
+
+def check_scores(name: str, value: Any, *, dims: int | None = None, shape: str = "") -> torch.Tensor:
+    """A floating tensor with at least one dimension (exactly ``dims`` when given; ``shape`` names it)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise TypeError(
+            f"{name} must have a floating dtype (float16/bfloat16/float32/float64), got {value.dtype}"
+        )
+    if value.dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension, got a 0-d tensor")
+    if dims is not None and value.dim() != dims:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
+    return value
+
+
+def check_labels(name: str, value: Any, rows: int, rows_name: str) -> torch.Tensor:
+    """Integer labels of shape ``(rows,)``, one per row of ``rows_name``."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype, got {value.dtype}")
+    if value.shape != (rows,):
+        raise ValueError(f"{name} must have shape ({rows},) to match {rows_name}, got {tuple(value.shape)}")
+    return value
+
+
+def check_noise(name: str, value: Any, shape: torch.Size, *, samples: int | None = None) -> torch.Tensor:
+    """Given noise: a floating tensor of ``shape`` (``samples=None``) or ``shape + (S,)`` with
+    ``S = samples`` (``samples=0``: any ``S >= 1``)."""
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating torch.Tensor, got {type(value).__name__} "
+                        f"{getattr(value, 'dtype', value)!r}")
+    if samples is None:
+        if value.shape != shape:
+            raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
+        return value
+    if value.shape[:-1] != shape or value.dim() != len(shape) + 1 or value.shape[-1] < 1 or (
+        samples and value.shape[-1] != samples
+    ):
+        want = ", ".join(str(s) for s in (*shape, samples or "S"))
+        raise ValueError(f"{name} must have shape ({want}): one noise draw per entry and sample, "
+                         f"S >= 1, got {tuple(value.shape)}")
+    return value
 
 
 def check_dim(x: torch.Tensor, dim: Any) -> int:
@@ -60,18 +189,18 @@ def check_dim(x: torch.Tensor, dim: Any) -> int:
 
 
 def check_k(k: Any, n: int, dim: int) -> int:
-    """``k`` as an int with ``1 <= k <= n``."""
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
+    """``k`` as an int with ``1 <= k <= n`` (``n`` the size of axis ``dim``)."""
+    k = check_int("k", k)
     if not 1 <= k <= n:
         raise ValueError(f"k must satisfy 1 <= k <= n = {n} (the size of dim {dim}), got {k}")
-    return int(k)
+    return k
 
 
-def can_inspect(value: torch.Tensor) -> bool:
-    """Whether a tensor's values may be read (a check, a data-dependent branch): not while compiling
-    or inside vmap."""
-    return not torch.compiler.is_compiling() and not torch._C._functorch.is_batchedtensor(value)
+def check_topk_args(x: Any, k: Any, dim: Any) -> tuple[torch.Tensor, int, int]:
+    """An operator's scores ``x``, its axis ``dim`` (non-negative) and an int ``k`` in ``[1, n]``."""
+    x = check_scores("x", x)
+    dim = check_dim(x, dim)
+    return x, dim, check_k(k, x.shape[dim], dim)
 
 
 def check_k_tensor(k: torch.Tensor, n: int) -> torch.Tensor:
@@ -84,10 +213,24 @@ def check_k_tensor(k: torch.Tensor, n: int) -> torch.Tensor:
     return k
 
 
-def check_reduction(reduction: Any) -> str:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    return reduction
+# ------------------------------------------------------------------------------- class losses
+
+
+def check_class_input(input: Any) -> torch.Tensor:
+    """Loss scores of shape ``(N, C)`` or ``(N, C, d1, ...)``."""
+    input = check_scores("input", input)
+    if input.dim() < 2:
+        raise ValueError(f"input must have shape (N, C) or (N, C, d1, ...), got {tuple(input.shape)}")
+    return input
+
+
+def check_classes_match(input: Any, n_classes: int) -> torch.Tensor:
+    """Class-loss ``input`` whose class axis (dim 1) has the ``n_classes`` a loss was built with."""
+    input = check_class_input(input)
+    if input.shape[1] != n_classes:
+        raise ValueError(f"input has {input.shape[1]} classes (dim 1 of shape {tuple(input.shape)}), "
+                         f"but the loss was built with n_classes = {n_classes}")
+    return input
 
 
 def check_class_target(input: torch.Tensor, target: Any, ignore_index: int) -> torch.Tensor:
@@ -123,3 +266,13 @@ def check_class_weight(weight: Any, classes: int | None) -> torch.Tensor | None:
         expected = "(C,)" if classes is None else f"({classes},)"
         raise ValueError(f"weight must have shape {expected}, got {tuple(weight.shape)}")
     return weight
+
+
+def check_reduction(reduction: Any) -> str:
+    """One of ``'mean'``, ``'sum'``, ``'none'``."""
+    return check_choice("reduction", reduction, REDUCTIONS)
+
+
+def check_ignore_index(ignore_index: Any) -> int:
+    """The target value that contributes nothing (an int, any sign)."""
+    return check_int("ignore_index", ignore_index)

@@ -3,13 +3,13 @@ NeuralSort / Gumbel subset-sampling experiments, plus the hard kNN vote used to 
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, NamedTuple
 
 import torch
 
-from ._methods import resolve
-from .functional import soft_topk
+from ._registry import resolve
+from ._validation import check_int, check_labels, check_scores
+from .operators import soft_topk
 
 __all__ = ["DifferentiableKNN", "KNNOutput"]
 
@@ -24,34 +24,6 @@ class KNNOutput(NamedTuple):
 
     weights: torch.Tensor
     loss: torch.Tensor | None
-
-
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    return int(k)
-
-
-def _check_embeddings(name: str, x: Any) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"{name} must have shape (rows, d), got {tuple(x.shape)}")
-    return x
-
-
-def _check_labels(name: str, labels: Any, rows: int, rows_name: str) -> torch.Tensor:
-    if not isinstance(labels, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(labels).__name__}")
-    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-        raise TypeError(f"{name} must have an integer dtype, got {labels.dtype}")
-    if labels.shape != (rows,):
-        raise ValueError(f"{name} must have shape ({rows},) to match {rows_name}, got {tuple(labels.shape)}")
-    return labels
 
 
 def _neg_sq_distances(query: torch.Tensor, neighbors: torch.Tensor) -> torch.Tensor:
@@ -107,7 +79,7 @@ class DifferentiableKNN(torch.nn.Module):
 
     Example:
         >>> import torch
-        >>> from softtopk.knn import DifferentiableKNN
+        >>> from softtopk import DifferentiableKNN
         >>> knn = DifferentiableKNN(2, method="gumbel", tau=0.5, generator=torch.Generator().manual_seed(0))
         >>> query = torch.tensor([[0.0, 0.0], [5.0, 5.0]], requires_grad=True)
         >>> neighbors = torch.tensor([[0.1, 0.0], [0.0, 0.2], [5.0, 4.9], [4.8, 5.0], [2.5, 2.5]])
@@ -134,22 +106,22 @@ class DifferentiableKNN(torch.nn.Module):
 
     def __init__(self, k: int, *, method: str = "gumbel", **params: Any) -> None:
         super().__init__()
-        self.k = _check_k(k)
+        self.k = check_int("k", k, low=1)
         _, self.params = resolve(method, params, "mask")
         self.method = method
 
     def _scores(
         self, query: Any, neighbors: Any, neighbor_labels: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        query = _check_embeddings("query", query)
-        neighbors = _check_embeddings("neighbors", neighbors)
+        query = check_scores("query", query, dims=2, shape="(rows, d)")
+        neighbors = check_scores("neighbors", neighbors, dims=2, shape="(rows, d)")
         if query.shape[1] != neighbors.shape[1]:
             raise ValueError(
                 f"query and neighbors must have the same feature size d, got query {tuple(query.shape)} "
                 f"and neighbors {tuple(neighbors.shape)}"
             )
         n = neighbors.shape[0]
-        neighbor_labels = _check_labels("neighbor_labels", neighbor_labels, n, "neighbors")
+        neighbor_labels = check_labels("neighbor_labels", neighbor_labels, n, "neighbors")
         if self.k > n:
             raise ValueError(f"k must satisfy k <= N = {n} (the number of neighbors), got k = {self.k}")
         if query.dtype != neighbors.dtype:
@@ -169,7 +141,7 @@ class DifferentiableKNN(torch.nn.Module):
         weights = soft_topk(scores, self.k, method=self.method, dim=-1, **self.params)
         if query_labels is None:
             return KNNOutput(weights, None)
-        query_labels = _check_labels("query_labels", query_labels, scores.shape[0], "query")
+        query_labels = check_labels("query_labels", query_labels, scores.shape[0], "query")
         same = (query_labels.unsqueeze(1) == neighbor_labels.unsqueeze(0)).to(weights.dtype)
         loss = -(same * weights).sum(-1).mean() / self.k
         return KNNOutput(weights, loss)
@@ -195,13 +167,8 @@ class DifferentiableKNN(torch.nn.Module):
         top = int(neighbor_labels.max()) + 1
         if num_classes is None:
             num_classes = top
-        elif isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral):
-            raise TypeError(f"num_classes must be an int or None, got {type(num_classes).__name__} {num_classes!r}")
-        elif num_classes < top:
-            raise ValueError(
-                f"num_classes must exceed every label: got num_classes = {num_classes} but neighbor_labels "
-                f"contain {top - 1}"
-            )
+        else:
+            num_classes = check_int("num_classes", num_classes, low=top, why=" (it must exceed every label)")
         index = scores.topk(self.k, dim=-1).indices
         votes = torch.nn.functional.one_hot(neighbor_labels.long()[index], int(num_classes)).sum(1)
         return votes.argmax(-1)  # argmax returns the first maximum: ties go to the smallest class

@@ -10,17 +10,16 @@ instead of failing an ``assert``, and no ``torch_sparse`` is needed. See ``docs/
 
 from __future__ import annotations
 
-import numbers
+import math
 import warnings
 from typing import Any, Sequence
 
 import torch
 
-from .._methods import resolve
-from .._validation import check_real, check_scores
-from ..functional import soft_permutation, soft_topk_ranks
-from ..losses.smooth_topk import smooth_hard_topk_loss, smooth_topk_loss
-from ..losses.topk_ce import check_m, check_p_k, check_top1_mode, topk_cross_entropy
+from .._validation import check_choice, check_int, check_real, check_scores
+from ..functional import smooth_topk_svm, soft_permutation, soft_topk_ranks, topk_cross_entropy, topk_svm
+from ..nn import SoftTopKRanks
+from ..nn import TopKCrossEntropyLoss as _NativeTopKCE
 
 __all__ = [
     "DiffSortNet",
@@ -30,6 +29,7 @@ __all__ = [
     "SmoothTopKLoss",
     "SoftSort",
     "TopKCrossEntropyLoss",
+    "smooth_hard_topk_loss",
 ]
 
 _LOSS_METHODS = {
@@ -40,20 +40,6 @@ _LOSS_METHODS = {
     "neuralsort": "neuralsort",
     "softsort": "softsort",
 }
-
-
-def _integer(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return int(value)
-
-
-def _one_of(name: str, value: Any, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
-    return value
 
 
 def _distribution(distribution: str | None, interpolation_type: str | None) -> str:
@@ -70,10 +56,40 @@ def _distribution(distribution: str | None, interpolation_type: str | None) -> s
 
 
 def _rows(x: Any, size: int, name: str) -> torch.Tensor:
-    x = check_scores(x, name)
-    if x.dim() != 2 or x.shape[1] != size:
+    x = check_scores(name, x, dims=2, shape=f"(batch, {size})")
+    if x.shape[1] != size:
         raise ValueError(f"{name} must have shape (batch, {size}), got {tuple(x.shape)}")
     return x
+
+
+def _checked_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` of a ranks (and permutation) ``method`` with its defaults, checked as the native
+    Module checks them."""
+    return SoftTopKRanks(1, method=method, **params).params
+
+
+def smooth_hard_topk_loss(
+    input: torch.Tensor, target: torch.Tensor, k: int, *, tau: float = 1.0, alpha: float = 1.0
+) -> torch.Tensor:
+    r"""difftopk's ``SmoothHardTopKLoss`` rule on softtopk's exact losses, batch mean: per sample, the
+    hard top-k hinge (:func:`softtopk.topk_svm`) where the k-th and (k+1)-th largest scores (label
+    included) are at least :math:`k \tau \log 1000` apart, the smooth loss
+    (:func:`softtopk.smooth_topk_svm`) elsewhere. The switch is a ``torch.where`` (no host sync); as in
+    difftopk the loss jumps where it fires. ``input (N, C)``, ``target (N,)``.
+
+    Example:
+        >>> import torch
+        >>> from softtopk.compat.difftopk import smooth_hard_topk_loss
+        >>> logits = torch.tensor([[30.0, 1.0, 0.0, -1.0], [0.0, 2.0, 1.0, 0.5]])
+        >>> smooth_hard_topk_loss(logits, torch.tensor([1, 3]), 1)  # (30 + 2.9608) / 2
+        tensor(16.4804)
+    """
+    input = check_scores("input", input, dims=2, shape="(N, C)")
+    smooth = smooth_topk_svm(input, target, k=k, tau=tau, alpha=alpha, reduction="none")
+    hard = topk_svm(input, target, k=k, alpha=alpha, reduction="none")
+    top = input.detach().topk(k + 1, dim=1).values
+    switch = (top[:, k - 1] - top[:, k]) >= k * tau * math.log(1e3)
+    return torch.where(switch, hard, smooth).mean()
 
 
 class DiffTopkNet(torch.nn.Module):
@@ -118,20 +134,18 @@ class DiffTopkNet(torch.nn.Module):
         distribution: str = "cauchy",
     ) -> None:
         super().__init__()
-        self.sorting_network_type = _one_of(
+        self.sorting_network_type = check_choice(
             "sorting_network_type", sorting_network_type, ("bitonic", "odd_even", "splitter_selection")
         )
-        self.size = _integer("size", size, 1)
-        self.k = _integer("k", k, 1)
-        if self.k > self.size:
-            raise ValueError(f"k must be <= size = {self.size}, got {k}")
+        self.size = check_int("size", size, low=1)
+        self.k = check_int("k", k, low=1, high=self.size, why=" (k <= size)")
         self.sparse = sparse
         params = {
             "steepness": steepness,
             "art_lambda": art_lambda,
             "distribution": _distribution(distribution, interpolation_type),
         }
-        _, self.params = resolve(self.sorting_network_type, params, "ranks")
+        self.params = _checked_params(self.sorting_network_type, params)
 
     def forward(self, vectors: torch.Tensor) -> tuple[None, torch.Tensor]:
         vectors = _rows(vectors, self.size, "vectors")
@@ -167,14 +181,14 @@ class DiffSortNet(torch.nn.Module):
         distribution: str = "cauchy",
     ) -> None:
         super().__init__()
-        self.sorting_network_type = _one_of("sorting_network_type", sorting_network_type, ("bitonic", "odd_even"))
-        self.size = _integer("size", size, 1)
+        self.sorting_network_type = check_choice("sorting_network_type", sorting_network_type, ("bitonic", "odd_even"))
+        self.size = check_int("size", size, low=1)
         params = {
             "steepness": steepness,
             "art_lambda": art_lambda,
             "distribution": _distribution(distribution, interpolation_type),
         }
-        _, self.params = resolve(self.sorting_network_type, params, "permutation")
+        self.params = _checked_params(self.sorting_network_type, params)
 
     def forward(self, vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         vectors = _rows(vectors, self.size, "vectors")
@@ -202,12 +216,10 @@ class NeuralSort(torch.nn.Module):
 
     def __init__(self, tau: float = 1.0, hard: bool = False) -> None:
         super().__init__()
-        _, self.params = resolve("neuralsort", {"tau": tau, "hard": hard}, "permutation")
+        self.params = _checked_params("neuralsort", {"tau": tau, "hard": hard})
 
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        scores = check_scores(scores, "scores")
-        if scores.dim() != 2:
-            raise ValueError(f"scores must have shape (batch, n), got {tuple(scores.shape)}")
+        scores = check_scores("scores", scores, dims=2, shape="(batch, n)")
         return soft_permutation(scores, method="neuralsort", **self.params).flip(-1)
 
     def extra_repr(self) -> str:
@@ -227,12 +239,10 @@ class SoftSort(torch.nn.Module):
 
     def __init__(self, tau: float = 1.0, hard: bool = False, pow: float = 1.0) -> None:
         super().__init__()
-        _, self.params = resolve("softsort", {"tau": tau, "hard": hard, "power": pow}, "permutation")
+        self.params = _checked_params("softsort", {"tau": tau, "hard": hard, "power": pow})
 
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        scores = check_scores(scores, "scores")
-        if scores.dim() != 2:
-            raise ValueError(f"scores must have shape (batch, n), got {tuple(scores.shape)}")
+        scores = check_scores("scores", scores, dims=2, shape="(batch, n)")
         return soft_permutation(scores, method="softsort", **self.params).transpose(-1, -2)
 
     def extra_repr(self) -> str:
@@ -271,14 +281,9 @@ class TopKCrossEntropyLoss(torch.nn.Module):
         top1_mode: str = "sm",
     ) -> None:
         super().__init__()
-        self.diffsort_method = _one_of("diffsort_method", diffsort_method, tuple(_LOSS_METHODS))
+        self.diffsort_method = check_choice("diffsort_method", diffsort_method, tuple(_LOSS_METHODS))
         self.method = _LOSS_METHODS[diffsort_method]
         self.inverse_temperature = inverse_temperature
-        self.p_k = check_p_k(p_k)
-        self.k = len(self.p_k)
-        self.n = _integer("n", n, self.k)
-        self.m = check_m(m, self.k, self.n)
-        self.top1_mode = check_top1_mode(top1_mode)
         if self.method in ("neuralsort", "softsort"):
             params = {"tau": 1.0 / check_real("inverse_temperature", inverse_temperature, positive=True)}
         else:
@@ -287,10 +292,15 @@ class TopKCrossEntropyLoss(torch.nn.Module):
                 "art_lambda": art_lambda,
                 "distribution": _distribution(distribution, None),
             }
-        _, self.params = resolve(self.method, params, "ranks")
+        native = _NativeTopKCE(p_k, method=self.method, m=m, top1_mode=top1_mode, **params)
+        self.p_k, self.m, self.top1_mode, self.params = native.p_k, native.m, native.top1_mode, native.params
+        self.k = len(self.p_k)
+        self.n = check_int("n", n, low=self.k, why=" (n >= k = len(p_k))")
+        if self.m is not None:
+            check_int("m", self.m, low=self.k + 1, high=self.n - 1, why=" (k = len(p_k) < m < n)")
 
     def forward(self, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        outputs = check_scores(outputs, "outputs")
+        outputs = check_scores("outputs", outputs)
         if outputs.dim() < 2 or outputs.shape[1] != self.n:
             raise ValueError(f"outputs must have shape (batch, n={self.n}, ...), got {tuple(outputs.shape)}")
         return topk_cross_entropy(
@@ -308,7 +318,7 @@ class SmoothTopKLoss(torch.nn.Module):
     """``difftopk.SmoothTopKLoss``: smooth top-k SVM loss (Lapin et al.; Berrada et al.), margin 1.
 
     ``forward(x (b, num_classes), y (b,))`` returns the batch mean. Maps to
-    ``softtopk.losses.smooth_topk.smooth_topk_loss(x, y, k, tau=tau, alpha=1.0)``.
+    ``softtopk.smooth_topk_svm(x, y, k=k, tau=tau, alpha=1.0)``.
 
     Intended differences: correct gradients for ``k = 1`` (difftopk's hand-written backward is off
     by up to 0.06 there) and at small ``tau`` (difftopk: up to 4e-4 at tau = 0.1 from its
@@ -320,21 +330,19 @@ class SmoothTopKLoss(torch.nn.Module):
 
     def __init__(self, num_classes: int, k: int, tau: float = 1, device: str = "cpu") -> None:
         super().__init__()
-        self.num_classes = _integer("num_classes", num_classes, 2)
-        self.k = _integer("k", k, 1)
-        if self.k >= self.num_classes:
-            raise ValueError(f"k must be < num_classes = {self.num_classes}, got {k}")
+        self.num_classes = check_int("num_classes", num_classes, low=2)
+        self.k = check_int("k", k, low=1, high=self.num_classes - 1, why=" (k < num_classes)")
         self.tau = check_real("tau", tau, positive=True)
         self.register_buffer("labels", torch.arange(self.num_classes, device=device))
 
     def _check(self, x: torch.Tensor) -> None:
-        x = check_scores(x, "x")
+        x = check_scores("x", x)
         if x.dim() < 2 or x.shape[1] != self.num_classes:
             raise ValueError(f"x must have shape (batch, num_classes={self.num_classes}), got {tuple(x.shape)}")
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self._check(x)
-        return smooth_topk_loss(x, y, self.k, tau=self.tau)
+        return smooth_topk_svm(x, y, k=self.k, tau=self.tau)
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, k={self.k}, tau={self.tau}"
@@ -345,7 +353,7 @@ class SmoothHardTopKLoss(SmoothTopKLoss):
 
     Samples whose k-th and (k+1)-th largest scores are at least ``k * tau * log(1000)`` apart use
     the hard top-k hinge ``max(0, 1 + (s_[k] without y - s_y) / k)``. Maps to
-    ``softtopk.losses.smooth_topk.smooth_hard_topk_loss(x, y, k, tau=tau, alpha=1.0)``.
+    :func:`smooth_hard_topk_loss` ``(x, y, k, tau=tau, alpha=1.0)``.
     Intended differences: as :class:`SmoothTopKLoss`; the switch is a ``torch.where`` (no host
     synchronisation, no boolean-mask gathers).
     """

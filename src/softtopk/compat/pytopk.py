@@ -21,7 +21,8 @@ Intended differences from pytopk 0.1.0:
 * the losses also accept ``(N, C, d1, ...)`` scores with ``(N, d1, ...)`` targets (mean over all);
 * the noise is drawn with ``dtype=torch.float32`` explicitly (pytopk uses the default dtype).
 
-For ``generator``, ``weight``, ``ignore_index`` and ``reduction`` use :mod:`softtopk.losses.noised`.
+For ``generator``, ``weight``, ``ignore_index`` and ``reduction`` use the native losses
+(:class:`softtopk.BalNoisedTopK`, :class:`softtopk.ImbalNoisedTopK`).
 """
 
 from __future__ import annotations
@@ -30,16 +31,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .._validation import check_class_input, check_dim, check_real, check_scores
-from ..losses.noised import (
-    _check_epsilon,
-    _check_k,
-    _check_max_m,
-    _noised_hinge,
-    check_cls_num_list,
-    ldam_margins,
-)
-from ..ops.perturbed import check_n_samples, noised_kth_value
+from .._validation import check_class_counts, check_class_input, check_dim, check_int, check_real, check_scores
+from ..functional import bal_noised_topk, imbal_noised_topk, noised_kth_value
+from ..losses import ldam_margins
 
 __all__ = ["BalNoisedTopK", "ImbalNoisedTopK", "NoisedTopK"]
 
@@ -50,7 +44,7 @@ class NoisedTopK(torch.nn.Module):
         \\operatorname{top}_{k,\\epsilon}(x) = \\frac{1}{S} \\sum_{b=1}^{S} (x + \\epsilon Z_b)_{[k]}
 
     with ``S = n_sample`` and ``Z`` drawn as ``torch.randn(x.shape + (S,))`` from the global RNG; see
-    :func:`softtopk.ops.perturbed.noised_kth_value` (which also takes a ``generator``).
+    :func:`softtopk.noised_kth_value` (which also takes a ``generator``).
 
     Args:
         k: which largest value, ``1 <= k <= x.shape[dim]``.
@@ -75,16 +69,13 @@ class NoisedTopK(torch.nn.Module):
 
     def __init__(self, k: int, epsilon: float = 1.0, n_sample: int = 5, dim: int = -1) -> None:
         super().__init__()
-        _check_k(k)
-        self.k = k
-        self.epsilon = _check_epsilon(epsilon)
-        self.n_sample = check_n_samples("n_sample", n_sample)
-        if isinstance(dim, bool) or not isinstance(dim, int):
-            raise TypeError(f"dim must be an int, got {type(dim).__name__} {dim!r}")
-        self.dim = dim
+        self.k = check_int("k", k, low=1)
+        self.epsilon = check_real("epsilon", epsilon, low=0.0)
+        self.n_sample = check_int("n_sample", n_sample, low=1)
+        self.dim = check_int("dim", dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = check_scores(x)
+        x = check_scores("x", x)
         check_dim(x, self.dim)
         return noised_kth_value(x, self.k, epsilon=self.epsilon, n_samples=self.n_sample, dim=self.dim)
 
@@ -95,7 +86,7 @@ class NoisedTopK(torch.nn.Module):
 class BalNoisedTopK(torch.nn.Module):
     """``pytopk.BalNoisedTopK``: balanced noised top-k hinge loss, batch mean of
     :math:`\\max(0, 1 + \\operatorname{top}_{k+1,\\epsilon}(s) - s_y)`; see
-    :func:`softtopk.losses.noised.bal_noised_topk`.
+    :func:`softtopk.bal_noised_topk`.
 
     Args:
         k: the loss targets top-k accuracy, ``1 <= k <= C - 1``.
@@ -117,20 +108,12 @@ class BalNoisedTopK(torch.nn.Module):
 
     def __init__(self, k: int, epsilon: float, n_sample: int = 5) -> None:
         super().__init__()
-        _check_k(k)
-        self.k = k
-        self.epsilon = _check_epsilon(epsilon)
-        self.n_sample = check_n_samples("n_sample", n_sample)
-
-    def _margins(self) -> tuple[torch.Tensor | float, float | None]:
-        return 1.0, None
+        self.k = check_int("k", k, low=1)
+        self.epsilon = check_real("epsilon", epsilon, low=0.0)
+        self.n_sample = check_int("n_sample", n_sample, low=1)
 
     def forward(self, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        margins, scale = self._margins()
-        per_sample = _noised_hinge(
-            s, y, k=self.k, epsilon=self.epsilon, n_samples=self.n_sample, generator=None, noise=None,
-            margins=margins, scale=scale, weight=None, ignore_index=-100, reduction="none",
-        )
+        per_sample = bal_noised_topk(s, y, k=self.k, epsilon=self.epsilon, n_samples=self.n_sample, reduction="none")
         return torch.mean(per_sample)  # pytopk's reduction, op for op
 
     def extra_repr(self) -> str:
@@ -140,7 +123,7 @@ class BalNoisedTopK(torch.nn.Module):
 class ImbalNoisedTopK(BalNoisedTopK):
     """``pytopk.ImbalNoisedTopK``: imbalanced noised top-k hinge loss with LDAM margins, batch mean of
     :math:`\\max(0, \\mathrm{scale}\\,(m_y + \\operatorname{top}_{k+1,\\epsilon}(s) - s_y))`; see
-    :func:`softtopk.losses.noised.imbal_noised_topk`. The margins are the float32 buffer ``m_list``
+    :func:`softtopk.imbal_noised_topk`. The margins are the float32 buffer ``m_list``
     (pytopk's values).
 
     Args:
@@ -168,15 +151,12 @@ class ImbalNoisedTopK(BalNoisedTopK):
         n_sample: int = 5,
     ) -> None:
         super().__init__(k, epsilon, n_sample)
-        counts = check_cls_num_list(cls_num_list)
-        _check_k(k, len(counts))
-        self.max_m = _check_max_m(max_m)
+        self.counts = check_class_counts("cls_num_list", cls_num_list)
+        check_int("k", k, low=1, high=len(self.counts) - 1, why=" (k < C, the number of classes)")
+        self.max_m = check_real("max_m", max_m, low=0.0)
         self.scale = scale
         check_real("scale", scale, positive=True)
-        self.register_buffer("m_list", ldam_margins(counts, self.max_m).to(torch.float32))
-
-    def _margins(self) -> tuple[torch.Tensor | float, float | None]:
-        return self.m_list, self.scale
+        self.register_buffer("m_list", ldam_margins(self.counts, self.max_m).to(torch.float32))
 
     def forward(self, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         s = check_class_input(s)
@@ -185,7 +165,10 @@ class ImbalNoisedTopK(BalNoisedTopK):
                 f"cls_num_list must have one count per class: got {self.m_list.shape[0]} counts for "
                 f"scores with C = {s.shape[1]} classes"
             )
-        return super().forward(s, y)
+        per_sample = imbal_noised_topk(s, y, k=self.k, epsilon=self.epsilon, max_m=self.max_m,
+                                       cls_num_list=self.counts, scale=self.scale, n_samples=self.n_sample,
+                                       reduction="none")
+        return torch.mean(per_sample)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, max_m={self.max_m}, scale={self.scale}, classes={self.m_list.shape[0]}"

@@ -38,12 +38,15 @@ Intended differences from the original:
   ``n_classes``) where the original asserts or fails later;
 * ``forward`` also accepts ``(N, C, d1, ...)`` scores with ``(N, d1, ...)`` labels (mean over all).
 
-For ``weight``, ``ignore_index`` and ``reduction`` use :mod:`softtopk.losses.smooth_svm` directly.
+For ``weight``, ``ignore_index`` and ``reduction`` use the native losses (:class:`softtopk.SmoothTopKSVM`, ...).
 """
 
 from __future__ import annotations
 
-from ..losses import smooth_svm_modules as _svm
+import torch
+
+from .._validation import check_classes_match, check_int
+from ..nn import SmoothTop1SVM as _SmoothTop1, SmoothTopKSVM as _SmoothTopK, Top1SVM as _Top1, TopKSVM as _TopK
 
 __all__ = ["MaxTop1SVM", "MaxTopkSVM", "SmoothTop1SVM", "SmoothTopkSVM"]
 
@@ -55,7 +58,23 @@ def _alpha(alpha: float | None) -> float:
     return DEFAULT_ALPHA if alpha is None else alpha
 
 
-class SmoothTopkSVM(_svm.SmoothTopkSVM):
+class _OriginalClasses:
+    """The original's ``n_classes``: checked at construction (``k < n_classes``) and against every input."""
+
+    n_classes: int
+
+    def _set_classes(self, n_classes: int, k: int = 1) -> None:
+        self.n_classes = check_int("n_classes", n_classes, low=2)
+        check_int("k", k, low=1, high=self.n_classes - 1, why=" (k < n_classes)")
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return super().forward(check_classes_match(x, self.n_classes), y)  # type: ignore[misc]
+
+    def extra_repr(self) -> str:
+        return f"n_classes={self.n_classes}, {super().extra_repr()}"  # type: ignore[misc]
+
+
+class SmoothTopkSVM(_OriginalClasses, _SmoothTopK):
     """``topk.svm.SmoothTopkSVM``: the smooth top-k SVM loss :math:`L_{k,\\tau}`, exact, batch mean.
 
     Args:
@@ -73,10 +92,11 @@ class SmoothTopkSVM(_svm.SmoothTopkSVM):
     """
 
     def __init__(self, n_classes: int, alpha: float | None = None, tau: float = 1.0, k: int = 5) -> None:
-        super().__init__(n_classes, k=k, tau=tau, alpha=_alpha(alpha))
+        super().__init__(k=k, tau=tau, alpha=_alpha(alpha))
+        self._set_classes(n_classes, self.k)
 
 
-class SmoothTop1SVM(_svm.SmoothTop1SVM):
+class SmoothTop1SVM(_OriginalClasses, _SmoothTop1):
     """``topk.svm.SmoothTop1SVM``: :math:`\\tau \\log \\sum_j e^{(s_j + \\alpha [j \\ne y] - s_y)/\\tau}`,
     batch mean.
 
@@ -93,10 +113,11 @@ class SmoothTop1SVM(_svm.SmoothTop1SVM):
     """
 
     def __init__(self, n_classes: int, alpha: float | None = None, tau: float = 1.0) -> None:
-        super().__init__(n_classes, tau=tau, alpha=_alpha(alpha))
+        super().__init__(tau=tau, alpha=_alpha(alpha))
+        self._set_classes(n_classes)
 
 
-class MaxTopkSVM(_svm.TopkSVM):
+class MaxTopkSVM(_OriginalClasses, _TopK):
     """``topk.svm.MaxTopkSVM``: the hard top-k hinge :math:`\\max(0, \\alpha + (s_{\\setminus y,[k]} - s_y)/k)`,
     batch mean.
 
@@ -113,10 +134,11 @@ class MaxTopkSVM(_svm.TopkSVM):
     """
 
     def __init__(self, n_classes: int, alpha: float | None = None, k: int = 5) -> None:
-        super().__init__(n_classes, k=k, alpha=_alpha(alpha))
+        super().__init__(k=k, alpha=_alpha(alpha))
+        self._set_classes(n_classes, self.k)
 
 
-class MaxTop1SVM(_svm.Top1SVM):
+class MaxTop1SVM(_OriginalClasses, _Top1):
     """``topk.svm.MaxTop1SVM``: the Crammer–Singer hinge :math:`\\max(0, \\alpha + \\max_{j \\ne y} s_j - s_y)`,
     batch mean.
 
@@ -132,4 +154,5 @@ class MaxTop1SVM(_svm.Top1SVM):
     """
 
     def __init__(self, n_classes: int, alpha: float | None = None) -> None:
-        super().__init__(n_classes, alpha=_alpha(alpha))
+        super().__init__(alpha=_alpha(alpha))
+        self._set_classes(n_classes)

@@ -40,23 +40,13 @@ sets use :class:`softtopk.nn.DifferentiableKNN`, which also computes the kNN los
 
 from __future__ import annotations
 
-import numbers
-from typing import Any
 
 import torch
 
-from .._validation import check_real, check_scores
-from ..ops.gumbel import check_hard, gumbel_topk
+from .._validation import check_bool, check_int, check_real, check_scores
+from ..functional import gumbel_topk
 
 __all__ = ["SubsetOperator", "SubsetsDKNN"]
-
-
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    return int(k)
 
 
 def seed_gumbel_noise(scores: torch.Tensor) -> torch.Tensor:
@@ -92,12 +82,12 @@ class SubsetOperator(torch.nn.Module):
 
     def __init__(self, k: int, tau: float = 1.0, hard: bool = False) -> None:
         super().__init__()
-        self.k = _check_k(k)
+        self.k = check_int("k", k, low=1)
         self.tau = check_real("tau", tau, positive=True)
-        self.hard = check_hard("hard", hard)
+        self.hard = check_bool("hard", hard)
 
     def forward(self, scores: torch.Tensor, *, noise: bool | torch.Tensor | None = None) -> torch.Tensor:
-        scores = check_scores(scores, "scores")
+        scores = check_scores("scores", scores)
         if scores.dim() < 2:
             raise ValueError(f"scores must have shape (B, n) or (B, n, ...), got {tuple(scores.shape)}")
         if noise is None or noise is True:
@@ -146,9 +136,7 @@ class SubsetsDKNN(torch.nn.Module):
         super().__init__()
         self.subset_sample = SubsetOperator(k=k, tau=tau, hard=hard)  # validates k, tau, hard
         self.k = self.subset_sample.k
-        if isinstance(num_samples, bool) or not isinstance(num_samples, numbers.Integral):
-            raise TypeError(f"num_samples must be an int, got {type(num_samples).__name__} {num_samples!r}")
-        self.num_samples = int(num_samples)
+        self.num_samples = check_int("num_samples", num_samples)
 
     def forward(
         self, query: torch.Tensor, neighbors: torch.Tensor, tau: float = 1.0, *,
@@ -156,8 +144,8 @@ class SubsetsDKNN(torch.nn.Module):
     ) -> torch.Tensor:
         """Relaxed k-hot ``(M, N)`` over the neighbours of each query; ``tau`` is unused (as in the
         original); ``noise`` as in :meth:`SubsetOperator.forward`, of shape ``(M, N)``."""
-        query = check_scores(query, "query")
-        neighbors = check_scores(neighbors, "neighbors")
+        query = check_scores("query", query)
+        neighbors = check_scores("neighbors", neighbors)
         if query.dim() != 2 or neighbors.dim() != 2 or query.shape[1] != neighbors.shape[1]:
             raise ValueError(
                 "query and neighbors must have shapes (M, p) and (N, p) with the same p, got "

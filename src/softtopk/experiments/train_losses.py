@@ -20,16 +20,10 @@ from typing import Any
 
 import torch
 
-from .. import (
-    BalNoisedTopK,
-    ImbalNoisedTopK,
-    SmoothTopkSVM,
-    TopKCrossEntropyLoss,
-    methods,
-)
+from .. import BalNoisedTopK, ImbalNoisedTopK, SmoothTopKSVM, TopKCrossEntropyLoss, methods, smooth_topk_svm
+from .._validation import check_p_k
 from ..compat.difftopk import TopKCrossEntropyLoss as DifftopkTopKCrossEntropyLoss
-from ..losses.smooth_topk import smooth_hard_topk_loss, smooth_topk_loss
-from ..losses.topk_ce import check_p_k
+from ..compat.difftopk import smooth_hard_topk_loss
 from .runner import UsageError
 
 DIFFTOPK_RANKS = ("bitonic", "bitonic__non_sparse", "odd_even", "splitter_selection", "neuralsort", "softsort")
@@ -56,7 +50,7 @@ def add_loss_arguments(parser: Any) -> None:
 def check_p_k_flag(p_k: list[float]) -> tuple[float, ...]:
     """``--p_k`` as checked floats (non-negative, summing to 1 ± 1e-4), else :class:`UsageError`."""
     try:
-        return check_p_k(list(p_k))
+        return check_p_k("p_k", list(p_k))
     except (TypeError, ValueError) as error:
         raise UsageError(f"--p_k: {error}") from None
 
@@ -68,11 +62,12 @@ def _last_nonzero_k(p_k: tuple[float, ...]) -> int:
 class _Smooth(torch.nn.Module):
     def __init__(self, hard: bool, k: int, tau: float, alpha: float) -> None:
         super().__init__()
-        self.function = smooth_hard_topk_loss if hard else smooth_topk_loss
-        self.k, self.tau, self.alpha = k, tau, alpha
+        self.hard, self.k, self.tau, self.alpha = hard, k, tau, alpha
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.function(logits, labels, self.k, tau=self.tau, alpha=self.alpha)
+        if self.hard:
+            return smooth_hard_topk_loss(logits, labels, self.k, tau=self.tau, alpha=self.alpha)
+        return smooth_topk_svm(logits, labels, k=self.k, tau=self.tau, alpha=self.alpha)
 
 
 def build_loss(args: Any, n_classes: int, class_counts: torch.Tensor, generator: torch.Generator) -> torch.nn.Module:
@@ -110,7 +105,9 @@ def build_loss(args: Any, n_classes: int, class_counts: torch.Tensor, generator:
             return _Smooth(method == "smooth_hard_topk", len(p_k), float(args.inverse_temperature), args.alpha)
         k = _last_nonzero_k(p_k)
         if method == "smooth_topk_svm":
-            return SmoothTopkSVM(n_classes, k=k, tau=args.tau, alpha=args.alpha)
+            if k >= n_classes:
+                raise ValueError(f"k must be < {n_classes} classes, got {k}")
+            return SmoothTopKSVM(k=k, tau=args.tau, alpha=args.alpha)
         if method == "bal_noised_topk":
             return BalNoisedTopK(k, epsilon=args.epsilon, n_samples=args.n_samples, generator=generator)
         if method == "imbal_noised_topk":

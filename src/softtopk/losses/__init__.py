@@ -1,0 +1,34 @@
+"""Loss face: the top-k classification losses, functions and Modules (re-exported from the family
+files :mod:`~softtopk.losses.topk_ce`, :mod:`~softtopk.losses.smooth_svm` and
+:mod:`~softtopk.losses.noised`), and the LDAM margins of the imbalanced noised loss."""
+
+from .noised import BalNoisedTopK, ImbalNoisedTopK, bal_noised_topk, imbal_noised_topk, ldam_margins
+from .smooth_svm import (
+    SmoothTop1SVM,
+    SmoothTopKSVM,
+    Top1SVM,
+    TopKSVM,
+    smooth_top1_svm,
+    smooth_topk_svm,
+    top1_svm,
+    topk_svm,
+)
+from .topk_ce import TopKCrossEntropyLoss, topk_cross_entropy
+
+__all__ = [
+    "BalNoisedTopK",
+    "ImbalNoisedTopK",
+    "SmoothTop1SVM",
+    "SmoothTopKSVM",
+    "Top1SVM",
+    "TopKCrossEntropyLoss",
+    "TopKSVM",
+    "bal_noised_topk",
+    "imbal_noised_topk",
+    "ldam_margins",
+    "smooth_top1_svm",
+    "smooth_topk_svm",
+    "top1_svm",
+    "topk_cross_entropy",
+    "topk_svm",
+]

@@ -3,7 +3,7 @@
 The top-k calibrated hinge loss :math:`\\max(0, 1 + s_{[k+1]} - s_y)` is zero exactly when the
 label's score beats the (k+1)-th largest score of the **full** score vector by the margin 1. Its
 smoothed version replaces :math:`s_{[k+1]}` by the Monte-Carlo Gaussian smoothing of
-:func:`softtopk.ops.perturbed.noised_kth_value`,
+:func:`softtopk.noised_kth_value`,
 
 .. math::
     \\operatorname{top}_{k+1,\\epsilon}(s) = \\frac{1}{S} \\sum_{b=1}^{S} (s + \\epsilon Z_b)_{[k+1]},
@@ -24,87 +24,38 @@ run gives pytopk's values (see :mod:`softtopk.compat.pytopk`).
 
 from __future__ import annotations
 
-import math
-import numbers
+from __future__ import annotations
+
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from .._reduction import class_rows, reduce_loss
-from .._validation import (
-    check_class_input,
-    check_class_target,
-    check_class_weight,
-    check_real,
-    check_reduction,
-)
-from ..ops.perturbed import check_generator, check_n_samples, noised_kth_value
+from .._validation import check_class_counts, check_class_input, check_generator, check_int, check_noise, check_real
+from ..ops.compute import compute_dtype
+from ..ops.perturbed import noised_kth_value_of
+from ._base import ClassLoss, class_loss
 
-__all__ = [
-    "bal_noised_topk",
-    "check_cls_num_list",
-    "imbal_noised_topk",
-    "ldam_margins",
-]
+__all__ = ["BalNoisedTopK", "ImbalNoisedTopK", "bal_noised_topk", "imbal_noised_topk", "ldam_margins"]
 
 
-# ---------------------------------------------------------------------------------- validation
+def _noised_params(k: Any, epsilon: Any, n_samples: Any, generator: Any,
+                   classes: int | None = None) -> tuple[int, float, int, torch.Generator | None]:
+    """The family's parameters, checked once for the functions and their Modules (``k < C`` when known)."""
+    if classes is None:
+        k = check_int("k", k, low=1)
+    else:
+        k = check_int("k", k, low=1, high=classes - 1,
+                      why=" (k < C, the number of classes: the loss uses the (k+1)-th largest score)")
+    return (k, check_real("epsilon", epsilon, low=0.0), check_int("n_samples", n_samples, low=1),
+            check_generator("generator", generator))
 
 
-def _check_k(k: Any, classes: int | None = None) -> int:
-    """``k`` an int with ``1 <= k <= C - 1`` (the loss uses the (k+1)-th largest of C scores)."""
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if classes is not None and k >= classes:
-        raise ValueError(
-            f"k must be smaller than the number of classes C = {classes} (the loss uses the (k+1)-th "
-            f"largest score), got k = {k}"
-        )
-    return int(k)
-
-
-def _check_epsilon(epsilon: Any) -> float:
-    epsilon = check_real("epsilon", epsilon, positive=False)
-    if epsilon < 0:
-        raise ValueError(f"epsilon must be a non-negative finite number, got {epsilon!r}")
-    return epsilon
-
-
-def _check_max_m(max_m: Any) -> float:
-    max_m = check_real("max_m", max_m, positive=False)
-    if max_m < 0:
-        raise ValueError(f"max_m must be a non-negative finite number, got {max_m!r}")
-    return max_m
-
-
-def check_cls_num_list(cls_num_list: Any, classes: int | None = None) -> tuple[float, ...]:
-    """Per-class training counts as a tuple of positive finite floats (length ``classes`` when given).
-
-    pytopk silently turns a zero count into a NaN margin (and every other margin into 0); here a
-    zero, negative or non-finite count is a ``ValueError``.
-    """
-    if hasattr(cls_num_list, "tolist"):  # torch tensors, numpy arrays
-        cls_num_list = cls_num_list.tolist()
-    if isinstance(cls_num_list, (str, bytes)) or not isinstance(cls_num_list, Sequence) or len(cls_num_list) == 0:
-        raise TypeError(f"cls_num_list must be a non-empty sequence of class counts, got {cls_num_list!r}")
-    if any(isinstance(n, bool) or not isinstance(n, numbers.Real) for n in cls_num_list):
-        raise TypeError(f"cls_num_list must hold real numbers (class counts), got {list(cls_num_list)!r}")
-    counts = tuple(float(n) for n in cls_num_list)
-    bad = [(c, n) for c, n in enumerate(counts) if not (math.isfinite(n) and n > 0)]
-    if bad:
-        c, n = bad[0]
-        raise ValueError(
-            f"cls_num_list must hold positive finite class counts, got {n!r} for class {c} "
-            "(a class without training examples has no LDAM margin)"
-        )
-    if classes is not None and len(counts) != classes:
-        raise ValueError(
-            f"cls_num_list must have one count per class, C = {classes}, got length {len(counts)}"
-        )
-    return counts
+def _ldam_params(max_m: Any, cls_num_list: Any, scale: Any, classes: int | None = None
+                 ) -> tuple[float, tuple[float, ...], float]:
+    """``max_m``, the class counts (``C`` of them when known) and ``scale`` of the imbalanced loss."""
+    return (check_real("max_m", max_m, low=0.0), check_class_counts("cls_num_list", cls_num_list, classes),
+            check_real("scale", scale, positive=True))
 
 
 def ldam_margins(cls_num_list: Sequence[float], max_m: float) -> torch.Tensor:
@@ -114,79 +65,41 @@ def ldam_margins(cls_num_list: Sequence[float], max_m: float) -> torch.Tensor:
     times ``max_m / max``), so casting to float32 gives pytopk's ``m_list``.
 
     Example:
-        >>> from softtopk.losses.noised import ldam_margins
-        >>> ldam_margins([5, 15, 10], 0.3)
+        >>> import softtopk
+        >>> softtopk.losses.ldam_margins([5, 15, 10], 0.3)
         tensor([0.3000, 0.2280, 0.2523], dtype=torch.float64)
     """
-    counts = check_cls_num_list(cls_num_list)
-    max_m = _check_max_m(max_m)
+    max_m, counts, _ = _ldam_params(max_m, cls_num_list, 1.0)
     inverse = [1.0 / n**0.25 for n in counts]
     factor = max_m / max(inverse)
     return torch.tensor([v * factor for v in inverse], dtype=torch.float64)
 
 
-def _noise_rows(
-    input: torch.Tensor, n_samples: int, generator: torch.Generator | None, noise: torch.Tensor | None
-) -> torch.Tensor:
-    """Noise ``input.shape + (S,)`` (given or drawn) as rows ``(R, C, S)`` matching :func:`class_rows`."""
-    if noise is None:
-        noise = torch.randn((*input.shape, n_samples), generator=generator, device=input.device, dtype=torch.float32)
-    else:
-        if not isinstance(noise, torch.Tensor) or not noise.is_floating_point():
-            raise TypeError(f"noise must be a floating torch.Tensor or None, got {type(noise).__name__} "
-                            f"{getattr(noise, 'dtype', noise)!r}")
-        if noise.dim() != input.dim() + 1 or noise.shape[:-1] != input.shape or noise.shape[-1] < 1:
-            want = ", ".join(str(s) for s in input.shape)
-            raise ValueError(f"noise must have shape input.shape + (S,) = ({want}, S) with S >= 1, "
-                             f"got {tuple(noise.shape)}")
-    return noise.movedim(1, -2).reshape(-1, input.shape[1], noise.shape[-1])
-
-
 def _noised_hinge(
-    input: Any,
-    target: Any,
-    *,
-    k: Any,
-    epsilon: float,
-    n_samples: int,
-    generator: torch.Generator | None,
-    noise: torch.Tensor | None,
-    margins: torch.Tensor | float,
-    scale: float | None,
-    weight: torch.Tensor | None,
-    ignore_index: int,
-    reduction: str,
+    input: torch.Tensor, target: torch.Tensor, *, k: int, epsilon: float, n_samples: int,
+    generator: torch.Generator | None, noise: torch.Tensor | None, margins: torch.Tensor | float,
+    scale: float | None, weight: torch.Tensor | None, ignore_index: int, reduction: str,
 ) -> torch.Tensor:
-    """``max(0, scale * (margin_y + top_{k+1,eps}(s) - s_y))`` reduced; shared by functions, modules
-    and :mod:`softtopk.compat.pytopk` (same operation order as pytopk, for bitwise equal results)."""
-    input = check_class_input(input)
-    classes = input.shape[1]
-    k = _check_k(k, classes)
-    check_reduction(reduction)
-    target = check_class_target(input, target, ignore_index)
-    weight = check_class_weight(weight, classes)
+    """``max(0, scale * (margin_y + top_{k+1,eps}(s) - s_y))``, reduced; pytopk's operation order (so a
+    seeded call equals pytopk's bit for bit). The noise is drawn after every other check."""
 
-    logits, flat_target, safe_target = class_rows(input, target, ignore_index)
-    rows_noise = _noise_rows(input, n_samples, generator, noise)
-    top = noised_kth_value(logits, k + 1, epsilon=epsilon, noise=rows_noise, dim=-1)
-    label_score = logits.gather(1, safe_target.unsqueeze(1)).squeeze(1)
-    if isinstance(margins, torch.Tensor):
-        margins = margins.to(device=logits.device, dtype=logits.dtype)[safe_target]
-    hinge = (margins + top) - label_score
-    if scale is not None:
-        hinge = scale * hinge
-    return reduce_loss(
-        torch.relu(hinge),
-        flat_target,
-        weight=weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        shape=target.shape,
-        input=input,
-    )
+    def per_row(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        given = noise
+        if given is None:
+            given = torch.randn((*input.shape, n_samples), generator=generator, device=input.device,
+                                dtype=torch.float32)
+        else:
+            check_noise("noise", given, input.shape, samples=0)
+        rows = given.movedim(1, -2).reshape(-1, input.shape[1], given.shape[-1])
+        if epsilon == 0:  # exact (k+1)-th value; the RNG still advanced
+            rows = rows[..., :1]
+        top = noised_kth_value_of(logits, (epsilon * rows).to(compute_dtype(input.dtype)), k + 1, 1)
+        label_score = logits.gather(1, label.unsqueeze(1)).squeeze(1)
+        margin = margins.to(logits)[label] if isinstance(margins, torch.Tensor) else margins
+        hinge = (margin + top) - label_score
+        return torch.relu(hinge if scale is None else scale * hinge)
 
-
-# ---------------------------------------------------------------------------------- functions
+    return class_loss(input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction)
 
 
 def bal_noised_topk(
@@ -202,55 +115,26 @@ def bal_noised_topk(
     ignore_index: int = -100,
     reduction: str = "mean",
 ) -> torch.Tensor:
-    """Balanced noised top-k hinge loss (Garcin et al., ICML 2022; pytopk's ``BalNoisedTopK``).
+    """Balanced noised top-k hinge loss. See :class:`BalNoisedTopK` for details.
 
-    .. math::
-        \\ell(s, y) = \\max\\big(0,\\ 1 + \\operatorname{top}_{k+1,\\epsilon}(s) - s_y\\big), \\qquad
-        \\operatorname{top}_{k+1,\\epsilon}(s) = \\frac{1}{S}\\sum_{b=1}^{S} (s + \\epsilon Z_b)_{[k+1]}
-
-    with :math:`v_{[j]}` the j-th largest entry of the full score vector (label included) and
-    :math:`Z_b` iid standard Gaussian. ``epsilon = 0`` is the exact top-k hinge
-    :math:`\\max(0, 1 + s_{[k+1]} - s_y)` with a one-hot subgradient.
-
-    Args:
-        input: scores ``(N, C)`` or ``(N, C, d1, ...)``, floating (float16/bfloat16 computed in float32).
-        target: class indices ``(N)`` or ``(N, d1, ...)`` in ``[0, C)`` or ``ignore_index``.
-        k: the loss targets top-k accuracy, ``1 <= k <= C - 1``.
-        epsilon: noise scale, a finite number ``>= 0``.
-        n_samples: number of noise draws ``S``, an int ``>= 1``. Default 5. Ignored when ``noise``
-            is given (its last axis is ``S``).
-        generator: a :class:`torch.Generator` on the input's device type, or ``None`` (global RNG).
-        noise: optional fixed standard noise ``input.shape + (S,)``; by default drawn as
-            ``torch.randn(input.shape + (S,), generator=generator)`` in float32.
-        weight: optional per-class weights ``(C,)``, as in ``nn.CrossEntropyLoss``.
-        ignore_index: target value that contributes nothing (default -100).
-        reduction: ``'mean'`` (weighted mean over non-ignored targets), ``'sum'`` or ``'none'``.
-
-    Shape:
-        - input: ``(N, C)`` or ``(N, C, d1, ...)``.
-        - target: ``(N)`` or ``(N, d1, ...)``.
-        - output: scalar, or the target's shape for ``reduction='none'``.
+    ``noise``: optional fixed standard noise ``input.shape + (S,)`` (then ``n_samples`` is ignored);
+    by default drawn as ``torch.randn(input.shape + (S,), generator=generator)`` in float32.
 
     Example:
-        >>> import torch
-        >>> from softtopk.losses.noised import bal_noised_topk
+        >>> import torch, softtopk
         >>> scores = torch.tensor([[2.0, 1.5, -3.0], [7.5, 4.0, -1.5]])
         >>> labels = torch.tensor([0, 2])
-        >>> bal_noised_topk(scores, labels, k=1, epsilon=0.0, reduction="none")  # 1 + s_[2] - s_y
+        >>> softtopk.bal_noised_topk(scores, labels, k=1, epsilon=0.0, reduction="none")  # 1 + s_[2] - s_y
         tensor([0.5000, 6.5000])
-        >>> g = torch.Generator().manual_seed(0)
-        >>> bal_noised_topk(scores, labels, k=1, epsilon=1.0, generator=g)
+        >>> softtopk.bal_noised_topk(scores, labels, k=1, epsilon=1.0, generator=torch.Generator().manual_seed(0))
         tensor(2.9793)
-
-    Reference:
-        C. Garcin, M. Servajean, A. Joly, J. Salmon, "Stochastic smoothing of the top-K calibrated
-        hinge loss for deep imbalanced classification", ICML 2022.
     """
-    return _noised_hinge(
-        input, target, k=k, epsilon=_check_epsilon(epsilon), n_samples=check_n_samples("n_samples", n_samples),
-        generator=check_generator("generator", generator, getattr(input, "device", None)), noise=noise,
-        margins=1.0, scale=None, weight=weight, ignore_index=ignore_index, reduction=reduction,
-    )
+    k, epsilon, n_samples, generator = _noised_params(k, epsilon, n_samples, generator,
+                                                      check_class_input(input).shape[1])
+    check_generator("generator", generator, input.device)
+    return _noised_hinge(input, target, k=k, epsilon=epsilon, n_samples=n_samples, generator=generator,
+                         noise=noise, margins=1.0, scale=None, weight=weight, ignore_index=ignore_index,
+                         reduction=reduction)
 
 
 def imbal_noised_topk(
@@ -269,42 +153,121 @@ def imbal_noised_topk(
     ignore_index: int = -100,
     reduction: str = "mean",
 ) -> torch.Tensor:
-    """Imbalanced noised top-k hinge loss with LDAM margins (Garcin et al., ICML 2022; pytopk's
-    ``ImbalNoisedTopK``).
+    """Imbalanced noised top-k hinge loss with LDAM margins. See :class:`ImbalNoisedTopK` for details.
+
+    ``noise`` as in :func:`bal_noised_topk`.
+
+    Example:
+        >>> import torch, softtopk
+        >>> scores = torch.tensor([[2.0, 1.5, -3.0], [7.5, 4.0, -1.5]])
+        >>> labels = torch.tensor([0, 2])
+        >>> softtopk.imbal_noised_topk(scores, labels, k=1, epsilon=0.0, max_m=0.3, cls_num_list=[5, 15, 10],
+        ...                            scale=1.0, reduction="none")  # m_y + s_[2] - s_y
+        tensor([0.0000, 5.7523])
+        >>> softtopk.imbal_noised_topk(scores, labels, k=1, epsilon=0.1, max_m=0.3, cls_num_list=[5, 15, 10],
+        ...                            generator=torch.Generator().manual_seed(0))
+        tensor(142.4531)
+    """
+    classes = check_class_input(input).shape[1]
+    k, epsilon, n_samples, generator = _noised_params(k, epsilon, n_samples, generator, classes)
+    max_m, counts, scale = _ldam_params(max_m, cls_num_list, scale, classes)
+    check_generator("generator", generator, input.device)
+    return _noised_hinge(input, target, k=k, epsilon=epsilon, n_samples=n_samples, generator=generator,
+                         noise=noise, margins=ldam_margins(counts, max_m), scale=scale, weight=weight,
+                         ignore_index=ignore_index, reduction=reduction)
+
+
+class BalNoisedTopK(ClassLoss):
+    r"""Balanced noised top-k hinge loss (Garcin et al., ICML 2022): a drop-in for
+    ``nn.CrossEntropyLoss`` that optimises top-k accuracy.
 
     .. math::
-        \\ell(s, y) = \\max\\big(0,\\ \\mathrm{scale}\\,(m_y + \\operatorname{top}_{k+1,\\epsilon}(s) - s_y)\\big),
-        \\qquad m_c = m_{\\max} \\frac{n_c^{-1/4}}{\\max_{c'} n_{c'}^{-1/4}}
+        \ell(s, y) = \max\big(0,\ 1 + \operatorname{top}_{k+1,\epsilon}(s) - s_y\big), \qquad
+        \operatorname{top}_{k+1,\epsilon}(s) = \frac{1}{S}\sum_{b=1}^{S} (s + \epsilon Z_b)_{[k+1]}
 
-    with :math:`n_c` the training count of class ``c`` (the rarest class gets ``max_m``) and
-    :math:`\\operatorname{top}_{k+1,\\epsilon}` as in :func:`bal_noised_topk`. ``scale`` only
-    multiplies the hinge: the default 50 assumes normalised features and last layer (cosine
-    logits); use 1 for raw logits.
+    with :math:`v_{[j]}` the j-th largest entry of the full score vector (label included) and
+    :math:`Z_b` iid standard Gaussian, drawn afresh at every call from ``generator`` (or the global
+    RNG). ``epsilon = 0`` is the exact top-k hinge :math:`\max(0, 1 + s_{[k+1]} - s_y)`. The
+    functional form is :func:`softtopk.bal_noised_topk` (which also takes fixed ``noise``).
 
     Args:
-        input, target, k, epsilon, n_samples, generator, noise, weight, ignore_index, reduction:
-            as in :func:`bal_noised_topk`.
-        max_m: the largest margin, a finite number ``>= 0``.
-        cls_num_list: per-class training counts, ``C`` positive numbers (a zero count is an error).
-        scale: positive multiplier of the hinge. Default 50.
+        k: the loss targets top-k accuracy, ``1 <= k <= C - 1``.
+        epsilon: noise scale, a finite number ``>= 0`` (the paper: 1 on Pl@ntNet-300K, 0.2 on CIFAR-100).
+        n_samples: number of noise draws ``S`` per call. Default 5.
+        generator: a :class:`torch.Generator` on the input's device type, or ``None`` (global RNG).
+        weight: optional per-class weights ``(C,)`` (a buffer), as in ``nn.CrossEntropyLoss``.
+        ignore_index: target value that contributes nothing. Default -100.
+        reduction: ``'mean'`` (weighted mean over non-ignored targets), ``'sum'`` or ``'none'``.
 
     Shape:
-        - input: ``(N, C)`` or ``(N, C, d1, ...)``.
-        - target: ``(N)`` or ``(N, d1, ...)``.
+        - input: ``(N, C)`` or ``(N, C, d1, ...)``, floating (float16/bfloat16 computed in float32).
+        - target: ``(N)`` or ``(N, d1, ...)``, integer class indices in ``[0, C)``.
         - output: scalar, or the target's shape for ``reduction='none'``.
 
     Example:
-        >>> import torch
-        >>> from softtopk.losses.noised import imbal_noised_topk
-        >>> scores = torch.tensor([[2.0, 1.5, -3.0], [7.5, 4.0, -1.5]])
-        >>> labels = torch.tensor([0, 2])
-        >>> imbal_noised_topk(scores, labels, k=1, epsilon=0.0, max_m=0.3, cls_num_list=[5, 15, 10],
-        ...                   scale=1.0, reduction="none")  # m_y + s_[2] - s_y
-        tensor([0.0000, 5.7523])
-        >>> g = torch.Generator().manual_seed(0)
-        >>> imbal_noised_topk(scores, labels, k=1, epsilon=0.1, max_m=0.3, cls_num_list=[5, 15, 10],
-        ...                   generator=g)
-        tensor(142.4531)
+        >>> import torch, softtopk
+        >>> loss_fn = softtopk.BalNoisedTopK(2, epsilon=1.0, generator=torch.Generator().manual_seed(0))
+        >>> logits = torch.tensor([[2.0, 1.5, -3.0, 0.5], [7.5, 4.0, -1.5, 0.0]], requires_grad=True)
+        >>> loss = loss_fn(logits, torch.tensor([0, 2]))
+        >>> loss
+        tensor(1.1972, grad_fn=<DivBackward0>)
+        >>> loss.backward()
+        >>> logits.grad
+        tensor([[ 0.0000,  0.0000,  0.0000,  0.0000],
+                [ 0.0000,  0.0000, -0.3000,  0.3000]])
+
+    Reference:
+        C. Garcin, M. Servajean, A. Joly, J. Salmon, "Stochastic smoothing of the top-K calibrated
+        hinge loss for deep imbalanced classification", ICML 2022.
+    """
+
+    def __init__(self, k: int, *, epsilon: float, n_samples: int = 5, generator: torch.Generator | None = None,
+                 weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+        self.k, self.epsilon, self.n_samples, self.generator = _noised_params(k, epsilon, n_samples, generator)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        return bal_noised_topk(input, target, k=self.k, epsilon=self.epsilon, n_samples=self.n_samples,
+                               generator=self.generator, noise=noise, **self._class_kwargs())
+
+    def extra_repr(self) -> str:
+        return self._repr(k=self.k, epsilon=self.epsilon, n_samples=self.n_samples)
+
+
+class ImbalNoisedTopK(ClassLoss):
+    r"""Imbalanced noised top-k hinge loss with LDAM margins (Garcin et al., ICML 2022).
+
+    .. math::
+        \ell(s, y) = \max\big(0,\ \mathrm{scale}\,(m_y + \operatorname{top}_{k+1,\epsilon}(s) - s_y)\big),
+        \qquad m_c = m_{\max} \frac{n_c^{-1/4}}{\max_{c'} n_{c'}^{-1/4}}
+
+    with :math:`n_c` the training count of class ``c`` (the rarest class gets ``max_m``) and
+    :math:`\operatorname{top}_{k+1,\epsilon}` as in :class:`BalNoisedTopK`. The margins are the
+    float64 buffer ``margins`` ``(C,)``, computed once. The functional form is
+    :func:`softtopk.imbal_noised_topk`.
+
+    Args:
+        k: the loss targets top-k accuracy, ``1 <= k <= C - 1``.
+        epsilon: noise scale, a finite number ``>= 0`` (the paper uses 0.01 on Pl@ntNet-300K).
+        max_m: the largest margin (given to the rarest class), a finite number ``>= 0``.
+        cls_num_list: per-class training counts, ``C`` positive numbers (a zero count is an error).
+        scale: positive multiplier of the hinge. Default 50, which assumes normalised features and
+            last layer (cosine logits); use 1 for raw logits.
+        n_samples, generator, weight, ignore_index, reduction: as in :class:`BalNoisedTopK`.
+
+    Shape:
+        As :class:`BalNoisedTopK`.
+
+    Example:
+        >>> import torch, softtopk
+        >>> loss_fn = softtopk.ImbalNoisedTopK(1, epsilon=0.1, max_m=0.3, cls_num_list=[5, 15, 10], scale=1.0,
+        ...                                    generator=torch.Generator().manual_seed(0))
+        >>> loss_fn
+        ImbalNoisedTopK(k=1, epsilon=0.1, max_m=0.3, scale=1.0, classes=3, n_samples=5, reduction='mean')
+        >>> loss_fn.margins
+        tensor([0.3000, 0.2280, 0.2523], dtype=torch.float64)
+        >>> loss_fn(torch.tensor([[2.0, 1.5, -3.0], [7.5, 4.0, -1.5]]), torch.tensor([0, 2]))
+        tensor(2.8491)
 
     Reference:
         C. Garcin, M. Servajean, A. Joly, J. Salmon, "Stochastic smoothing of the top-K calibrated
@@ -312,14 +275,29 @@ def imbal_noised_topk(
         N. Arechiga, T. Ma, "Learning Imbalanced Datasets with Label-Distribution-Aware Margin
         Loss", NeurIPS 2019.
     """
-    epsilon = _check_epsilon(epsilon)
-    n_samples = check_n_samples("n_samples", n_samples)
-    generator = check_generator("generator", generator, getattr(input, "device", None))
-    scale = check_real("scale", scale, positive=True)
-    input = check_class_input(input)
-    check_cls_num_list(cls_num_list, input.shape[1])
-    return _noised_hinge(
-        input, target, k=k, epsilon=epsilon, n_samples=n_samples, generator=generator, noise=noise,
-        margins=ldam_margins(cls_num_list, max_m), scale=scale, weight=weight, ignore_index=ignore_index,
-        reduction=reduction,
-    )
+
+    margins: torch.Tensor
+
+    def __init__(self, k: int, *, epsilon: float, max_m: float, cls_num_list: Sequence[float], scale: float = 50.0,
+                 n_samples: int = 5, generator: torch.Generator | None = None, weight: torch.Tensor | None = None,
+                 ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+        self.max_m, counts, self.scale = _ldam_params(max_m, cls_num_list, scale)
+        self.k, self.epsilon, self.n_samples, self.generator = _noised_params(
+            k, epsilon, n_samples, generator, len(counts))
+        self.register_buffer("margins", ldam_margins(counts, self.max_m))
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        classes = check_class_input(input).shape[1]
+        if classes != self.margins.shape[0]:
+            raise ValueError(f"cls_num_list must have one count per class: the loss has {self.margins.shape[0]} "
+                             f"margins, input has C = {classes} classes")
+        k, epsilon, n_samples, generator = _noised_params(self.k, self.epsilon, self.n_samples, self.generator,
+                                                          classes)
+        check_generator("generator", generator, input.device)
+        return _noised_hinge(input, target, k=k, epsilon=epsilon, n_samples=n_samples, generator=generator,
+                             noise=noise, margins=self.margins, scale=self.scale, **self._class_kwargs())
+
+    def extra_repr(self) -> str:
+        return self._repr(k=self.k, epsilon=self.epsilon, max_m=self.max_m, scale=self.scale,
+                          classes=self.margins.shape[0], n_samples=self.n_samples)

@@ -21,7 +21,7 @@ k-th largest score other than the label's (for ``k = 1``: the Crammer–Singer m
 
 Numerics. Every row is shifted by the (detached) largest non-label score before anything else, so
 the loss is shift invariant up to the rounding of the input itself; :math:`\\log e_{k-1}, \\log e_k` come
-from :func:`softtopk.ops.esf.log_esf` (exact prefix sums, ``O(C k)``, with an analytic ``O(C k)``
+from the log-space ESF kernel ``softtopk.ops.esf.log_esf`` (exact prefix sums, ``O(C k)``, with an analytic ``O(C k)``
 backward; see that module for the numerics). There is no per-row switch to the hard loss (the
 original's ``thresh``), so the loss is continuous in ``s`` everywhere, and the float32 result is the
 exact smooth loss for every input (errors of order :math:`\\epsilon_{32} \\cdot \\max_j |s_j - \\max s|`, as any float32 computation of a
@@ -31,67 +31,27 @@ loss of that size).
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import torch
 
-from .._reduction import class_rows, reduce_loss
-from .._validation import (
-    check_class_input,
-    check_class_target,
-    check_class_weight,
-    check_real,
-    check_reduction,
-)
+from .._validation import check_class_input, check_int, check_real
 from ..ops.esf import log_esf
+from ._base import ClassLoss, class_loss
 
-__all__ = [
-    "smooth_top1_svm",
-    "smooth_topk_svm",
-    "top1_svm",
-    "topk_svm",
-]
+__all__ = ["SmoothTop1SVM", "SmoothTopKSVM", "Top1SVM", "TopKSVM", "smooth_top1_svm", "smooth_topk_svm",
+           "top1_svm", "topk_svm"]
 
 
-def _check_k(k: Any, classes: int | None) -> int:
-    """``k`` as an int with ``1 <= k < classes`` (the number of classes ``n`` must exceed ``k``)."""
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"k must be an int, got {type(k).__name__} {k!r}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if classes is not None and k >= classes:
-        raise ValueError(f"k must be smaller than the number of classes C = {classes}, got k = {k}")
-    return int(k)
-
-
-def _check_alpha(alpha: Any) -> float:
-    alpha = check_real("alpha", alpha, positive=False)
-    if alpha < 0:
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-    return alpha
-
-
-def _check_n_classes(n_classes: Any) -> int:
-    if isinstance(n_classes, bool) or not isinstance(n_classes, numbers.Integral):
-        raise TypeError(f"n_classes must be an int, got {type(n_classes).__name__} {n_classes!r}")
-    if n_classes < 2:
-        raise ValueError(f"n_classes must be >= 2, got {n_classes}")
-    return int(n_classes)
-
-
-def _rows(
-    input: Any, target: Any, k: Any, weight: Any, ignore_index: int, reduction: Any
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Validate; return the validated target, logits ``(R, C)`` in the compute dtype, flat targets,
-    labels safe to gather with, and the weight."""
-    input = check_class_input(input)
-    classes = input.shape[1]
-    _check_k(k, classes)
-    check_reduction(reduction)
-    target = check_class_target(input, target, ignore_index)
-    weight = check_class_weight(weight, classes)
-    return (target, *class_rows(input, target, ignore_index), weight)
+def _svm_params(k: Any, tau: Any, alpha: Any, classes: int | None = None) -> tuple[int, float, float]:
+    """The family's parameters, checked once for the functions and their Modules (``k < C`` when
+    ``C`` is known); ``tau=None`` for the hard losses."""
+    if classes is None:
+        k = check_int("k", k, low=1)
+    else:
+        k = check_int("k", k, low=1, high=classes - 1, why=" (k < C, the number of classes)")
+    tau = None if tau is None else check_real("tau", tau, positive=True)
+    return k, tau, check_real("alpha", alpha, low=0.0)
 
 
 def _shifted_split(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,18 +85,6 @@ def _hard_rows(logits: torch.Tensor, label: torch.Tensor, k: int, alpha: float) 
     return torch.clamp(alpha + (kth_other - label_score) / k, min=0.0)
 
 
-def _reduce(per_sample, flat_target, target, input, weight, ignore_index, reduction):
-    return reduce_loss(
-        per_sample,
-        flat_target,
-        weight=weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        shape=target.shape,
-        input=input,
-    )
-
-
 def smooth_topk_svm(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -148,48 +96,17 @@ def smooth_topk_svm(
     ignore_index: int = -100,
     reduction: str = "mean",
 ) -> torch.Tensor:
-    """Smooth top-k SVM loss :math:`L_{k,\\tau}` of Berrada et al., exact for every input.
-
-    .. math::
-        \\ell(s, y) = \\tau\\, \\mathrm{softplus}\\big(\\alpha/\\tau + \\log e_k(e^{z_{\\setminus y}})
-            - \\log e_{k-1}(e^{z_{\\setminus y}}) - z_y\\big), \\qquad z = s / (k\\tau),
-
-    equal to the log-sum-exp over k-subsets of the module doc. No switch to the hard loss: continuous
-    and with finite gradients everywhere.
-
-    Args:
-        input: scores (logits), floating.
-        target: class indices.
-        k: the ``k`` of top-k, ``1 <= k < C`` (default 5).
-        tau: temperature :math:`\\tau > 0` (default 1). It acts after the division by ``k``, so values
-            are not comparable across ``k``.
-        alpha: margin :math:`\\alpha \\ge 0` (default 1); the effective margin on raw scores is ``k alpha``.
-        weight: optional per-class weights ``(C,)``, as in ``nn.CrossEntropyLoss``.
-        ignore_index: target value that contributes nothing (default -100).
-        reduction: ``'mean'`` (default; weighted mean over non-ignored targets), ``'sum'`` or ``'none'``.
-
-    Shape:
-        - input: ``(N, C)`` or ``(N, C, d1, ...)``.
-        - target: ``(N)`` or ``(N, d1, ...)``, integers in ``[0, C)`` (or ``ignore_index``).
-        - output: scalar, or the target's shape for ``reduction='none'``; in ``input``'s dtype
-          (float16/bfloat16 are computed in float32; under autocast the loss is float32).
+    """Smooth top-k SVM loss of Berrada et al. See :class:`SmoothTopKSVM` for details.
 
     Example:
-        >>> import torch
-        >>> from softtopk.losses.smooth_svm import smooth_topk_svm
+        >>> import torch, softtopk
         >>> logits = torch.tensor([[3.0, 1.0, 0.0, -1.0], [0.0, 2.0, 1.0, 0.5]])
-        >>> smooth_topk_svm(logits, torch.tensor([0, 3]), k=2, reduction="none")
+        >>> softtopk.smooth_topk_svm(logits, torch.tensor([0, 3]), k=2, reduction="none")
         tensor([0.4741, 1.5019])
-
-    Reference:
-        L. Berrada, A. Zisserman, M. P. Kumar, "Smooth Loss Functions for Deep Top-k
-        Classification", ICLR 2018.
     """
-    check_real("tau", tau, positive=True)
-    alpha = _check_alpha(alpha)
-    target, logits, flat_target, label, weight = _rows(input, target, k, weight, ignore_index, reduction)
-    per_sample = _smooth_topk_rows(logits, label, int(k), float(tau), alpha)
-    return _reduce(per_sample, flat_target, target, input, weight, ignore_index, reduction)
+    k, tau, alpha = _svm_params(k, tau, alpha, check_class_input(input).shape[1])
+    return class_loss(input, target, lambda s, y: _smooth_topk_rows(s, y, k, tau, alpha),
+                      weight=weight, ignore_index=ignore_index, reduction=reduction)
 
 
 def smooth_top1_svm(
@@ -202,40 +119,10 @@ def smooth_top1_svm(
     ignore_index: int = -100,
     reduction: str = "mean",
 ) -> torch.Tensor:
-    """Smooth top-1 SVM loss :math:`L_{1,\\tau}` (``smooth_topk_svm`` with ``k = 1``, one log-sum-exp).
-
-    .. math::
-        \\ell(s, y) = \\tau \\log \\sum_j \\exp\\big((s_j + \\alpha [j \\ne y] - s_y)/\\tau\\big)
-
-    With ``alpha = 0`` and ``tau = 1`` this is the cross-entropy.
-
-    Args:
-        input: scores (logits), floating.
-        target: class indices.
-        tau: temperature :math:`\\tau > 0` (default 1).
-        alpha: margin :math:`\\alpha \\ge 0` (default 1).
-        weight: optional per-class weights ``(C,)``, as in ``nn.CrossEntropyLoss``.
-        ignore_index: target value that contributes nothing (default -100).
-        reduction: ``'mean'`` (default), ``'sum'`` or ``'none'``.
-
-    Shape:
-        As :func:`smooth_topk_svm` (``C >= 2``).
-
-    Example:
-        >>> import torch
-        >>> from softtopk.losses.smooth_svm import smooth_top1_svm
-        >>> logits = torch.tensor([[3.0, 1.0, 0.0, -1.0]])
-        >>> smooth_top1_svm(logits, torch.tensor([1]), alpha=0.0)  # = cross-entropy
-        tensor(2.1852)
-
-    Reference:
-        Berrada, Zisserman & Kumar, ICLR 2018.
-    """
-    check_real("tau", tau, positive=True)
-    alpha = _check_alpha(alpha)
-    target, logits, flat_target, label, weight = _rows(input, target, 1, weight, ignore_index, reduction)
-    per_sample = _smooth_top1_rows(logits, label, float(tau), alpha)
-    return _reduce(per_sample, flat_target, target, input, weight, ignore_index, reduction)
+    """Smooth top-1 SVM loss (one log-sum-exp). See :class:`SmoothTop1SVM` for details."""
+    _, tau, alpha = _svm_params(1, tau, alpha, check_class_input(input).shape[1])
+    return class_loss(input, target, lambda s, y: _smooth_top1_rows(s, y, tau, alpha),
+                      weight=weight, ignore_index=ignore_index, reduction=reduction)
 
 
 def topk_svm(
@@ -248,39 +135,10 @@ def topk_svm(
     ignore_index: int = -100,
     reduction: str = "mean",
 ) -> torch.Tensor:
-    """Hard top-k SVM loss, the limit :math:`\\tau \\to 0` of :func:`smooth_topk_svm`.
-
-    .. math::
-        \\ell(s, y) = \\max\\big(0,\\ \\alpha + (s_{\\setminus y,[k]} - s_y)/k\\big)
-
-    with :math:`s_{\\setminus y,[k]}` the k-th largest score other than the label's.
-
-    Args:
-        input: scores (logits), floating.
-        target: class indices.
-        k: the ``k`` of top-k, ``1 <= k < C`` (default 5).
-        alpha: margin :math:`\\alpha \\ge 0` (default 1).
-        weight: optional per-class weights ``(C,)``, as in ``nn.CrossEntropyLoss``.
-        ignore_index: target value that contributes nothing (default -100).
-        reduction: ``'mean'`` (default), ``'sum'`` or ``'none'``.
-
-    Shape:
-        As :func:`smooth_topk_svm`.
-
-    Example:
-        >>> import torch
-        >>> from softtopk.losses.smooth_svm import topk_svm
-        >>> logits = torch.tensor([[3.0, 1.0, 0.0, -1.0]])
-        >>> topk_svm(logits, torch.tensor([2]), k=2)  # max(0, 1 + (1 - 0) / 2)
-        tensor(1.5000)
-
-    Reference:
-        Berrada, Zisserman & Kumar, ICLR 2018.
-    """
-    alpha = _check_alpha(alpha)
-    target, logits, flat_target, label, weight = _rows(input, target, k, weight, ignore_index, reduction)
-    per_sample = _hard_rows(logits, label, int(k), alpha)
-    return _reduce(per_sample, flat_target, target, input, weight, ignore_index, reduction)
+    """Hard top-k SVM loss, the limit ``tau -> 0`` of the smooth one. See :class:`TopKSVM` for details."""
+    k, _, alpha = _svm_params(k, None, alpha, check_class_input(input).shape[1])
+    return class_loss(input, target, lambda s, y: _hard_rows(s, y, k, alpha),
+                      weight=weight, ignore_index=ignore_index, reduction=reduction)
 
 
 def top1_svm(
@@ -292,29 +150,168 @@ def top1_svm(
     ignore_index: int = -100,
     reduction: str = "mean",
 ) -> torch.Tensor:
-    """Hard top-1 SVM loss (Crammer–Singer): :func:`topk_svm` with ``k = 1``.
+    """Hard top-1 (Crammer–Singer) SVM loss. See :class:`Top1SVM` for details."""
+    return topk_svm(input, target, k=1, alpha=alpha, weight=weight, ignore_index=ignore_index, reduction=reduction)
+
+
+class SmoothTopKSVM(ClassLoss):
+    r"""Smooth top-k SVM loss :math:`L_{k,\tau}` of Berrada et al., computed exactly.
 
     .. math::
-        \\ell(s, y) = \\max\\big(0,\\ \\alpha + \\max_{j \\ne y} s_j - s_y\\big)
+        \ell(s, y) = \tau\, \mathrm{softplus}\big(\alpha/\tau + \log e_k - \log e_{k-1} - z_y\big),
+        \qquad z = s / (k\tau),
+
+    :math:`e_j` the elementary symmetric polynomials of :math:`\{e^{z_j}\}_{j \ne y}`: the log-sum-exp
+    over k-subsets of the module doc, in log space, with no switch to the hard loss (continuous and
+    with finite gradients everywhere). The functional form is :func:`softtopk.smooth_topk_svm`.
 
     Args:
-        input: scores (logits), floating.
-        target: class indices.
-        alpha: margin :math:`\\alpha \\ge 0` (default 1).
-        weight: optional per-class weights ``(C,)``, as in ``nn.CrossEntropyLoss``.
-        ignore_index: target value that contributes nothing (default -100).
-        reduction: ``'mean'`` (default), ``'sum'`` or ``'none'``.
+        k: the ``k`` of top-k, ``1 <= k < C``. Default 5.
+        tau: temperature :math:`\tau > 0`. Default 1. It acts after the division by ``k``, so values
+            are not comparable across ``k``.
+        alpha: margin :math:`\alpha \ge 0`. Default 1; the effective margin on raw scores is ``k alpha``.
+        weight: optional per-class weights ``(C,)`` (a buffer), as in ``nn.CrossEntropyLoss``.
+        ignore_index: target value that contributes nothing. Default -100.
+        reduction: ``'mean'`` (weighted mean over non-ignored targets), ``'sum'`` or ``'none'``.
 
     Shape:
-        As :func:`smooth_topk_svm` (``C >= 2``).
+        - input: ``(N, C)`` or ``(N, C, d1, ...)``, floating (float16/bfloat16 computed in float32).
+        - target: ``(N)`` or ``(N, d1, ...)``, integers in ``[0, C)`` (or ``ignore_index``).
+        - output: scalar, or the target's shape for ``reduction='none'``; in ``input``'s dtype
+          (float32 under autocast).
 
     Example:
-        >>> import torch
-        >>> from softtopk.losses.smooth_svm import top1_svm
-        >>> top1_svm(torch.tensor([[3.0, 1.0, 0.0, -1.0]]), torch.tensor([1]))  # 1 + 3 - 1
+        >>> import torch, softtopk
+        >>> loss = softtopk.SmoothTopKSVM(k=2)
+        >>> loss
+        SmoothTopKSVM(k=2, tau=1.0, alpha=1.0, reduction='mean')
+        >>> loss(torch.tensor([[3.0, 1.0, 0.0, -1.0], [0.0, 2.0, 1.0, 0.5]]), torch.tensor([0, 3]))
+        tensor(0.9880)
+
+    Reference:
+        L. Berrada, A. Zisserman, M. P. Kumar, "Smooth Loss Functions for Deep Top-k
+        Classification", ICLR 2018.
+    """
+
+    def __init__(self, *, k: int = 5, tau: float = 1.0, alpha: float = 1.0, weight: torch.Tensor | None = None,
+                 ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+        self.k, self.tau, self.alpha = _svm_params(k, tau, alpha)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return smooth_topk_svm(input, target, k=self.k, tau=self.tau, alpha=self.alpha, **self._class_kwargs())
+
+    def extra_repr(self) -> str:
+        return self._repr(k=self.k, tau=self.tau, alpha=self.alpha)
+
+
+class SmoothTop1SVM(ClassLoss):
+    r"""Smooth top-1 SVM loss :math:`L_{1,\tau}` (:class:`SmoothTopKSVM` with ``k = 1``).
+
+    .. math::
+        \ell(s, y) = \tau \log \sum_j \exp\big((s_j + \alpha [j \ne y] - s_y)/\tau\big)
+
+    With ``alpha = 0`` and ``tau = 1`` this is the cross-entropy. The functional form is
+    :func:`softtopk.smooth_top1_svm`.
+
+    Args:
+        tau: temperature :math:`\tau > 0`. Default 1.
+        alpha: margin :math:`\alpha \ge 0`. Default 1.
+        weight, ignore_index, reduction: as in :class:`SmoothTopKSVM`.
+
+    Shape:
+        As :class:`SmoothTopKSVM` (``C >= 2``).
+
+    Example:
+        >>> import torch, softtopk
+        >>> softtopk.SmoothTop1SVM(alpha=0.0)(torch.tensor([[3.0, 1.0, 0.0, -1.0]]), torch.tensor([1]))  # = CE
+        tensor(2.1852)
+
+    Reference:
+        Berrada, Zisserman & Kumar, ICLR 2018.
+    """
+
+    def __init__(self, *, tau: float = 1.0, alpha: float = 1.0, weight: torch.Tensor | None = None,
+                 ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+        _, self.tau, self.alpha = _svm_params(1, tau, alpha)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return smooth_top1_svm(input, target, tau=self.tau, alpha=self.alpha, **self._class_kwargs())
+
+    def extra_repr(self) -> str:
+        return self._repr(tau=self.tau, alpha=self.alpha)
+
+
+class TopKSVM(ClassLoss):
+    r"""Hard top-k SVM loss, the limit :math:`\tau \to 0` of :class:`SmoothTopKSVM`.
+
+    .. math::
+        \ell(s, y) = \max\big(0,\ \alpha + (s_{\setminus y,[k]} - s_y)/k\big)
+
+    with :math:`s_{\setminus y,[k]}` the k-th largest score other than the label's. The functional
+    form is :func:`softtopk.topk_svm`.
+
+    Args:
+        k: the ``k`` of top-k, ``1 <= k < C``. Default 5.
+        alpha: margin :math:`\alpha \ge 0`. Default 1.
+        weight, ignore_index, reduction: as in :class:`SmoothTopKSVM`.
+
+    Shape:
+        As :class:`SmoothTopKSVM`.
+
+    Example:
+        >>> import torch, softtopk
+        >>> softtopk.TopKSVM(k=2)(torch.tensor([[3.0, 1.0, 0.0, -1.0]]), torch.tensor([2]))  # 1 + (1 - 0) / 2
+        tensor(1.5000)
+
+    Reference:
+        Berrada, Zisserman & Kumar, ICLR 2018.
+    """
+
+    def __init__(self, *, k: int = 5, alpha: float = 1.0, weight: torch.Tensor | None = None,
+                 ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+        self.k, _, self.alpha = _svm_params(k, None, alpha)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return topk_svm(input, target, k=self.k, alpha=self.alpha, **self._class_kwargs())
+
+    def extra_repr(self) -> str:
+        return self._repr(k=self.k, alpha=self.alpha)
+
+
+class Top1SVM(ClassLoss):
+    r"""Hard top-1 (Crammer–Singer) SVM loss: :class:`TopKSVM` with ``k = 1``.
+
+    .. math::
+        \ell(s, y) = \max\big(0,\ \alpha + \max_{j \ne y} s_j - s_y\big)
+
+    The functional form is :func:`softtopk.top1_svm`.
+
+    Args:
+        alpha: margin :math:`\alpha \ge 0`. Default 1.
+        weight, ignore_index, reduction: as in :class:`SmoothTopKSVM`.
+
+    Shape:
+        As :class:`SmoothTopKSVM` (``C >= 2``).
+
+    Example:
+        >>> import torch, softtopk
+        >>> softtopk.Top1SVM()(torch.tensor([[3.0, 1.0, 0.0, -1.0]]), torch.tensor([1]))  # 1 + 3 - 1
         tensor(3.)
 
     Reference:
         Berrada, Zisserman & Kumar, ICLR 2018.
     """
-    return topk_svm(input, target, k=1, alpha=alpha, weight=weight, ignore_index=ignore_index, reduction=reduction)
+
+    def __init__(self, *, alpha: float = 1.0, weight: torch.Tensor | None = None, ignore_index: int = -100,
+                 reduction: str = "mean") -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+        _, _, self.alpha = _svm_params(1, None, alpha)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return top1_svm(input, target, alpha=self.alpha, **self._class_kwargs())
+
+    def extra_repr(self) -> str:
+        return self._repr(alpha=self.alpha)

@@ -20,52 +20,37 @@ values, so the loss is invariant to class order and to which class is the label.
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any, Sequence
 
 import torch
 
-from .._methods import resolve
-from .._reduction import class_rows, reduce_loss
-from .._validation import check_class_input, check_class_target, check_class_weight, check_reduction
+from .._registry import resolve
+from .._validation import check_choice, check_class_input, check_int, check_p_k
+from ._base import ClassLoss, class_loss
+
+__all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
 
 TOP1_MODES = ("sm", "smce", "sort")
 _FLOOR = 1e-7
 
 
-def check_p_k(p_k: Any) -> tuple[float, ...]:
-    """``P_K`` as a tuple of non-negative floats summing to 1 (within 1e-4, as difftopk)."""
-    if isinstance(p_k, torch.Tensor):
-        p_k = p_k.tolist()
-    if isinstance(p_k, (str, bytes)) or not isinstance(p_k, Sequence) or len(p_k) == 0:
-        raise TypeError(f"p_k must be a non-empty sequence of floats, got {p_k!r}")
-    if any(isinstance(p, bool) or not isinstance(p, (int, float)) for p in p_k):
-        raise TypeError(f"p_k must hold real numbers, got {p_k!r}")
-    values = tuple(float(p) for p in p_k)
-    if any(not math.isfinite(p) or p < 0 for p in values):
-        raise ValueError(f"p_k entries must be finite and >= 0, got {list(values)}")
-    if abs(sum(values) - 1.0) > 1e-4:
-        raise ValueError(f"p_k must sum to 1, got {list(values)} summing to {sum(values)}")
-    return values
-
-
-def check_top1_mode(top1_mode: Any) -> str:
-    if top1_mode not in TOP1_MODES:
-        raise ValueError(f"top1_mode must be one of {TOP1_MODES}, got {top1_mode!r}")
-    return top1_mode
-
-
-def check_m(m: Any, k: int, classes: int | None = None) -> int | None:
-    if m is None:
-        return None
-    if isinstance(m, bool) or not isinstance(m, numbers.Integral):
-        raise TypeError(f"m must be an int or None, got {type(m).__name__} {m!r}")
-    if m <= k:
-        raise ValueError(f"m must be larger than k = len(p_k) = {k}, got {m}")
-    if classes is not None and m >= classes:
-        raise ValueError(f"m must be smaller than the number of classes {classes}, got {m}")
-    return m
+def _topk_ce_params(
+    p_k: Any, method: Any, m: Any, top1_mode: Any, params: dict[str, Any], classes: int | None = None
+) -> tuple[tuple[float, ...], int | None, str, Any, dict[str, Any]]:
+    """The family's parameters, checked once for the function and its Module (against the number
+    of classes ``C`` when known): ``p_k``, ``m``, ``top1_mode``, the method and its parameters."""
+    p_k = check_p_k("p_k", p_k)
+    if classes is not None and len(p_k) > classes:
+        raise ValueError(f"p_k must not be longer than the number of classes {classes}, got length {len(p_k)}")
+    if m is not None:
+        if isinstance(m, bool) or not isinstance(m, int):
+            raise TypeError(f"m must be an int or None, got {type(m).__name__} {m!r}")
+        check_int("m", m, low=len(p_k) + 1, why=f" (larger than k = len(p_k) = {len(p_k)})")
+        if classes is not None:
+            check_int("m", m, high=classes - 1, why=f" (smaller than the number of classes {classes})")
+    top1_mode = check_choice("top1_mode", top1_mode, TOP1_MODES)
+    spec, params = resolve(method, params, "ranks")
+    return p_k, m, top1_mode, spec, params
 
 
 def rank_weights(p_k: tuple[float, ...], top1_mode: str) -> tuple[float, ...]:
@@ -138,11 +123,7 @@ def topk_cross_entropy(
     reduction: str = "mean",
     **params: Any,
 ) -> torch.Tensor:
-    """Top-k cross-entropy of Petersen et al. (ICML 2022); see :class:`softtopk.TopKCrossEntropyLoss`.
-
-    Shape:
-        input ``(N, C)`` or ``(N, C, d1, ...)``; target ``(N)`` or ``(N, d1, ...)`` class indices;
-        output a scalar, or the target's shape for ``reduction='none'``.
+    """Top-k cross-entropy of Petersen et al. (ICML 2022). See :class:`TopKCrossEntropyLoss` for details.
 
     Example:
         >>> import torch, softtopk
@@ -152,42 +133,99 @@ def topk_cross_entropy(
         >>> round(loss.item(), 4)  # -log(.5 * softmax_1 + .5 * (R[1, 0] + R[1, 1]))
         0.7734
     """
-    input = check_class_input(input)
-    p_k = check_p_k(p_k)
-    classes = input.shape[1]
-    if len(p_k) > classes:
-        raise ValueError(f"p_k must not be longer than the number of classes {classes}, got length {len(p_k)}")
-    check_top1_mode(top1_mode)
-    m = check_m(m, len(p_k), classes)
-    check_reduction(reduction)
-    target = check_class_target(input, target, ignore_index)
-    weight = check_class_weight(weight, classes)
-    spec, params = resolve(method, params, "ranks")
-
-    logits, flat_target, safe_target = class_rows(input, target, ignore_index)
-    scores, position = _select(logits, safe_target, classes if m is None else m)
-
+    classes = check_class_input(input).shape[1]
+    p_k, m, top1_mode, spec, params = _topk_ce_params(p_k, method, m, top1_mode, params, classes)
     k = len(p_k)
-    if spec.label_ranks is not None:
-        label_ranks = spec.label_ranks(scores, position, k, **params)
-    else:
-        ranks = spec.ranks(scores, k, **params)
-        label_ranks = ranks.gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
-    weights = torch.tensor(rank_weights(p_k, top1_mode), dtype=logits.dtype, device=logits.device)
-    topk_mass = (label_ranks * weights).sum(-1)
-    position = position.unsqueeze(-1)
-    if top1_mode == "sm":
-        topk_mass = topk_mass + p_k[0] * torch.softmax(scores, -1).gather(-1, position).squeeze(-1)
-    per_sample = -torch.log(topk_mass * (1 - 2 * _FLOOR) + _FLOOR)
-    if top1_mode == "smce":
-        cross_entropy = -torch.log_softmax(scores, -1).gather(-1, position).squeeze(-1)
-        per_sample = p_k[0] * cross_entropy + sum(p_k[1:]) * per_sample
-    return reduce_loss(
-        per_sample,
-        flat_target,
-        weight=weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        shape=target.shape,
-        input=input,
-    )
+
+    def per_row(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        scores, position = _select(logits, label, classes if m is None else m)
+        if spec.label_ranks is not None:
+            label_ranks = spec.label_ranks(scores, position, k, **params)
+        else:
+            ranks = spec.ranks(scores, k, **params)
+            label_ranks = ranks.gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
+        weights = torch.tensor(rank_weights(p_k, top1_mode), dtype=logits.dtype, device=logits.device)
+        topk_mass = (label_ranks * weights).sum(-1)
+        position = position.unsqueeze(-1)
+        if top1_mode == "sm":
+            topk_mass = topk_mass + p_k[0] * torch.softmax(scores, -1).gather(-1, position).squeeze(-1)
+        loss = -torch.log(topk_mass * (1 - 2 * _FLOOR) + _FLOOR)
+        if top1_mode == "smce":
+            cross_entropy = -torch.log_softmax(scores, -1).gather(-1, position).squeeze(-1)
+            loss = p_k[0] * cross_entropy + sum(p_k[1:]) * loss
+        return loss
+
+    return class_loss(input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction)
+
+
+class TopKCrossEntropyLoss(ClassLoss):
+    r"""Top-k cross-entropy over relaxed ranks (Petersen et al., ICML 2022): a drop-in for
+    ``nn.CrossEntropyLoss`` that rewards the label for being among the top κ, κ ~ ``P_K``.
+
+    .. math::
+        \ell(s, y) = -\log\Big(\big\lfloor p_1\, \mathrm{softmax}(s)_y
+            + \textstyle\sum_{\kappa \ge 2} p_\kappa\, q_\kappa(y) \big\rfloor\Big),
+        \qquad q_\kappa(y) = \sum_{r < \kappa} R[y, r]
+
+    (``top1_mode='sm'``; ``'sort'`` uses :math:`q_1` for the first term, ``'smce'`` adds
+    :math:`p_1` CE to :math:`(\sum_{\kappa\ge2} p_\kappa)(-\log\lfloor\sum_{\kappa\ge2}p_\kappa q_\kappa\rfloor)`).
+    ``R`` are the relaxed top-K ranks of ``method`` (K = ``len(p_k)``); ``⌊p⌋ = p(1-2e-7)+1e-7``.
+    The functional form is :func:`softtopk.functional.topk_cross_entropy`.
+
+    Args:
+        p_k: ``P_K``, the weights of top-1 ... top-K; non-negative, summing to 1.
+        method: any ranks-capable method (see :func:`softtopk.methods`). Default
+            ``'splitter_selection'``.
+        m: relax only the ``m`` largest scores (``K < m < C``), the label always included;
+            ``None`` relaxes all ``C`` classes. The selected scores enter in descending order, so the
+            loss does not depend on class order (difftopk put the label on wire 0).
+        top1_mode: ``'sm'`` (default), ``'smce'`` or ``'sort'``.
+        weight: optional per-class weights ``(C,)`` (a buffer), as in ``nn.CrossEntropyLoss``.
+        ignore_index: target value that contributes nothing (default -100).
+        reduction: ``'mean'`` (weighted mean over non-ignored targets), ``'sum'`` or ``'none'``.
+        **params: the method's parameters, e.g. ``steepness=1.0, distribution='logistic_phi',
+            art_lambda=0.5`` for networks or ``tau=2.0`` for NeuralSort/SoftSort.
+
+    Shape:
+        - input: ``(N, C)`` or ``(N, C, d1, ...)``, floating.
+        - target: ``(N)`` or ``(N, d1, ...)``, integer class indices in ``[0, C)``.
+        - output: scalar, or the target's shape for ``reduction='none'``.
+
+    Example:
+        >>> import torch, softtopk
+        >>> loss_fn = softtopk.TopKCrossEntropyLoss([0.2] * 5, method="bitonic", m=16,
+        ...                                         distribution="logistic_phi", steepness=1.0, art_lambda=0.5)
+        >>> logits = torch.randn(8, 100, requires_grad=True)
+        >>> loss_fn(logits, torch.randint(0, 100, (8,))).backward()
+        >>> bool(torch.isfinite(logits.grad).all())
+        True
+
+    Reference:
+        F. Petersen, H. Kuehne, C. Borgelt, O. Deussen, "Differentiable Top-k Classification
+        Learning", ICML 2022.
+    """
+
+    def __init__(
+        self,
+        p_k: Sequence[float],
+        *,
+        method: str = "splitter_selection",
+        m: int | None = None,
+        top1_mode: str = "sm",
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        **params: Any,
+    ) -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+        self.p_k, self.m, self.top1_mode, _, self.params = _topk_ce_params(p_k, method, m, top1_mode, params)
+        self.method = method
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return topk_cross_entropy(
+            input, target, self.p_k, method=self.method, m=self.m, top1_mode=self.top1_mode,
+            **self._class_kwargs(), **self.params,
+        )
+
+    def extra_repr(self) -> str:
+        return self._repr(p_k=list(self.p_k), method=self.method, m=self.m, top1_mode=self.top1_mode, **self.params)

@@ -62,8 +62,6 @@ def dykstra_isotonic(s: torch.Tensor, n_iter: int, weights: torch.Tensor | None 
         >>> dykstra_isotonic(s, 100)
         tensor([[2., 2., 2., 0.]])
     """
-    if s.dim() != 2:
-        raise ValueError(f"expected a (B, n) tensor, got shape {tuple(s.shape)}")
     batch, n = s.shape
     u = None
     if weights is not None:
@@ -89,11 +87,7 @@ def dykstra_isotonic(s: torch.Tensor, n_iter: int, weights: torch.Tensor | None 
 
 
 def _sorted_rows(x: torch.Tensor, k: int):
-    if x.dim() != 2:
-        raise ValueError(f"expected a (B, n) tensor, got shape {tuple(x.shape)}")
     n = x.shape[-1]
-    if not 0 <= k <= n:
-        raise ValueError(f"k must be in [0, {n}], got {k}")
     s, perm = torch.sort(x, dim=-1, descending=True, stable=True)
     w = (torch.arange(n, device=x.device) < k).to(x.dtype)
     return s, perm, w

@@ -3,7 +3,7 @@
 Adding iid standard Gumbel noise to log-weights ``x`` and taking the top-k of the *keys*
 ``g = x + G`` draws a size-``k`` subset exactly as sampling ``k`` items one after another without
 replacement with probabilities proportional to ``exp(x)`` (Gumbel-top-k, Kool et al. 2019).
-:func:`gumbel_topk` relaxes that top-k of the keys in one of two ways:
+:func:`softtopk.gumbel_topk` relaxes that top-k of the keys in one of two ways:
 
 * ``relaxation="lapsum"`` (default): the closed-form Laplace soft top-k mask of the keys
   (:func:`softtopk.ops.lapsum.lapsum_mask`). Its entries lie in ``[0, 1]`` and sum to ``k`` exactly
@@ -34,56 +34,14 @@ Randomness: the noise is drawn as ``(rows, n)`` standard Gumbel values in the co
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
-from .._rows import along_rows
-from .._validation import check_dim, check_k, check_real, check_scores, compute_dtype
 from ._straight_through import straight_through_ranks
 from .lapsum import lapsum_mask
-from .perturbed import _draw, check_generator
+from .perturbed import draw_noise
 
 RELAXATIONS = ("lapsum", "subsets")
-
-__all__ = ["RELAXATIONS", "check_hard", "check_noise_flag", "check_relaxation", "gumbel_mask_rows",
-           "gumbel_ranks_rows", "gumbel_topk"]
-
-
-# ---------------------------------------------------------------------------------- validation
-
-
-def check_relaxation(name: str, value: Any) -> str:
-    """One of :data:`RELAXATIONS`."""
-    if not isinstance(value, str) or value not in RELAXATIONS:
-        raise ValueError(f"{name} must be one of {RELAXATIONS}, got {value!r}")
-    return value
-
-
-def check_hard(name: str, value: Any) -> bool:
-    """A bool."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return value
-
-
-def check_noise_flag(name: str, value: Any) -> bool:
-    """A bool (the row functions and the method registry take no noise tensors)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _check_noise(noise: Any, x: torch.Tensor) -> bool | torch.Tensor:
-    """``noise`` of :func:`gumbel_topk`: a bool, or a floating tensor of ``x``'s shape."""
-    if isinstance(noise, bool):
-        return noise
-    if not isinstance(noise, torch.Tensor) or not noise.is_floating_point():
-        raise TypeError(f"noise must be a bool or a floating torch.Tensor of x's shape, got "
-                        f"{type(noise).__name__} {getattr(noise, 'dtype', noise)!r}")
-    if noise.shape != x.shape:
-        raise ValueError(f"noise must have x's shape {tuple(x.shape)}, got {tuple(noise.shape)}")
-    return noise
 
 
 # ------------------------------------------------------------------------------------ relaxations
@@ -125,7 +83,7 @@ def _keys(rows: torch.Tensor, noise: bool | torch.Tensor, generator: torch.Gener
     if isinstance(noise, torch.Tensor):
         return rows + noise
     if noise:
-        return rows + _draw(tuple(rows.shape), "gumbel", generator, rows)
+        return rows + draw_noise(tuple(rows.shape), "gumbel", generator, rows)
     return rows
 
 
@@ -146,11 +104,9 @@ def gumbel_ranks_rows(
     Column ``j`` is the ``j``-th successive softmax (it sums to 1); the columns sum to the subsets
     ``khot``. ``hard=True``: forward the one-hot ranks of the keys' top-k (column ``j`` picks the
     ``j``-th largest key, i.e. the ``j``-th item drawn), backward the relaxed ranks' gradient. Only
-    ``relaxation="subsets"`` has per-step ranks (``"lapsum"`` raises). ``noise`` may be a tensor of
-    draws of the rows' shape.
+    ``relaxation="subsets"`` has per-step ranks (the registry refuses ``"lapsum"`` here).
+    ``noise`` may be a tensor of draws of the rows' shape.
     """
-    if relaxation != "subsets":
-        raise ValueError(f"relaxation {relaxation!r} gives a mask only; ranks need relaxation='subsets'")
     keys = _keys(rows, noise, generator)
     ranks = _subsets_steps(keys, k, tau)
     return straight_through_ranks(keys, ranks) if hard else ranks
@@ -160,8 +116,8 @@ def gumbel_mask_rows(
     rows: torch.Tensor, k: int, *, tau: float = 1.0, hard: bool = False, relaxation: str = "lapsum",
     noise: bool | torch.Tensor = True, generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Relaxed (or straight-through hard) Gumbel top-k mask ``(B, n)`` of validated rows ``(B, n)``
-    (already in the compute dtype). ``noise`` may be a tensor of draws of the rows' shape."""
+    """Relaxed (or straight-through hard) Gumbel top-k mask ``(B, n)`` of rows ``(B, n)`` (in the
+    compute dtype). ``noise`` may be a tensor of draws of the rows' shape."""
     keys = _keys(rows, noise, generator)
     if relaxation == "subsets":
         ranks = _subsets_steps(keys, k, tau)
@@ -172,90 +128,3 @@ def gumbel_mask_rows(
         return mask
     # straight-through: mask + (hard - mask) is exactly 0 or 1 for mask in [0, 1]
     return mask + (_hard_mask(keys, k) - mask).detach()
-
-
-# ------------------------------------------------------------------------------------- public API
-
-
-def gumbel_topk(
-    x: torch.Tensor, k: int, *, tau: float = 1.0, hard: bool = False, relaxation: str = "lapsum",
-    noise: bool | torch.Tensor = True, generator: torch.Generator | None = None, dim: int = -1,
-) -> torch.Tensor:
-    """Relaxed k-hot sample of ``k`` items without replacement, with probabilities ``∝ exp(x)``.
-
-    .. math::
-        g = x + G, \\quad G_i \\overset{iid}{\\sim} \\operatorname{Gumbel}(0, 1), \\qquad
-        \\operatorname{topk}_k(g) \\sim \\text{draw } k \\text{ without replacement},\\
-        P(i \\text{ next}) \\propto e^{x_i}
-
-    The top-k indicator of the keys ``g`` is relaxed with temperature ``tau``:
-
-    * ``"lapsum"`` (default): :math:`m_i = F((g_i - t)/\\tau)` with ``F`` the Laplace CDF and ``t``
-      solved in closed form so that :math:`\\sum_i m_i = k`. Entries in ``[0, 1]``, the sum exactly
-      ``k`` (the capped simplex), ``O(n)`` per row. This is the default because it is a genuine
-      relaxed k-hot: ``1 - mask`` is a valid "unselected" mask, no entry exceeds 1, and it needs
-      no sequential loop over ``k``.
-    * ``"subsets"``: Xie & Ermon's successive softmaxes :math:`a_j = \\operatorname{softmax}(r_j/\\tau)`,
-      :math:`r_1 = g`, :math:`r_{j+1} = r_j + \\log(1 - a_j)`, mask :math:`\\sum_{j=1}^k a_j`.
-      Sums to ``k`` exactly, ``O(k n)`` per row; **entries can exceed 1** (structurally: damping
-      rescales odds only, so a dominant item collects mass at every step).
-
-    Both tend to the exact k-hot of the top-k of ``g`` as ``tau -> 0``.
-
-    Args:
-        x: log-weights (scores), floating tensor of any shape (float16/bfloat16 computed in float32).
-        k: subset size, ``1 <= k <= x.shape[dim]``.
-        tau: temperature, a positive finite number. Default ``1.0``.
-        hard: ``True``: forward the exact k-hot of the top-k of the keys ``g`` (a sample), backward
-            the gradient of the relaxed mask (straight-through). Default ``False``.
-        relaxation: ``"lapsum"`` (default) or ``"subsets"``.
-        noise: ``True`` (default) draws the Gumbel noise; ``False`` uses ``g = x`` (deterministic);
-            a floating tensor of ``x``'s shape is used as the standard Gumbel draws themselves
-            (``generator`` is then ignored; gradients flow into it if it requires them).
-        generator: a :class:`torch.Generator` on ``x``'s device type, or ``None`` (global RNG).
-            The noise ``(rows, n)`` is drawn in the compute dtype along the rows of ``x`` moved to
-            ``dim``.
-        dim: the axis to select along. Default ``-1``.
-
-    Returns:
-        A tensor of ``x``'s shape and dtype: the relaxed (or hard) k-hot mask; each slice along
-        ``dim`` sums to ``k``.
-
-    Example:
-        >>> import torch
-        >>> from softtopk.ops.gumbel import gumbel_topk
-        >>> x = torch.tensor([2.0, 0.0, 1.0, -1.0], requires_grad=True)
-        >>> g = torch.Generator().manual_seed(0)
-        >>> gumbel_topk(x, 2, tau=0.5, generator=g).detach().round(decimals=4)
-        tensor([0.9818, 0.8591, 0.1550, 0.0041])
-        >>> gumbel_topk(x, 2, relaxation="subsets", noise=False).detach().round(decimals=4)
-        tensor([1.0843, 0.2399, 0.5841, 0.0917])
-        >>> y = gumbel_topk(x, 2, hard=True, generator=torch.Generator().manual_seed(0))
-        >>> y.detach()  # a sample: the exact k-hot of the top-2 keys
-        tensor([1., 1., 0., 0.])
-        >>> (y * torch.tensor([1.0, 0.0, 0.0, 0.0])).sum().backward()  # the relaxed mask's gradient
-        >>> x.grad.round(decimals=4)
-        tensor([ 0.0784, -0.0332, -0.0389, -0.0063])
-
-    References:
-        S. M. Xie, S. Ermon, "Reparameterizable Subset Sampling via Continuous Relaxations",
-        IJCAI 2019. W. Kool, H. van Hoof, M. Welling, "Stochastic Beams and Where to Find Them:
-        The Gumbel-Top-k Trick for Sampling Sequences Without Replacement", ICML 2019.
-    """
-    x = check_scores(x)
-    dim = check_dim(x, dim)
-    k = check_k(k, x.shape[dim], dim)
-    tau = check_real("tau", tau, positive=True)
-    hard = check_hard("hard", hard)
-    relaxation = check_relaxation("relaxation", relaxation)
-    noise = _check_noise(noise, x)
-    generator = check_generator("generator", generator, x.device)
-    if isinstance(noise, torch.Tensor):  # the draws, as rows in the compute dtype
-        moved = noise.movedim(dim, -1)
-        noise = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
-    return along_rows(
-        x, dim,
-        lambda rows: gumbel_mask_rows(rows, k, tau=tau, hard=hard, relaxation=relaxation, noise=noise,
-                                      generator=generator),
-        None,
-    )

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import can_inspect
+from .compute import can_inspect
 
 _NEG_INF = float("-inf")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import can_inspect
+from .compute import can_inspect
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
 P_VALUES = (2.0, 4.0 / 3.0)
@@ -236,8 +236,6 @@ def _rows(x: torch.Tensor, k: int, lam: float, p: float, solver: str, n_iter: in
     r = exponent(p)
     if solver == "pav":
         return _exact(x, k, lam, r, magnitude)
-    if r != 1:
-        raise ValueError(f"solver='dykstra' solves p=2 only, got p={p!r}; use solver='pav' for p=4/3")
     # not clamped: every iterate sums to k, and before convergence it may leave [0, 1] (the
     # original's README prints 1.0000229 after 100 projections)
     approx = (dykstra_mag_rows if magnitude else dykstra_mask_rows)(x.detach(), k, lam, n_iter)

@@ -1,26 +1,34 @@
 """The registry of soft top-k methods: what each computes, its parameters and their checks.
 
-Every method works on rows: ``x`` of shape ``(B, n)`` in a floating compute dtype. The functional
-API (:mod:`softtopk.functional`) validates, reshapes and dispatches here.
+Every method works on rows: ``x`` of shape ``(B, n)`` in a floating compute dtype. The operators
+(:mod:`softtopk.operators`) validate, reshape and dispatch here; adding a method is one row kernel
+in ``ops/`` plus one entry below.
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from ._validation import can_inspect, check_number, check_real
-from .ops.gumbel import RELAXATIONS, check_hard, check_noise_flag, check_relaxation, gumbel_mask_rows, gumbel_ranks_rows
+from ._validation import (
+    check_bool,
+    check_choice,
+    check_generator,
+    check_int,
+    check_positive_or_tensor,
+    check_real,
+)
+from .ops.gumbel import RELAXATIONS, gumbel_mask_rows, gumbel_ranks_rows
 from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
 from .ops.neuralsort import neuralsort_ranks
-from .ops.perturbed import check_generator, check_n_samples, check_noise_kind, perturbed_topk_rows
+from .ops.perturbed import NOISE_KINDS, perturbed_topk_rows
 from .ops.softsort import softsort_ranks
-from .ops.sparse import P_VALUES, SOLVERS, sparse_mask_rows
 from .ops.sorting_networks import network_label_ranks, network_mask, network_ranks
+from .ops.sparse import P_VALUES, SOLVERS, sparse_mask_rows
 from .ops.swaps import DISTRIBUTIONS
 
 
@@ -36,59 +44,42 @@ class MethodInfo:
     summary: str
 
 
+Check = Callable[[str, Any], Any]
+
+
 @dataclass(frozen=True)
 class _Method:
     info: MethodInfo
     ranks: Callable[..., torch.Tensor] | None
     mask: Callable[..., torch.Tensor] | None = None
     label_ranks: Callable[..., torch.Tensor] | None = None
-    checks: dict[str, Callable[[str, Any], None]] = field(default_factory=dict)
+    checks: dict[str, Check] = field(default_factory=dict)
     tensor_args: tuple[str, ...] = ()  # arguments that may be tensors, one value per row ("k", ...)
+    joint: Callable[[dict[str, Any], str], None] | None = None  # a check of several parameters
 
 
-def _positive(name: str, value: Any) -> None:
-    check_real(name, value, positive=True)
+def _positive(name: str, value: Any) -> float:
+    return check_real(name, value, positive=True)
 
 
-def _positive_or_tensor(name: str, value: Any) -> None:
-    """A positive finite number, or a floating tensor of positive values (one per row or one)."""
-    if not isinstance(value, torch.Tensor):
-        check_real(name, value, positive=True)
-        return
-    if not value.is_floating_point():
-        raise TypeError(f"{name} must be a floating tensor when given as a tensor, got {value.dtype}")
-    if can_inspect(value) and value.numel() and not bool(
-        ((value > 0) & torch.isfinite(value)).all()
-    ):
-        raise ValueError(f"{name} must be positive and finite, got a tensor with min {value.min().item()!r}")
+def _choice(options: tuple) -> Check:
+    return functools.partial(check_choice, options=options)
 
 
-def _choice(options: tuple) -> Callable[[str, Any], None]:
-    def check(name: str, value: Any) -> None:
-        if not any(value == option and type(value) is not bool for option in options):
-            raise ValueError(f"{name} must be one of {options}, got {value!r}")
-
-    return check
+def _count(name: str, value: Any) -> int:
+    return check_int(name, value, low=1)
 
 
-def _at_least_one(name: str, value: Any) -> None:
-    if not 1 <= check_number(name, value) < math.inf:
-        raise ValueError(f"{name} must be a finite number >= 1, got {value!r}")
+def _dykstra_solves_p2(params: dict[str, Any], output: str) -> None:
+    if params["solver"] == "dykstra" and params["p"] != 2:
+        raise ValueError(f"solver='dykstra' solves p=2 only, got p={params['p']!r}; use solver='pav' for p=4/3")
 
 
-def _unit_interval(name: str, value: Any) -> None:
-    if not 0 <= check_number(name, value) < 1:
-        raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-
-
-def _boolean(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-
-
-def _distribution(name: str, value: Any) -> None:
-    if value not in DISTRIBUTIONS:
-        raise ValueError(f"{name} must be one of {DISTRIBUTIONS}, got {value!r}")
+def _ranks_need_subsets(params: dict[str, Any], output: str) -> None:
+    if output != "mask" and params["relaxation"] != "subsets":
+        raise ValueError(
+            f"relaxation {params['relaxation']!r} gives a mask only; ranks need relaxation='subsets'"
+        )
 
 
 _NETWORK_COST = {
@@ -118,7 +109,11 @@ def _network_method(kind: str) -> _Method:
         summary=f"relaxed {kind} network (Petersen et al. 2021/2022); masks in [0, 1], doubly "
         "stochastic ranks; not exactly permutation equivariant",
     )
-    checks = {"distribution": _distribution, "steepness": _positive, "art_lambda": _unit_interval}
+    checks = {
+        "distribution": _choice(DISTRIBUTIONS),
+        "steepness": _positive,
+        "art_lambda": functools.partial(check_real, low=0.0, below=1.0),
+    }
     return _Method(info, ranks, mask, label_ranks, checks)
 
 
@@ -134,7 +129,7 @@ _REGISTRY["neuralsort"] = _Method(
         "an item's mask may exceed 1",
     ),
     neuralsort_ranks,
-    checks={"tau": _positive, "hard": _boolean},
+    checks={"tau": _positive, "hard": check_bool},
 )
 _REGISTRY["softsort"] = _Method(
     MethodInfo(
@@ -147,7 +142,7 @@ _REGISTRY["softsort"] = _Method(
         "to 1, an item's mask may exceed 1",
     ),
     softsort_ranks,
-    checks={"tau": _positive, "hard": _boolean, "power": _at_least_one},
+    checks={"tau": _positive, "hard": check_bool, "power": functools.partial(check_real, low=1.0)},
 )
 
 
@@ -163,7 +158,7 @@ _REGISTRY["lapsum"] = _Method(
     ),
     None,
     lambda x, k, tau: lapsum_mask(x, k, tau),
-    checks={"tau": _positive_or_tensor},
+    checks={"tau": check_positive_or_tensor},
     tensor_args=("k", "tau"),
 )
 _REGISTRY["sparse"] = _Method(
@@ -179,7 +174,8 @@ _REGISTRY["sparse"] = _Method(
     ),
     None,
     sparse_mask_rows,
-    checks={"l": _positive, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": check_n_samples},
+    checks={"l": _positive, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": _count},
+    joint=_dykstra_solves_p2,
 )
 _REGISTRY["perturbed"] = _Method(
     MethodInfo(
@@ -193,7 +189,7 @@ _REGISTRY["perturbed"] = _Method(
     ),
     None,
     perturbed_topk_rows,
-    checks={"sigma": _positive, "n_samples": check_n_samples, "noise": check_noise_kind, "generator": check_generator},
+    checks={"sigma": _positive, "n_samples": _count, "noise": _choice(NOISE_KINDS), "generator": check_generator},
 )
 _REGISTRY["gumbel"] = _Method(
     MethodInfo(
@@ -210,11 +206,12 @@ _REGISTRY["gumbel"] = _Method(
     gumbel_mask_rows,
     checks={
         "tau": _positive,
-        "hard": check_hard,
-        "relaxation": check_relaxation,
-        "noise": check_noise_flag,
+        "hard": check_bool,
+        "relaxation": _choice(RELAXATIONS),
+        "noise": check_bool,
         "generator": check_generator,
     },
+    joint=_ranks_need_subsets,
 )
 
 
@@ -242,7 +239,7 @@ def resolve(method: Any, params: dict[str, Any], output: str) -> tuple[_Method, 
         raise TypeError(
             f"method {method!r} got unexpected parameter(s) {unknown}; it takes {sorted(spec.info.params)}"
         )
-    resolved = {**spec.info.params, **params}
-    for name, value in resolved.items():
-        spec.checks[name](name, value)
+    resolved = {name: spec.checks[name](name, value) for name, value in {**spec.info.params, **params}.items()}
+    if spec.joint is not None:
+        spec.joint(resolved, output)
     return spec, resolved

@@ -1,0 +1,77 @@
+"""What every class loss shares: the ``nn.CrossEntropyLoss`` conventions (``(N, C, d1, ...)`` input,
+class-index target, ``weight``, ``ignore_index``, ``reduction``), written once as :func:`class_loss`
+and the Module base :class:`ClassLoss`. A loss family supplies only its per-row loss."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .._layout import class_rows, reduce_loss
+from .._validation import (
+    check_class_input,
+    check_class_target,
+    check_class_weight,
+    check_ignore_index,
+    check_reduction,
+)
+
+PerRow = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def class_loss(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    per_row: PerRow,
+    *,
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    reduction: str,
+) -> torch.Tensor:
+    """Apply ``per_row(logits (R, C), label (R,)) -> (R,)`` to ``input (N, C, d1, ...)`` and reduce
+    as ``nn.CrossEntropyLoss`` does.
+
+    ``logits`` are the rows of ``input`` with the class axis last, in the compute dtype (float32 for
+    float16/bfloat16); ``label`` is safe to gather with (ignored targets read class 0 and are masked
+    out of the reduction). ``'mean'`` is the weighted mean over non-ignored targets (0 when every
+    target is ignored); the result has ``input``'s dtype (float32 under autocast).
+    """
+    input = check_class_input(input)
+    reduction = check_reduction(reduction)
+    ignore_index = check_ignore_index(ignore_index)
+    target = check_class_target(input, target, ignore_index)
+    weight = check_class_weight(weight, input.shape[1])
+    logits, flat_target, label = class_rows(input, target, ignore_index)
+    return reduce_loss(
+        per_row(logits, label), flat_target, weight=weight, ignore_index=ignore_index, reduction=reduction,
+        shape=target.shape, input=input,
+    )
+
+
+class ClassLoss(torch.nn.Module):
+    """Module base of the class losses: the ``weight`` buffer (moves with ``.to()``, saved in
+    ``state_dict``), ``ignore_index`` and ``reduction``, checked at construction."""
+
+    weight: torch.Tensor | None
+
+    def __init__(
+        self, *, weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean"
+    ) -> None:
+        super().__init__()
+        self.register_buffer("weight", check_class_weight(weight, None))
+        self.ignore_index = check_ignore_index(ignore_index)
+        self.reduction = check_reduction(reduction)
+
+    def _class_kwargs(self) -> dict[str, Any]:
+        return {"weight": self.weight, "ignore_index": self.ignore_index, "reduction": self.reduction}
+
+    def _repr(self, **params: Any) -> str:
+        """``extra_repr`` from the family's parameters, then the non-default class options."""
+        parts = [f"{key}={value!r}" for key, value in params.items()]
+        parts.append(f"reduction={self.reduction!r}")
+        if self.ignore_index != -100:
+            parts.append(f"ignore_index={self.ignore_index}")
+        if self.weight is not None:
+            parts.append("weight=True")
+        return ", ".join(parts)
