@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from softtopk.compat.difftopk import TopKCrossEntropyLoss
-from softtopk.experiments.embedding_data import load_data
+from softtopk_lab.embedding_data import load_data
 
 P_TOP5 = [0.25, 0, 0, 0, 0.75]
 

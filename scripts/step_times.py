@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from softtopk.experiments.models import ConvNet, PreActResNet18, resnet18_cifar
+from softtopk_lab.models import ConvNet, PreActResNet18, resnet18_cifar
 
 
 def step_seconds(model: torch.nn.Module, images: torch.Tensor, repeats: int) -> float:

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from softtopk.cli import main
-from softtopk.experiments import knn_train, mnist_data
-from softtopk.experiments.data_files import DataError
-from softtopk.experiments.mnist_data import FASHION_MNIST_INSTALL, MNIST_INSTALL
+from softtopk_lab.cli import main
+from softtopk_lab import knn_train, mnist_data
+from softtopk_lab.data_files import DataError
+from softtopk_lab.mnist_data import FASHION_MNIST_INSTALL, MNIST_INSTALL
 
 
 def _has_mnist() -> bool:
@@ -178,7 +178,7 @@ def test_every_mask_method_is_accepted():
 def _cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     # same torch thread count as this process (conftest sets 1): float reductions depend on it
     threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}
-    return subprocess.run([sys.executable, "-m", "softtopk.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *args], capture_output=True, text=True,
                           check=False, timeout=timeout, env={**os.environ, **threads, **(env or {})})
 
 

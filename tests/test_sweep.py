@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from softtopk.cli import _parser, main
-from softtopk.experiments import sweep
-from softtopk.experiments.train_losses import build_loss
+from softtopk_lab.cli import _parser, main
+from softtopk_lab import sweep
+from softtopk_lab.train_losses import build_loss
 
 
 def _sweep(tmp_path, *flags: str) -> int:

@@ -20,16 +20,16 @@ from typing import Any
 
 import torch
 
-from .. import (
+from softtopk import (
     BalNoisedTopK,
     ImbalNoisedTopK,
     SmoothTopkSVM,
     TopKCrossEntropyLoss,
     methods,
 )
-from ..compat.difftopk import TopKCrossEntropyLoss as DifftopkTopKCrossEntropyLoss
-from ..losses.smooth_topk import smooth_hard_topk_loss, smooth_topk_loss
-from ..losses.topk_ce import check_p_k
+from softtopk.compat.difftopk import TopKCrossEntropyLoss as DifftopkTopKCrossEntropyLoss
+from softtopk.losses.smooth_topk import smooth_hard_topk_loss, smooth_topk_loss
+from softtopk.losses.topk_ce import check_p_k
 from .runner import UsageError
 
 DIFFTOPK_RANKS = ("bitonic", "bitonic__non_sparse", "odd_even", "splitter_selection", "neuralsort", "softsort")

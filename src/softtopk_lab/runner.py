@@ -130,7 +130,7 @@ class Run:
                 torch.cuda.set_device(self.device)
             torch.distributed.init_process_group(backend)
         if self.is_main and self.resumed is None:
-            from .. import __version__
+            from softtopk import __version__
 
             meta = {"softtopk_version": __version__, "torch_version": torch.__version__,
                     "git_commit": _git_commit(), "world_size": self.world_size, "command": command}
@@ -214,7 +214,7 @@ class Run:
     def restore(self, generators: dict[str, torch.Generator], model: torch.nn.Module,
                 optimizer: torch.optim.Optimizer, best: Any) -> dict[str, Any] | None:
         """On ``--resume``: restore the RNG states, ``model``, ``optimizer`` and ``best`` (a
-        :class:`~softtopk.experiments.metrics.BestTracker`), trim ``metrics.jsonl`` and return the
+        :class:`~softtopk_lab.metrics.BestTracker`), trim ``metrics.jsonl`` and return the
         checkpoint; ``None`` for a new run."""
         if self.resumed is None:
             return None

@@ -167,7 +167,7 @@ def _run_one(argv: list[str], run_dir: Path) -> None:
     _recorded(run_dir).write_text(shlex.join(argv))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
-        done = subprocess.run([sys.executable, "-m", "softtopk.cli", *argv, *where, "--no-progress"], env=env,
+        done = subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *argv, *where, "--no-progress"], env=env,
                               stdout=log, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:
         raise UsageError(f"run failed (exit {done.returncode}): softtopk {shlex.join(argv)}; "

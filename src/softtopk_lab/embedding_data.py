@@ -106,7 +106,7 @@ def load_embedding_file(path: str, seed: int, val_size: int | None) -> dict[str,
 
 
 def load_data(path: str, seed: int, val_size: int | None) -> dict[str, Any]:
-    """``-d/--data_path``: a built-in dataset name (``softtopk.experiments.wordnet``) or an embedding file.
+    """``-d/--data_path``: a built-in dataset name (``softtopk_lab.wordnet``) or an embedding file.
 
     Built-in datasets come with their own validation split (``val_size`` is then ignored).
     Returns the dict of :func:`load_embedding_file`.

@@ -1,10 +1,10 @@
 """The ``softtopk`` console script.
 
-Subcommands: ``demo`` (the main job, :mod:`softtopk.experiments.demo`), ``train-embeddings``
-(:mod:`softtopk.experiments.embeddings`), ``train-cifar100`` (:mod:`softtopk.experiments.cifar100`),
-``knn`` (:mod:`softtopk.experiments.knn_train`), ``sweep`` (:mod:`softtopk.experiments.sweep`,
+Subcommands: ``demo`` (the main job, :mod:`softtopk_lab.demo`), ``train-embeddings``
+(:mod:`softtopk_lab.embeddings`), ``train-cifar100`` (:mod:`softtopk_lab.cifar100`),
+``knn`` (:mod:`softtopk_lab.knn_train`), ``sweep`` (:mod:`softtopk_lab.sweep`,
 the runs of ``docs/results.md``) and ``data build-wordnet``
-(:mod:`softtopk.experiments.wordnet`). Problems with flags or data exit with status 2 and one line
+(:mod:`softtopk_lab.wordnet`). Problems with flags or data exit with status 2 and one line
 ``softtopk <command>: error: <message>`` on stderr; unexpected exceptions keep their traceback.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .experiments.embeddings import add_arguments
+    from .embeddings import add_arguments
 
     parser = argparse.ArgumentParser(prog="softtopk", description="Differentiable top-k for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
                     "checkpoint.pt (every epoch), results.json and curves.png to the run directory. Under torchrun "
                     "the global batch is split across processes.")
     add_arguments(embeddings)
-    from .experiments import cifar100
+    from . import cifar100
 
     cifar = commands.add_parser(
         "train-cifar100", help="train a ResNet-18 on CIFAR-100 from scratch (difftopk's train_cifar100.py)",
@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
                     "metrics.jsonl (every epoch), checkpoint.pt (every epoch), results.json and curves.png to the "
                     "run directory. Under torchrun the global batch is split across processes.")
     cifar100.add_arguments(cifar)
-    from .experiments import knn_train
+    from . import knn_train
 
     knn = commands.add_parser(
         "knn", help="train a differentiable-kNN embedding on MNIST / Fashion-MNIST (NeuralSort / subsets protocol)",
@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
                     "config.json, metrics.jsonl, checkpoint.pt (every epoch), results.json and curves.png to the "
                     "run directory. Under torchrun the queries of a step are split across processes.")
     knn_train.add_arguments(knn)
-    from .experiments import sweep
+    from . import sweep
 
     sweep_parser = commands.add_parser(
         "sweep", help="run a results suite (the runs of docs/results.md) over seeds and summarise it",
@@ -75,8 +75,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from .experiments.demo import run_demo
-    from .experiments.runner import UsageError
+    from .demo import run_demo
+    from .runner import UsageError
 
     if args.n_epochs is not None and args.n_epochs < 1:
         raise UsageError(f"--n_epochs must be >= 1, got {args.n_epochs}")
@@ -86,34 +86,34 @@ def _demo(args: argparse.Namespace) -> None:
 def _train_embeddings(args: argparse.Namespace) -> None:
     import torch
 
-    from .experiments.embeddings import train_embeddings
+    from .embeddings import train_embeddings
 
     torch.set_num_threads(1)  # as difftopk's train_imagenet.py
     train_embeddings(args)
 
 
 def _train_cifar100(args: argparse.Namespace) -> None:
-    from .experiments.cifar100 import train_cifar100
+    from .cifar100 import train_cifar100
 
     train_cifar100(args)
 
 
 def _knn(args: argparse.Namespace) -> None:
-    from .experiments.knn_train import train_knn
+    from .knn_train import train_knn
 
     train_knn(args)
 
 
 def _sweep(args: argparse.Namespace) -> None:
-    from .experiments.sweep import run_sweep
+    from .sweep import run_sweep
 
     run_sweep(args)
 
 
 def _build_wordnet(args: argparse.Namespace) -> None:
-    from .experiments.wordnet import build_wordnet
+    from .wordnet import build_wordnet
 
-    from .experiments.runner import UsageError
+    from .runner import UsageError
 
     options = {} if args.wordnet_dir is None else {"wordnet_dir": args.wordnet_dir}
     try:
@@ -124,7 +124,7 @@ def _build_wordnet(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``softtopk`` command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
-    from .experiments.runner import UsageError
+    from .runner import UsageError
 
     args = _parser().parse_args(argv)
     name = args.command if args.command != "data" else f"data {args.data_command}"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .. import methods, soft_topk
+from softtopk import methods, soft_topk
 
 EXAMPLE = torch.tensor([0.3, 2.0, -1.0, 1.2, 0.9, 1.9, -0.4, 0.0])
 EXAMPLE_PARAMS = {
@@ -69,7 +69,7 @@ def _print_masks(seed: int) -> dict:
 def _run(name: str, flags: list[str], out: Path, seed: int, n_epochs: int | None) -> dict:
     """One ``train-embeddings`` run (replacing an earlier demo's run of the same name); returns its
     reported metrics, time per step and curve."""
-    from ..cli import _parser
+    from .cli import _parser
     from .embeddings import train_embeddings
 
     run_dir = out / name.split(" (")[0].replace(" ", "_")

@@ -47,8 +47,8 @@ from typing import Any
 
 import torch
 
-from .. import methods as _methods
-from ..knn import DifferentiableKNN
+from softtopk import methods as _methods
+from softtopk import DifferentiableKNN
 from .metrics import BestTracker, summary_table
 from .runner import Run, UsageError, add_run_arguments, epoch_permutation
 from .data_files import DataError
