@@ -54,7 +54,7 @@ def ours(method: str, beta: float, p_k, **kw) -> TopKCrossEntropyLoss:
 
 def main() -> None:
     torch.set_num_threads(1)
-    data = load_data("wordnet148", 0, None)
+    data = load_data("wordnet148")
     print("1. Test metrics after training (seed 0):")
     report("cross-entropy", ce_model := train(torch.nn.CrossEntropyLoss(), data), data)
     report("neuralsort beta .5 P_K [.25,0,0,0,.75] (softtopk)", train(ours("neuralsort", 0.5, P_TOP5), data), data)

@@ -51,7 +51,7 @@ import sys
 
 import torch
 
-from softtopk_lab.cli import _parser
+from softtopk_lab.flags import build_parser
 
 
 def _subparsers(parser):
@@ -63,10 +63,10 @@ def _subparsers(parser):
                     yield f"{name} {child}", subsub
 
 
-@pytest.mark.parametrize("command", sorted(dict(_subparsers(_parser()))))
+@pytest.mark.parametrize("command", sorted(dict(_subparsers(build_parser()))))
 def test_help_of_every_subcommand_lists_every_flag(command, capsys):
     assert command in {"demo", "train-embeddings", "train-cifar100", "knn", "sweep", "data", "data build-wordnet"}
-    parsers = dict(_subparsers(_parser()))
+    parsers = dict(_subparsers(build_parser()))
     with pytest.raises(SystemExit) as exit_info:
         main([*command.split(), "--help"])
     assert exit_info.value.code == 0

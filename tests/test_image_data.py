@@ -25,7 +25,7 @@ from softtopk_lab.cifar_data import (
     noisy_labels,
     normalize_cifar,
 )
-from softtopk_lab.data_files import DataError
+from softtopk_lab.errors import DataError
 from softtopk_lab.mnist_data import load_fashion_mnist, load_mnist
 from softtopk_lab.models import ConvNet, PreActResNet18, resnet18_cifar
 

