@@ -10,7 +10,7 @@
    stays flat does not resist one wrong class taking rank 1 everywhere.
 3. Repeats (1) for NeuralSort at higher inverse temperatures.
 
-Run: ``python scripts/hub_collapse.py`` (about 2 minutes on 2 CPU cores).
+Run: ``python scripts/hub_collapse.py`` (about 2 minutes on 2 CPU cores; needs the ``lab`` extra).
 """
 
 from __future__ import annotations

@@ -99,7 +99,8 @@ def train_cifar100(config: Cifar100Config) -> dict[str, Any]:
         DataError: the CIFAR-100 data is missing or malformed.
     """
     distributed = "WORLD_SIZE" in os.environ and "RANK" in os.environ
-    resolve_device(config.device, int(os.environ.get("LOCAL_RANK", "0")) if distributed else None)  # fail before loading
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if distributed else None
+    resolve_device(config.device, local_rank)  # fail before loading
     data = load_splits(config.data_path, config.seed, config.val_size, config.label_noise, config.batch_size)
     run = Run(config)
     if config.batch_size < run.world_size:

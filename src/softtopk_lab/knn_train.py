@@ -177,7 +177,8 @@ def train_knn(config: KnnConfig) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     model = build_model(net_name(config))
     net = run.wrap_model(model)
-    optimizer = torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    optimizer = torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum,
+                                weight_decay=config.weight_decay)
     noise = torch.Generator(device=run.device).manual_seed(config.seed * 7919 + run.rank)
     knn = build_knn(config, noise)
     generators, best = {"method_noise": noise}, BestTracker()
