@@ -10,7 +10,7 @@
    stays flat does not resist one wrong class taking rank 1 everywhere.
 3. Repeats (1) for NeuralSort at higher inverse temperatures.
 
-Run: ``python scripts/hub_collapse.py`` (about 2 minutes on 2 CPU cores).
+Run: ``python scripts/hub_collapse.py`` (about 2 minutes on 2 CPU cores; needs the ``lab`` extra).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from softtopk.compat.difftopk import TopKCrossEntropyLoss
-from softtopk.experiments.embedding_data import load_data
+from softtopk_lab.embedding_data import load_data
 
 P_TOP5 = [0.25, 0, 0, 0, 0.75]
 
@@ -54,7 +54,7 @@ def ours(method: str, beta: float, p_k, **kw) -> TopKCrossEntropyLoss:
 
 def main() -> None:
     torch.set_num_threads(1)
-    data = load_data("wordnet148", 0, None)
+    data = load_data("wordnet148")
     print("1. Test metrics after training (seed 0):")
     report("cross-entropy", ce_model := train(torch.nn.CrossEntropyLoss(), data), data)
     report("neuralsort beta .5 P_K [.25,0,0,0,.75] (softtopk)", train(ours("neuralsort", 0.5, P_TOP5), data), data)

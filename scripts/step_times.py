@@ -7,7 +7,7 @@ process's default torch thread count:
 * ``PreActResNet18(in_channels=1)`` and ``ConvNet`` on 200 random 1×28×28 images (one differentiable
   kNN step: 100 queries + 100 candidates).
 
-Run: ``python scripts/step_times.py`` (about a minute on 2 CPU cores).
+Run: ``python scripts/step_times.py`` (about a minute on 2 CPU cores; needs the ``lab`` extra).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from softtopk.experiments.models import ConvNet, PreActResNet18, resnet18_cifar
+from softtopk_lab.models import ConvNet, PreActResNet18, resnet18_cifar
 
 
 def step_seconds(model: torch.nn.Module, images: torch.Tensor, repeats: int) -> float:

@@ -5,11 +5,11 @@ import json
 import pytest
 
 import softtopk
-from softtopk.cli import main
+from softtopk_lab.cli import main
 
 
 def test_demo_prints_every_method_trains_every_family_and_writes_json_and_plot(tmp_path, capsys):
-    from softtopk.experiments.demo import RUNS
+    from softtopk_lab.demo import RUNS
 
     assert main(["demo", "--n_epochs", "1", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
@@ -51,7 +51,7 @@ import sys
 
 import torch
 
-from softtopk.cli import _parser
+from softtopk_lab.flags import build_parser
 
 
 def _subparsers(parser):
@@ -63,10 +63,10 @@ def _subparsers(parser):
                     yield f"{name} {child}", subsub
 
 
-@pytest.mark.parametrize("command", sorted(dict(_subparsers(_parser()))))
+@pytest.mark.parametrize("command", sorted(dict(_subparsers(build_parser()))))
 def test_help_of_every_subcommand_lists_every_flag(command, capsys):
     assert command in {"demo", "train-embeddings", "train-cifar100", "knn", "sweep", "data", "data build-wordnet"}
-    parsers = dict(_subparsers(_parser()))
+    parsers = dict(_subparsers(build_parser()))
     with pytest.raises(SystemExit) as exit_info:
         main([*command.split(), "--help"])
     assert exit_info.value.code == 0
@@ -162,7 +162,7 @@ def test_error_cuda_unavailable(tmp_path, capsys):
 
 
 def test_error_in_a_real_process_has_no_traceback(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "softtopk.cli", "train-embeddings", "-d", str(tmp_path / "nope.p"),
+    done = subprocess.run([sys.executable, "-m", "softtopk_lab.cli", "train-embeddings", "-d", str(tmp_path / "nope.p"),
                            "--method", "bitonic", "--p_k", "1"], capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr == f"softtopk train-embeddings: error: -d/--data_path {tmp_path / 'nope.p'}: no such file\n"
@@ -172,9 +172,9 @@ def test_data_build_wordnet_calls_the_wordnet_module(tmp_path, monkeypatch):
     import types
 
     calls = []
-    fake = types.ModuleType("softtopk.experiments.wordnet")
+    fake = types.ModuleType("softtopk_lab.wordnet")
     fake.build_wordnet = lambda out_dir, wordnet_dir=None: calls.append((out_dir, wordnet_dir))
-    monkeypatch.setitem(sys.modules, "softtopk.experiments.wordnet", fake)
+    monkeypatch.setitem(sys.modules, "softtopk_lab.wordnet", fake)
     assert main(["data", "build-wordnet", "--out", str(tmp_path), "--wordnet-dir", "/usr/share/wordnet"]) == 0
     assert calls == [(tmp_path, __import__("pathlib").Path("/usr/share/wordnet"))]
 

@@ -1,4 +1,4 @@
-"""Tests for softtopk.experiments.cifar_data, .mnist_data, .data_files and .models.
+"""Tests for softtopk_lab.cifar_data, .mnist_data, .data_files and .models.
 
 CIFAR-100 tests run on a tiny archive of the standard format generated in tmp_path; the real MNIST /
 Fashion-MNIST tests skip (with the install command as reason) when the data packages are absent.
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from softtopk.experiments import mnist_data
-from softtopk.experiments.cifar_data import (
+from softtopk_lab import mnist_data
+from softtopk_lab.cifar_data import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     augment_cifar,
@@ -25,9 +25,9 @@ from softtopk.experiments.cifar_data import (
     noisy_labels,
     normalize_cifar,
 )
-from softtopk.experiments.data_files import DataError
-from softtopk.experiments.mnist_data import load_fashion_mnist, load_mnist
-from softtopk.experiments.models import ConvNet, PreActResNet18, resnet18_cifar
+from softtopk_lab.errors import DataError
+from softtopk_lab.mnist_data import load_fashion_mnist, load_mnist
+from softtopk_lab.models import ConvNet, PreActResNet18, resnet18_cifar
 
 N_TRAIN, N_TEST = 50, 20
 

@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from softtopk.cli import main
-from softtopk.experiments import knn_train, mnist_data
-from softtopk.experiments.data_files import DataError
-from softtopk.experiments.mnist_data import FASHION_MNIST_INSTALL, MNIST_INSTALL
+from softtopk_lab.cli import main
+from softtopk_lab import knn_train, mnist_data
+from softtopk_lab.config import KnnConfig
+from softtopk_lab.errors import DataError
+from softtopk_lab.flags import KNN_METHODS, build_parser
+from softtopk_lab.mnist_data import FASHION_MNIST_INSTALL, MNIST_INSTALL
 
 
 def _has_mnist() -> bool:
@@ -108,7 +110,7 @@ def test_fashion_mnist_with_the_convnet(tmp_path):
 
 def test_net_names_and_defaults():
     def args(dataset, net):
-        return argparse.Namespace(dataset=dataset, net=net)
+        return KnnConfig(dataset=dataset, net=net)
 
     assert knn_train.net_name(args("mnist", None)) == "convnet"
     assert knn_train.net_name(args("fashion-mnist", None)) == "preact_resnet18"
@@ -165,12 +167,11 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys, monkeypatch, flags, mes
 
 
 def test_every_mask_method_is_accepted():
-    assert set(knn_train.method_choices()) >= {"gumbel", "neuralsort", "softsort", "bitonic", "odd_even",
+    assert set(KNN_METHODS) >= {"gumbel", "neuralsort", "softsort", "bitonic", "odd_even",
                                                "splitter_selection", "lapsum", "sparse", "perturbed"}
-    for method in knn_train.method_choices():
-        args = argparse.Namespace(k=3, method=method, tau=0.5, steepness=5.0, distribution="logistic",
-                                  relaxation="subsets")
-        knn = knn_train.build_knn(args, torch.Generator().manual_seed(0))
+    for method in KNN_METHODS:
+        config = KnnConfig(k=3, method=method, tau=0.5, steepness=5.0, distribution="logistic", relaxation="subsets")
+        knn = knn_train.build_knn(config, torch.Generator().manual_seed(0))
         out = knn(torch.randn(4, 6), torch.randn(10, 6), torch.arange(10) % 3, query_labels=torch.arange(4) % 3)
         assert out.weights.shape == (4, 10) and -1 <= out.loss.item() <= 0, method
 
@@ -178,7 +179,7 @@ def test_every_mask_method_is_accepted():
 def _cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     # same torch thread count as this process (conftest sets 1): float reductions depend on it
     threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}
-    return subprocess.run([sys.executable, "-m", "softtopk.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *args], capture_output=True, text=True,
                           check=False, timeout=timeout, env={**os.environ, **threads, **(env or {})})
 
 
@@ -214,8 +215,8 @@ def test_help_documents_every_flag(capsys):
         main(["knn", "--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    parser = argparse.ArgumentParser()
-    knn_train.add_arguments(parser)
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    parser = commands.choices["knn"]
     for action in parser._actions:
         if action.dest == "help":
             continue

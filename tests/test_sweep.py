@@ -8,9 +8,11 @@ import math
 import pytest
 import torch
 
-from softtopk.cli import _parser, main
-from softtopk.experiments import sweep
-from softtopk.experiments.train_losses import build_loss
+from softtopk_lab.cli import main
+from softtopk_lab.config import EmbeddingConfig, KnnConfig
+from softtopk_lab.flags import build_parser
+from softtopk_lab import sweep
+from softtopk_lab.train_losses import build_loss
 
 
 def _sweep(tmp_path, *flags: str) -> int:
@@ -35,10 +37,11 @@ def test_every_suite_command_parses_and_builds_its_loss():
         labels = [s.label for s in suite.settings]
         assert len(set(labels)) == len(labels), name
         for setting in suite.settings:
-            args = _parser().parse_args([*sweep.command(suite, setting, 3), "--out", "x"])
-            assert args.command == suite.tool and args.seed == 3
+            args = build_parser().parse_args([*sweep.command(suite, setting, 3), "--out", "x"])
+            config = {"train-embeddings": EmbeddingConfig, "knn": KnnConfig}[args.command].from_args(args)
+            assert config.command == suite.tool and config.seed == 3
             if suite.tool == "train-embeddings":
-                loss = build_loss(args, 123, torch.arange(1, 124), torch.Generator().manual_seed(0))
+                loss = build_loss(config.loss, 123, torch.arange(1, 124), torch.Generator().manual_seed(0))
                 logits = torch.randn(4, 123, requires_grad=True)
                 loss(logits, torch.arange(4)).backward()
                 assert torch.isfinite(logits.grad).all(), setting.label

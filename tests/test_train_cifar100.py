@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from softtopk.cli import main
-from softtopk.experiments.cifar100 import load_splits
+from softtopk_lab.cli import main
+from softtopk_lab.cifar100 import load_splits
 
 SEED_README = next((Path(__file__).resolve().parents[2] / "shared" / "seeds").glob("000_*.txt"), None)  # ../shared
 N_TRAIN, N_TEST = 120, 40
@@ -111,18 +111,19 @@ def _readme_commands() -> list[list[str]]:
 
 @pytest.mark.skipif(SEED_README is None, reason="difftopk README seed not available")
 def test_readme_commands_parse_and_the_examples_run(archive, tmp_path, monkeypatch):
-    from softtopk.cli import _parser
-    from softtopk.experiments.runner import UsageError
-    from softtopk.experiments.train_losses import build_loss
+    from softtopk_lab.config import Cifar100Config
+    from softtopk_lab.errors import UsageError
+    from softtopk_lab.flags import build_parser
+    from softtopk_lab.train_losses import build_loss
 
     commands = _readme_commands()
     assert len(commands) == 2 + 6 * 6
     for command in commands:  # every Tables 1+4 combination parses; the loss builds unless difftopk's asserts refuse it
-        args = _parser().parse_args(["train-cifar100", "-d", str(archive), *command])
-        assert (args.n_epochs, args.nloglr, args.batch_size, args.device, args.m, args.top1_mode) == \
-            (200, 3.0, 128, "cuda", None, "smce")
+        config = Cifar100Config.from_args(build_parser().parse_args(["train-cifar100", "-d", str(archive), *command]))
+        assert (config.n_epochs, config.nloglr, config.batch_size, config.device, config.loss.m,
+                config.loss.top1_mode) == (200, 3.0, 128, "cuda", None, "smce")
         try:
-            build_loss(args, 100, torch.ones(100), torch.Generator())
+            build_loss(config.loss, 100, torch.ones(100), torch.Generator())
         except UsageError as error:
             assert "requires p_k" in str(error), command
     monkeypatch.chdir(tmp_path)
@@ -156,7 +157,7 @@ def test_label_noise_fraction_is_as_expected_and_deterministic(archive, tmp_path
 
 
 def _cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "softtopk.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *args], capture_output=True, text=True,
                           check=False, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 

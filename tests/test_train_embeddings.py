@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import softtopk.experiments
+import softtopk_lab
 
-from softtopk.cli import main
+from softtopk_lab.cli import main
 
 SEED_README = next((Path(__file__).resolve().parents[2] / "shared" / "seeds").glob("000_*.txt"), None)  # ../shared
 FAST = ["--n_epochs", "1", "--batch_size", "100", "--eval_freq", "2", "--nloglr", "2", "--no-progress"]
@@ -106,7 +106,7 @@ def test_learning_improves_top1(data_file, tmp_path):
 
 
 def test_normalized_last_layer_gives_cosine_scores(data_file, tmp_path):
-    from softtopk.experiments.embeddings import CosineLinear, build_model
+    from softtopk_lab.embeddings import CosineLinear, build_model
 
     layer = CosineLinear(16, 5)
     x = torch.randn(7, 16) * 100
@@ -154,7 +154,7 @@ def test_readme_commands_run_unchanged_apart_from_program_and_data(data_file, tm
 
 def test_builtin_dataset_is_loaded_through_the_wordnet_module(tmp_path, monkeypatch):
     generator = torch.Generator().manual_seed(0)
-    fake = types.ModuleType("softtopk.experiments.wordnet")
+    fake = types.ModuleType("softtopk_lab.wordnet")
     fake.BUILTIN_DATASETS = ("wordnet148", "wordnet-plants150")
     split = {s: (torch.randn(n, 8, generator=generator), torch.arange(n) % 6) for s, n in
              (("train", 60), ("val", 30), ("test", 30))}
@@ -162,9 +162,9 @@ def test_builtin_dataset_is_loaded_through_the_wordnet_module(tmp_path, monkeypa
                                       "train_class_counts": torch.full((6,), 10),
                                       **{f"{s}_{part}": t for s, (x, y) in split.items()
                                          for part, t in (("embeddings", x), ("labels", y))}}
-    monkeypatch.setitem(sys.modules, "softtopk.experiments.wordnet", fake)
+    monkeypatch.setitem(sys.modules, "softtopk_lab.wordnet", fake)
     # `from . import wordnet` reads the package attribute once the real module has been imported
-    monkeypatch.setattr(softtopk.experiments, "wordnet", fake, raising=False)
+    monkeypatch.setattr(softtopk_lab, "wordnet", fake, raising=False)
     out = tmp_path / "run"
     argv = ["train-embeddings", "-d", "wordnet-plants150", "--method", "imbal_noised_topk", "--p_k", "0", "1",
             *FAST, "--out", str(out)]
@@ -173,7 +173,7 @@ def test_builtin_dataset_is_loaded_through_the_wordnet_module(tmp_path, monkeypa
 
 
 def test_real_builtin_wordnet148_if_built(tmp_path):
-    wordnet = pytest.importorskip("softtopk.experiments.wordnet")
+    wordnet = pytest.importorskip("softtopk_lab.wordnet")
     try:
         wordnet.load_builtin("wordnet148")
     except (FileNotFoundError, OSError) as error:
@@ -186,7 +186,7 @@ def test_real_builtin_wordnet148_if_built(tmp_path):
 
 
 def _cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "softtopk.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *args], capture_output=True, text=True,
                           check=False, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -230,7 +230,7 @@ def test_torchrun_two_processes_match_one_process(data_file, tmp_path):
     flags = ["train-embeddings", "-d", str(data_file), "--method", "neuralsort", "--p_k", ".5", "0", "0", "0", ".5",
              "--n_epochs", "2", "--batch_size", "70", "--eval_freq", "2", "--nloglr", "2", "--no-progress"]
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "softtopk.cli", *flags, "--out", str(tmp_path / "ddp")],
+                          "-m", "softtopk_lab.cli", *flags, "--out", str(tmp_path / "ddp")],
                          capture_output=True, text=True, check=False, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     assert main([*flags, "--out", str(tmp_path / "single")]) == 0

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from softtopk.experiments import wordnet, wordnet_db
-from softtopk.experiments.wordnet import (
+from softtopk_lab import wordnet, wordnet_db
+from softtopk_lab.wordnet import (
     BUILTIN_DATASETS,
     build_wordnet,
     builtin_metadata,
@@ -19,7 +19,7 @@ from softtopk.experiments.wordnet import (
     load_builtin_arrays,
     select_and_split,
 )
-from softtopk.experiments.wordnet_db import balanced_labels, parse_data_noun, plant_family_labels, plant_lexfile
+from softtopk_lab.wordnet_db import balanced_labels, parse_data_noun, plant_family_labels, plant_lexfile
 
 KEYS = (
     "train_embeddings",

@@ -1,8 +1,8 @@
-"""Reading the experiments' data files safely: :class:`DataError` and a restricted unpickler.
+"""Reading the lab's pickled data files safely: a restricted unpickler.
 
 The CIFAR-100 and MNIST files are Python pickles of numpy arrays. :func:`unpickle` accepts only the
-numpy-array globals these files contain, so a malformed or hostile file raises :class:`DataError`
-instead of running code.
+numpy-array globals these files contain, so a malformed or hostile file raises
+:class:`~softtopk_lab.errors.DataError` instead of running code.
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ import io
 import pickle
 from typing import Any
 
-
-class DataError(ValueError):
-    """A data file or package is missing or does not have the expected format; the message names it."""
+from .errors import DataError
 
 
 _NUMPY_GLOBALS = {

@@ -5,7 +5,7 @@
 * :func:`load_fashion_mnist` reads Fashion-MNIST from the Debian package ``dataset-fashion-mnist``
   (``apt-get install dataset-fashion-mnist``).
 
-A missing package raises :class:`~.data_files.DataError` naming the install command.
+A missing package raises :class:`~.errors.DataError` naming the install command.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data_files import DataError, unpickle
+from .data_files import unpickle
+from .errors import DataError
 
 __all__ = ["FASHION_MNIST_INSTALL", "FASHION_MNIST_ROOT", "MNIST_INSTALL", "load_fashion_mnist", "load_mnist"]
 

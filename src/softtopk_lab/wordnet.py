@@ -1,6 +1,6 @@
 """The built-in datasets: WordNet noun glosses embedded with all-MiniLM-L6-v2.
 
-Two many-class datasets ship with the package (``src/softtopk/data/``) so that the experiments run
+Two many-class datasets ship with the package (``src/softtopk_lab/data/``) so that the experiments run
 offline; :func:`load_builtin` reads them and :func:`build_wordnet` regenerates them from the
 sources. ``docs/data.md`` is the data card.
 
@@ -391,7 +391,7 @@ def load_builtin_arrays(name: str) -> dict[str, np.ndarray]:
 
 
 def load_builtin(name: str) -> dict[str, torch.Tensor | list[str]]:
-    """Load a built-in dataset from the files shipped in ``softtopk/data``.
+    """Load a built-in dataset from the files shipped in ``softtopk_lab/data``.
 
     Args:
         name: one of :data:`BUILTIN_DATASETS`.
@@ -431,4 +431,4 @@ def _check_name(name: str) -> None:
 
 
 def _data_file(filename: str):
-    return importlib.resources.files("softtopk").joinpath("data", filename)
+    return importlib.resources.files("softtopk_lab").joinpath("data", filename)

@@ -96,7 +96,7 @@ class ResNet18(nn.Module):
 
     Shape:
         - Input: ``(N, in_channels, H, W)`` float, normalised (see
-          :func:`softtopk.experiments.cifar_data.normalize_cifar`); any ``H, W ≥ 1``, 32×32 for CIFAR.
+          :func:`softtopk_lab.cifar_data.normalize_cifar`); any ``H, W ≥ 1``, 32×32 for CIFAR.
         - Output: ``(N, num_classes)`` logits.
     """
 

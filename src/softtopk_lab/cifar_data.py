@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data_files import DataError, unpickle
+from .data_files import unpickle
+from .errors import DataError
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "augment_cifar", "load_cifar100", "noisy_labels", "normalize_cifar"]
 

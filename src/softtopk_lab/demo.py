@@ -5,8 +5,9 @@ on the built-in WordNet dataset.
 2. A linear head on the embedded ``wordnet148`` dataset (MiniLM embeddings of WordNet noun glosses,
    148 hypernym classes; ``docs/data.md``) trained with ``nn.CrossEntropyLoss`` and with one loss of
    each top-k family (sorting-network top-k cross-entropy, smooth top-k SVM, noised top-k hinge),
-   each as one ``softtopk train-embeddings`` run (:data:`RUNS`: the flags, taken
-   from the seeds' recommended settings where they give one). Reported as in the papers: the test
+   each as one ``softtopk train-embeddings`` run (:func:`run_config` of a loss in :data:`RUNS`,
+   taken from the seeds' recommended settings where they give one; ``demo.json`` records each run's
+   equivalent command). Reported as in the papers: the test
    value at the best validation value of each metric. The table gives top-1, top-5 and the training
    time per step; ``demo.json`` and ``demo.png`` (validation top-5 over steps) go to ``--out``,
    next to each run's own directory.
@@ -25,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-from .. import methods, soft_topk
+from softtopk import methods, soft_topk
+
+from .config import EmbeddingConfig, LossConfig, RunOutput
 
 EXAMPLE = torch.tensor([0.3, 2.0, -1.0, 1.2, 0.9, 1.9, -0.4, 0.0])
 EXAMPLE_PARAMS = {
@@ -39,17 +42,20 @@ EXAMPLE_PARAMS = {
     "perturbed": {"sigma": 0.5, "n_samples": 1000},
     "gumbel": {"tau": 0.25},
 }
-COMMON = ["-d", "wordnet148", "--nloglr", "2", "--batch_size", "256", "--n_epochs", "30", "--eval_freq", "50"]
 RUNS = {
-    "cross_entropy": ["--method", "softmax_cross_entropy", "--p_k", "1", "0", "0", "0", "0"],
-    "topk_ce splitter_selection": ["--method", "splitter_selection", "--distribution", "logistic_phi",
-                                   "--inverse_temperature", "1", "--art_lambda", ".5", "--m", "16",
-                                   "--p_k", ".2", ".2", ".2", ".2", ".2"],
-    "smooth_topk_svm (Berrada)": ["--method", "smooth_topk_svm", "--tau", "1", "--alpha", "1",
-                                  "--p_k", "0", "0", "0", "0", "1"],
-    "bal_noised_topk (Garcin)": ["--method", "bal_noised_topk", "--epsilon", "1", "--n_samples", "5",
-                                 "--p_k", "0", "0", "0", "0", "1"],
+    "cross_entropy": LossConfig("softmax_cross_entropy", (1.0, 0.0, 0.0, 0.0, 0.0)),
+    "topk_ce splitter_selection": LossConfig("splitter_selection", (0.2,) * 5, distribution="logistic_phi",
+                                             inverse_temperature=1.0, art_lambda=0.5, m=16),
+    "smooth_topk_svm (Berrada)": LossConfig("smooth_topk_svm", (0.0, 0.0, 0.0, 0.0, 1.0), tau=1.0, alpha=1.0),
+    "bal_noised_topk (Garcin)": LossConfig("bal_noised_topk", (0.0, 0.0, 0.0, 0.0, 1.0), epsilon=1.0, n_samples=5),
 }
+
+
+def run_config(loss: LossConfig, run_dir: Path, seed: int, n_epochs: int | None) -> EmbeddingConfig:
+    """The ``train-embeddings`` run of ``loss`` on wordnet148: Adam lr 1e-2, batch 256, 30 epochs (or
+    ``n_epochs``), evaluated every 50 steps, into ``run_dir``."""
+    return EmbeddingConfig("wordnet148", loss, n_epochs=30 if n_epochs is None else n_epochs, nloglr=2.0,
+                           batch_size=256, seed=seed, eval_freq=50, output=RunOutput(out=run_dir, no_progress=True))
 
 
 def _print_masks(seed: int) -> dict:
@@ -66,26 +72,22 @@ def _print_masks(seed: int) -> dict:
     return masks
 
 
-def _run(name: str, flags: list[str], out: Path, seed: int, n_epochs: int | None) -> dict:
+def _run(name: str, loss: LossConfig, out: Path, seed: int, n_epochs: int | None) -> dict:
     """One ``train-embeddings`` run (replacing an earlier demo's run of the same name); returns its
     reported metrics, time per step and curve."""
-    from ..cli import _parser
     from .embeddings import train_embeddings
 
     run_dir = out / name.split(" (")[0].replace(" ", "_")
     if (run_dir / "config.json").is_file():  # the demo's own output from an earlier call
         shutil.rmtree(run_dir)
-    argv = ["train-embeddings", *COMMON, *flags, "--seed", str(seed), "--no-progress", "--out", str(run_dir)]
-    if n_epochs is not None:
-        argv += ["--n_epochs", str(n_epochs)]
-    args = _parser().parse_args(argv)
+    config = run_config(loss, run_dir, seed, n_epochs)
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # each run's own summary table
-        results = train_embeddings(args)
+        results = train_embeddings(config)
     elapsed = time.perf_counter() - start
-    lines = [json.loads(line) for line in (Path(args.out) / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {
-        "command": "softtopk " + " ".join(argv),
+        "command": config.command_line(),
         "top1": results["reported_test_at_best_valid"]["top1"],
         "top5": results["reported_test_at_best_valid"]["top5"],
         "ms_per_step": results["ms_per_step"],
@@ -129,8 +131,8 @@ def run_demo(*, seed: int = 0, out: Path = Path("runs/demo"), n_epochs: int | No
     print("test accuracy at the best validation value of each metric:")
     print(f"  {'loss':<28} {'top-1':>7} {'top-5':>7} {'ms/step':>8}")
     runs = {}
-    for name, flags in RUNS.items():
-        runs[name] = _run(name, flags, out, seed, n_epochs)
+    for name, loss in RUNS.items():
+        runs[name] = _run(name, loss, out, seed, n_epochs)
         run = runs[name]
         print(f"  {name:<28} {100 * run['top1']:6.2f}% {100 * run['top5']:6.2f}% {run['ms_per_step']:8.2f}")
     results = {"example": EXAMPLE.tolist(), "masks": masks, "runs": runs, "seed": seed}

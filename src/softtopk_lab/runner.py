@@ -27,27 +27,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .checkpoint import load_checkpoint, rng_state, save_atomic, set_rng_state
+from .config import Cifar100Config, EmbeddingConfig, KnnConfig
+from .errors import UsageError
 
 RESUME_IGNORED = ("out", "resume", "no_progress", "device", "experiment_id")
-
-
-class UsageError(Exception):
-    """A problem with the user's flags or data; the CLI prints it as one line and exits 2."""
-
-
-def add_run_arguments(parser: Any, command: str) -> None:
-    """The run-directory flags every training tool has: ``--out``, ``--resume``, ``--no-progress``."""
-    p = parser.add_argument
-    p("--out", type=Path, default=None, help=f"run directory (default runs/{command}-<timestamp>)")
-    p("--resume", type=Path, default=None,
-      help="continue the run in this directory from its last checkpoint (flags must match the stored run)")
-    p("--no-progress", dest="no_progress", action="store_true", help="no progress bars (also off without a TTY)")
 
 
 def resolve_device(text: str, local_rank: int | None = None) -> torch.device:
@@ -99,27 +89,29 @@ class Run:
     """One training run (see the module docstring).
 
     Args:
-        command: the subcommand name (``train-embeddings``, ...), used for the default directory.
-        args: the parsed flags; must have ``out``, ``resume``, ``no_progress``, ``device``.
+        config: the tool's config; its command names the default directory.
         resume_ignored: extra flag names that may differ on ``--resume``.
     """
 
-    def __init__(self, command: str, args: Any, resume_ignored: Iterable[str] = ()) -> None:
-        self.command = command
+    def __init__(self, config: EmbeddingConfig | Cifar100Config | KnnConfig,
+                 resume_ignored: Iterable[str] = ()) -> None:
+        self.command = command = config.command
+        output = config.output
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.distributed = "WORLD_SIZE" in os.environ and "RANK" in os.environ
-        self.device = resolve_device(args.device, local_rank if self.distributed else None)
+        self.device = resolve_device(config.device, local_rank if self.distributed else None)
         self.is_main = self.rank == 0
-        self.show_progress = self.is_main and not args.no_progress and sys.stderr.isatty()
-        self.config = {name: _jsonable(value) for name, value in sorted(vars(args).items())}
+        self.show_progress = self.is_main and not output.no_progress and sys.stderr.isatty()
+        flags = {"command": command, **config.flags()}  # the keys of the parsed flags, as before the typed configs
+        self.config = {name: _jsonable(value) for name, value in sorted(flags.items())}
         self.resumed: dict[str, Any] | None = None
-        if args.resume is not None:
-            self.dir = Path(args.resume)
+        if output.resume is not None:
+            self.dir = Path(output.resume)
             self._check_resume(resume_ignored)
         else:
-            self.dir = Path(args.out) if args.out is not None else self._default_dir()
+            self.dir = Path(output.out) if output.out is not None else self._default_dir()
             if (self.dir / "checkpoint.pt").exists():
                 raise UsageError(f"--out {self.dir}: already holds a run (use --resume {self.dir} to continue it)")
             if self.is_main:
@@ -130,9 +122,7 @@ class Run:
                 torch.cuda.set_device(self.device)
             torch.distributed.init_process_group(backend)
         if self.is_main and self.resumed is None:
-            from .. import __version__
-
-            meta = {"softtopk_version": __version__, "torch_version": torch.__version__,
+            meta = {"softtopk_version": version("softtopk"), "torch_version": torch.__version__,
                     "git_commit": _git_commit(), "world_size": self.world_size, "command": command}
             (self.dir / "config.json").write_text(json.dumps({"flags": self.config, **meta}, indent=2) + "\n")
             (self.dir / "metrics.jsonl").write_text("")
@@ -214,7 +204,7 @@ class Run:
     def restore(self, generators: dict[str, torch.Generator], model: torch.nn.Module,
                 optimizer: torch.optim.Optimizer, best: Any) -> dict[str, Any] | None:
         """On ``--resume``: restore the RNG states, ``model``, ``optimizer`` and ``best`` (a
-        :class:`~softtopk.experiments.metrics.BestTracker`), trim ``metrics.jsonl`` and return the
+        :class:`~softtopk_lab.metrics.BestTracker`), trim ``metrics.jsonl`` and return the
         checkpoint; ``None`` for a new run."""
         if self.resumed is None:
             return None

@@ -1,1 +1,0 @@
-"""Experiments and command-line tools built on softtopk (the demo for now)."""

@@ -1,0 +1,160 @@
+"""``softtopk train-embeddings``: a linear (or MLP) head on precomputed embeddings.
+
+The flags of difftopk's ``experiments/train_imagenet.py`` keep their names, defaults and meaning,
+so its README commands run unchanged apart from the program name and the data path. Training is
+Adam with the constant learning rate ``10 ** -nloglr``, no weight decay; the model is
+``nn.Linear(D, C)`` or, with ``--hidden_dims``, a ReLU MLP; ``--apply_relu`` applies a ReLU and
+``--apply_dropout`` a ``Dropout(0.5)`` to the input embeddings (difftopk's exact placement of the
+two is unverified); ``--normalize_ll`` makes the last layer a :class:`CosineLinear` (pytopk's
+normalised last layer, used there with ``imbal_noised_topk``). Top-1/5/10/20 (micro and macro) are
+evaluated on the validation and test sets at step 0, every ``--eval_freq`` steps and at the end;
+each metric is reported as the test value at the best validation value of that metric. Run files,
+resume and torchrun: :mod:`.runner`.
+
+Test-only hook: with the environment variable ``SOFTTOPK_TEST_KILL_AT_STEP=N`` the process sends
+itself SIGKILL right after optimizer step ``N`` (used by the kill-and-resume test).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .config import EmbeddingConfig
+from .embedding_data import default_val_size, load_data, split_validation
+from .errors import UsageError
+from .metrics import BestTracker, evaluate, summary_table
+from .runner import Run, epoch_permutation
+from .train_losses import build_loss
+
+
+class CosineLinear(torch.nn.Module):
+    """Normalised last layer: ``s_c = <x, w_c> / (||x|| ||w_c||)``, cosines in ``[-1, 1]``, no bias.
+
+    The "normalised last layer" of LDAM (Cao et al., NeurIPS 2019) that pytopk's Pl@ntNet experiment
+    uses with ``ImbalNoisedTopK`` (Garcin et al., ICML 2022), whose ``scale`` then acts as the inverse
+    temperature. Weights start as ``nn.Linear``'s (Kaiming-uniform); zero vectors give zero scores.
+
+    Shape: ``(N, in_features)`` → ``(N, out_features)``.
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.nn.Linear(in_features, out_features, bias=False).weight.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normalize = torch.nn.functional.normalize
+        return torch.nn.functional.linear(normalize(x, dim=-1), normalize(self.weight, dim=-1))
+
+
+def build_model(dim: int, n_classes: int, hidden_dims: Sequence[int], apply_relu: bool, apply_dropout: bool,
+                normalize_ll: bool = False) -> torch.nn.Module:
+    """``[ReLU] [Dropout(0.5)] (Linear ReLU)* Linear`` from ``dim`` inputs to ``n_classes`` scores, the last
+    layer a :class:`CosineLinear` with ``normalize_ll``."""
+    layers: list[torch.nn.Module] = []
+    if apply_relu:
+        layers.append(torch.nn.ReLU())
+    if apply_dropout:
+        layers.append(torch.nn.Dropout(0.5))
+    for width in hidden_dims:
+        layers += [torch.nn.Linear(dim, width), torch.nn.ReLU()]
+        dim = width
+    layers.append(CosineLinear(dim, n_classes) if normalize_ll else torch.nn.Linear(dim, n_classes))
+    return torch.nn.Sequential(*layers)
+
+
+def _val_size(val_size: int | None, data: dict[str, Any]) -> int:
+    """``--val_size``, or difftopk's default for the file's key set; at least one row on either side."""
+    n_train = len(data["train"][1])
+    size = default_val_size(data["source"], n_train) if val_size is None else val_size
+    if not 1 <= size < n_train:
+        raise UsageError(f"--val_size must be in [1, {n_train - 1}] for {n_train} training rows, got {size}")
+    return size
+
+
+def train_embeddings(config: EmbeddingConfig) -> dict[str, Any]:
+    """Run ``softtopk train-embeddings``; returns the content of ``results.json``.
+
+    Raises:
+        UsageError: a flag value refused here (device, run directory, loss, ``--val_size``).
+        DataError: the data file or built-in dataset is missing or malformed.
+    """
+    data = load_data(config.data_path)
+    if "valid" not in data:  # a file: the validation rows are carved from its training set
+        data = split_validation(data, config.seed, _val_size(config.val_size, data))
+    run = Run(config)
+    torch.manual_seed(config.seed)
+    (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = data["train"], data["valid"], data["test"]
+    model = build_model(train_x.shape[1], data["n_classes"], config.hidden_dims, config.apply_relu,
+                        config.apply_dropout, config.normalize_ll)
+    net = run.wrap_model(model)
+    optimizer = torch.optim.Adam(net.parameters(), lr=10 ** -config.nloglr)
+    noise = torch.Generator(device=run.device).manual_seed(config.seed * 7919 + run.rank)
+    loss_fn = build_loss(config.loss, data["n_classes"], data["train_class_counts"], noise).to(run.device)
+    generators, best = {"loss_noise": noise}, BestTracker()
+    start_epoch, step, losses, train_seconds = 0, 0, [], 0.0
+    state = run.restore(generators, model, optimizer, best)
+    if state is not None:
+        start_epoch, step = state["epoch"] + 1, state["step"]
+        valid, test = state["last_evaluation"]
+        losses = list(state["losses_since_evaluation"])
+        train_seconds = state["train_seconds"]
+    kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
+    steps_per_epoch = -(-len(train_y) // config.batch_size)
+    total_steps = config.n_epochs * steps_per_epoch
+
+    def evaluation() -> tuple[dict, dict]:
+        valid = evaluate(model, valid_x, valid_y, batch_size=config.batch_size, device=run.device)
+        test = evaluate(model, test_x, test_y, batch_size=config.batch_size, device=run.device)
+        best.update(valid, test, step)
+        train_loss = run.mean_loss(losses)
+        run.log({"step": step, "epoch": step / steps_per_epoch, "train_loss": train_loss, "valid": valid, "test": test,
+                 "elapsed": run.elapsed()})
+        losses.clear()
+        return valid, test
+
+    if state is None:
+        valid, test = evaluation()
+    for epoch in range(start_epoch, config.n_epochs):
+        net.train()
+        order = epoch_permutation(len(train_y), config.seed, epoch)
+        batches = run.progress(order.split(config.batch_size), steps_per_epoch, f"epoch {epoch + 1}/{config.n_epochs}")
+        for batch in batches:
+            tick = time.perf_counter()
+            local = run.shard(batch)
+            x = train_x[local].to(run.device).float()
+            y = train_y[local].to(run.device)
+            logits = net(x)
+            if len(local):
+                loss = loss_fn(logits, y) * run.shard_weight(len(local), len(batch))
+            else:
+                loss = logits.sum() * 0.0
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            train_seconds += time.perf_counter() - tick
+            step += 1
+            losses.append(loss.detach())
+            if run.show_progress:
+                accuracy = (logits.argmax(1) == y).float().mean().item() if len(local) else 0.0
+                batches.set_postfix(loss=f"{losses[-1].item():.4f}", acc=f"{accuracy:.3f}")
+            if step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step % config.eval_freq == 0 or step == total_steps:
+                valid, test = evaluation()
+        run.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                             "step": step, "best": best.state_dict(), "last_evaluation": (valid, test),
+                              "losses_since_evaluation": list(losses), "train_seconds": train_seconds},
+                            generators)
+    results = {"reported_test_at_best_valid": best.reported(), "final_valid": valid, "final_test": test,
+               "best": best.state_dict(), "steps": step, "epochs": config.n_epochs, "n_classes": data["n_classes"],
+               "n_train": len(train_y), "n_valid": len(valid_y), "n_test": len(test_y), "data": data["source"],
+               "elapsed": run.elapsed(), "train_seconds": train_seconds,
+               "ms_per_step": 1e3 * train_seconds / max(step, 1)}
+    run.finish(results, summary_table(valid, test, best))
+    return results

@@ -1,0 +1,143 @@
+"""The import rule (README, "Architecture"): ops -> conventions -> families -> faces -> compat -> lab.
+
+Walks the ``ast`` of every module of ``src/softtopk`` and ``src/softtopk_lab`` and fails on an upward
+import, a cycle, a private name imported from another module, a private module imported by compat or
+the lab (compat may use the shared checks of ``softtopk._validation``), a face that defines
+something, or a third-party import in the torch-only library.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+CONVENTIONS = {"softtopk._validation", "softtopk._layout", "softtopk._registry"}
+FACES = {"softtopk", "softtopk.functional", "softtopk.nn", "softtopk.losses"}
+LAYERS = ("ops", "conventions", "families", "faces", "compat", "lab")
+
+
+def layer(module: str) -> int:
+    """The layer of a module of the repository (adding a module outside these places fails here)."""
+    if module.startswith("softtopk_lab"):
+        return LAYERS.index("lab")
+    if module.startswith("softtopk.ops"):
+        return LAYERS.index("ops")
+    if module in CONVENTIONS:
+        return LAYERS.index("conventions")
+    if module in FACES:
+        return LAYERS.index("faces")
+    if module.startswith("softtopk.compat"):
+        return LAYERS.index("compat")
+    families = {"softtopk.operators", "softtopk.stochastic", "softtopk.knn", "softtopk._deprecated"}
+    if module in families or module.startswith("softtopk.losses."):
+        return LAYERS.index("families")
+    raise AssertionError(f"{module} has no layer: place it in tests/test_layering.py and the README's Architecture")
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in ("softtopk", "softtopk_lab"):
+        for path in sorted((SRC / package).rglob("*.py")):
+            parts = list(path.relative_to(SRC).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def imports(module: str, path: Path) -> list[tuple[str, str | None, int]]:
+    """``(imported module, imported name or None, line)`` for every import of the project's packages
+    and every third-party import (stdlib and ``__future__`` left out)."""
+    is_package = path.name == "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                if submodule in MODULES:  # ``from . import functional``: a module, not a name
+                    found.append((submodule, None, node.lineno))
+                else:
+                    found.append((target, alias.name, node.lineno))
+    return [item for item in found if item[0].split(".")[0] not in sys.stdlib_module_names | {"__future__"}]
+
+
+MODULES = modules()
+EDGES = {module: imports(module, path) for module, path in MODULES.items()}
+
+
+def test_every_module_has_a_layer_and_the_lab_is_separate():
+    for module in MODULES:
+        layer(module)
+    assert "softtopk.experiments" not in MODULES and "softtopk.cli" not in MODULES
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_run_one_way(module):
+    for target, name, line in EDGES[module]:
+        root = target.split(".")[0]
+        where = f"{MODULES[module].relative_to(SRC)}:{line}"
+        if root not in ("softtopk", "softtopk_lab"):
+            allowed = {"torch"} if module.startswith("softtopk.") or module == "softtopk" else None
+            assert allowed is None or root in allowed, f"{where}: the library imports {root} (torch only)"
+            continue
+        assert layer(target) <= layer(module), f"{where}: upward import of {target} ({LAYERS[layer(target)]})"
+        assert name is None or not name.startswith("_"), f"{where}: private name {name} imported from {target}"
+        if layer(module) >= LAYERS.index("compat") and layer(target) < LAYERS.index("compat"):
+            shared_checks = layer(module) == LAYERS.index("compat") and target == "softtopk._validation"
+            assert target in FACES or shared_checks, f"{where}: {module} imports {target}, not a face"
+
+
+def test_no_import_cycle():
+    graph = {module: {target for target, _, _ in EDGES[module] if target in MODULES} for module in MODULES}
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in graph[module]:
+            assert state.get(target) != 1, "import cycle: " + " -> ".join(path + [module, target])
+            if target not in state:
+                visit(target, path + [module])
+        state[module] = 2
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+
+
+@pytest.mark.parametrize("face", sorted(FACES - {"softtopk"}))
+def test_faces_define_nothing(face):
+    tree = ast.parse(MODULES[face].read_text())
+    for node in tree.body:
+        docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        exports = isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["__all__"]
+        assert docstring or exports or isinstance(node, (ast.Import, ast.ImportFrom)), (
+            f"{face} defines something at line {node.lineno}: faces only re-export"
+        )
+
+
+def test_library_files_stay_short():
+    for module, path in MODULES.items():
+        if not module.startswith("softtopk_lab"):
+            lines = len(path.read_text().splitlines())
+            assert lines <= 400, f"{path.relative_to(SRC)} has {lines} lines (at most 400)"
+
+
+def test_the_rule_catches_an_upward_import(tmp_path):
+    """The walker itself: a relative import from ops up to a face is seen and refused."""
+    path = tmp_path / "bad.py"
+    path.write_text("from ..functional import soft_topk\nfrom .lapsum import _LaplaceMask\n")
+    found = imports("softtopk.ops.bad", path)
+    assert ("softtopk.functional", "soft_topk", 1) in found and ("softtopk.ops.lapsum", "_LaplaceMask", 2) in found
+    assert layer("softtopk.functional") > layer("softtopk.ops.bad")
