@@ -237,9 +237,9 @@ def test_dknn_defaults_repr_and_unused_arguments():
 @pytest.mark.parametrize(
     "query, neighbors, match",
     [
-        (torch.randn(3), torch.randn(5, 3), "shapes"),
-        (torch.randn(2, 3), torch.randn(5, 4), "shapes"),
-        (torch.randn(2, 3), torch.randn(1, 3), "exceeds the number of neighbors N = 1"),
+        (torch.randn(3), torch.randn(5, 3), r"query must have shape \(Q, d\)"),
+        (torch.randn(2, 3), torch.randn(5, 4), "query and neighbors must have the same feature size d"),
+        (torch.randn(2, 3), torch.randn(1, 3), r"k must satisfy k <= N = 1 \(the number of neighbors\)"),
         (torch.arange(6).reshape(2, 3), torch.randn(5, 3), "query"),
     ],
 )

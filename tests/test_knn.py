@@ -170,9 +170,9 @@ def test_input_errors(call):
         )
     with pytest.raises(ValueError, match=r"query and neighbors must have the same feature size d"):
         run(query, neighbors[:, :2], neighbor_labels)
-    with pytest.raises(ValueError, match=r"query must have shape \(rows, d\), got \(5,\)"):
+    with pytest.raises(ValueError, match=r"query must have shape \(Q, d\), got \(5,\)"):
         run(query[:, 0], neighbors, neighbor_labels)
-    with pytest.raises(ValueError, match=r"neighbors must have shape \(rows, d\), got \(12, 3, 1\)"):
+    with pytest.raises(ValueError, match=r"neighbors must have shape \(N, d\), got \(12, 3, 1\)"):
         run(query, neighbors[..., None], neighbor_labels)
     with pytest.raises(TypeError, match=r"query must be a torch.Tensor, got list"):
         run(query.tolist(), neighbors, neighbor_labels)

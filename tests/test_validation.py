@@ -331,3 +331,38 @@ def test_weight_wrong_dtype(weight):
         _loss(weight=weight)
     with pytest.raises(TypeError, match=_match("weight must be a floating torch.Tensor", f"got {weight!r}")):
         softtopk.TopKCrossEntropyLoss([0.5, 0.5], weight=weight)
+
+
+@pytest.mark.parametrize("ignore_index", [1.5, "-100", True, None])
+def test_ignore_index_must_be_an_int(ignore_index):
+    shown = f"{type(ignore_index).__name__} {ignore_index!r}"
+    with pytest.raises(TypeError, match=_match("ignore_index must be an int", shown)):
+        _loss(ignore_index=ignore_index)
+    with pytest.raises(TypeError, match=_match("ignore_index must be an int", shown)):
+        softtopk.SmoothTopKSVM(k=2, ignore_index=ignore_index)
+
+
+def test_vocabulary_messages():
+    """The shared checkers: one message shape for every bound (each family composes them)."""
+    from softtopk import _validation as v
+
+    with pytest.raises(ValueError, match=_match("n must be >= 2 (at least a pair)", "got 1")):
+        v.check_int("n", 1, low=2, why=" (at least a pair)")
+    with pytest.raises(ValueError, match=_match("n must be <= 3", "got 4")):
+        v.check_int("n", 4, high=3)
+    with pytest.raises(ValueError, match=_match("n must satisfy 1 <= n <= 3", "got 0")):
+        v.check_int("n", 0, low=1, high=3)
+    assert v.check_int("n", -7) == -7 and v.check_int("n", torch.tensor(3).item(), low=1) == 3
+    with pytest.raises(ValueError, match=_match("a must be in [0, 1)", "got 1.0")):
+        v.check_real("a", 1.0, low=0.0, below=1.0)
+    with pytest.raises(ValueError, match=_match("b must be a finite number >= 0.5", "got 0.25")):
+        v.check_real("b", 0.25, low=0.5)
+    with pytest.raises(ValueError, match=_match("c must be a finite number", "got inf")):
+        v.check_real("c", math.inf)
+    with pytest.raises(ValueError, match=_match("p must be one of (2.0, 1.5)", "got True")):
+        v.check_choice("p", True, (2.0, 1.5))  # a bool never equals a number here
+    assert v.check_choice("p", 2, (2.0, 1.5)) == 2
+    with pytest.raises(ValueError, match=_match("input has 4 classes", "built with n_classes = 5")):
+        v.check_classes_match(torch.zeros(2, 4), 5)
+    with pytest.raises(ValueError, match=_match("noise must have shape (2, 3, 4): one noise draw", "got (2, 3, 5)")):
+        v.check_noise("noise", torch.zeros(2, 3, 5), torch.Size([2, 3]), samples=4)

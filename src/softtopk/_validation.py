@@ -149,6 +149,18 @@ def check_scores(name: str, value: Any, *, dims: int | None = None, shape: str =
     return value
 
 
+def check_neighbors(query: Any, neighbors: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """kNN embeddings: ``query (Q, d)`` and ``neighbors (N, d)`` with the same ``d`` and ``N >= k``."""
+    query = check_scores("query", query, dims=2, shape="(Q, d)")
+    neighbors = check_scores("neighbors", neighbors, dims=2, shape="(N, d)")
+    if query.shape[1] != neighbors.shape[1]:
+        raise ValueError(f"query and neighbors must have the same feature size d, got query {tuple(query.shape)} "
+                         f"and neighbors {tuple(neighbors.shape)}")
+    if k > neighbors.shape[0]:
+        raise ValueError(f"k must satisfy k <= N = {neighbors.shape[0]} (the number of neighbors), got k = {k}")
+    return query, neighbors
+
+
 def check_labels(name: str, value: Any, rows: int, rows_name: str) -> torch.Tensor:
     """Integer labels of shape ``(rows,)``, one per row of ``rows_name``."""
     if not isinstance(value, torch.Tensor):

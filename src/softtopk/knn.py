@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ._registry import resolve
-from ._validation import check_int, check_labels, check_scores
+from ._validation import check_int, check_labels, check_neighbors
 from .operators import soft_topk
 
 __all__ = ["DifferentiableKNN", "KNNOutput"]
@@ -113,17 +113,8 @@ class DifferentiableKNN(torch.nn.Module):
     def _scores(
         self, query: Any, neighbors: Any, neighbor_labels: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        query = check_scores("query", query, dims=2, shape="(rows, d)")
-        neighbors = check_scores("neighbors", neighbors, dims=2, shape="(rows, d)")
-        if query.shape[1] != neighbors.shape[1]:
-            raise ValueError(
-                f"query and neighbors must have the same feature size d, got query {tuple(query.shape)} "
-                f"and neighbors {tuple(neighbors.shape)}"
-            )
-        n = neighbors.shape[0]
-        neighbor_labels = check_labels("neighbor_labels", neighbor_labels, n, "neighbors")
-        if self.k > n:
-            raise ValueError(f"k must satisfy k <= N = {n} (the number of neighbors), got k = {self.k}")
+        query, neighbors = check_neighbors(query, neighbors, self.k)
+        neighbor_labels = check_labels("neighbor_labels", neighbor_labels, neighbors.shape[0], "neighbors")
         if query.dtype != neighbors.dtype:
             dtype = torch.promote_types(query.dtype, neighbors.dtype)
             query, neighbors = query.to(dtype), neighbors.to(dtype)

@@ -12,7 +12,7 @@ on the built-in WordNet dataset.
    time per step; ``demo.json`` and ``demo.png`` (validation top-5 over steps) go to ``--out``,
    next to each run's own directory.
 
-16 seconds on this project's 2-vCPU machine (measured on an idle machine).
+About 18 seconds on this project's 2-vCPU machine (17.7-19.1 s in four runs on a quiet machine).
 """
 
 from __future__ import annotations

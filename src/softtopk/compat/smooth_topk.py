@@ -12,9 +12,10 @@ with the original's positional order and defaults; ``alpha=None`` means ``alpha 
 ``_SVMLoss.__init__``: ``self.alpha = alpha if alpha is not None else 1``). ``forward(x, y)`` takes
 scores ``(B, C)`` and labels ``(B,)`` and returns the 0-d mean of the per-sample losses over the
 batch, like the original (which sums the smooth and hard rows and divides by ``B``). The losses are
-:func:`softtopk.losses.smooth_svm.smooth_topk_svm`, :func:`~softtopk.losses.smooth_svm.smooth_top1_svm`,
-:func:`~softtopk.losses.smooth_svm.topk_svm` and :func:`~softtopk.losses.smooth_svm.top1_svm`; the
-classes are subclasses of softtopk's own modules of those names (``MaxTop*SVM`` of ``Top*SVM``).
+:func:`softtopk.smooth_topk_svm`, :func:`softtopk.smooth_top1_svm`, :func:`softtopk.topk_svm` and
+:func:`softtopk.top1_svm`; the classes subclass softtopk's Modules (:class:`softtopk.SmoothTopKSVM`,
+:class:`softtopk.SmoothTop1SVM`, and ``MaxTop*SVM`` of :class:`softtopk.TopKSVM`/:class:`softtopk.Top1SVM`),
+adding the original's ``n_classes``.
 
 Intended differences from the original:
 

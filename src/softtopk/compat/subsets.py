@@ -8,7 +8,7 @@ hard=False)``, same ``forward(scores) -> khot`` along dim 1, same noise and same
   ``torch.distributions.Gumbel(zeros_like(scores), ones_like(scores)).sample()`` from torch's global
   RNG, so after the same ``torch.manual_seed`` both use the same noise;
 * ``khot`` is the sum of ``k`` successive softmaxes of the keys, each damping the previous soft pick,
-  i.e. :func:`softtopk.ops.gumbel.gumbel_topk` with ``relaxation="subsets"`` (rows sum to ``k``;
+  i.e. :func:`softtopk.gumbel_topk` with ``relaxation="subsets"`` (rows sum to ``k``;
   entries may exceed 1, structurally, as in the original);
 * ``hard=True`` keeps the original's semantics: the forward value is the k-hot of the top-k of the
   **relaxed** ``khot`` and the backward is ``khot``'s gradient (straight-through). That k-hot is not
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import check_bool, check_int, check_real, check_scores
+from .._validation import check_bool, check_int, check_neighbors, check_real, check_scores
 from ..functional import gumbel_topk
 
 __all__ = ["SubsetOperator", "SubsetsDKNN"]
@@ -144,15 +144,7 @@ class SubsetsDKNN(torch.nn.Module):
     ) -> torch.Tensor:
         """Relaxed k-hot ``(M, N)`` over the neighbours of each query; ``tau`` is unused (as in the
         original); ``noise`` as in :meth:`SubsetOperator.forward`, of shape ``(M, N)``."""
-        query = check_scores("query", query)
-        neighbors = check_scores("neighbors", neighbors)
-        if query.dim() != 2 or neighbors.dim() != 2 or query.shape[1] != neighbors.shape[1]:
-            raise ValueError(
-                "query and neighbors must have shapes (M, p) and (N, p) with the same p, got "
-                f"{tuple(query.shape)} and {tuple(neighbors.shape)}"
-            )
-        if self.k > neighbors.shape[0]:
-            raise ValueError(f"k = {self.k} exceeds the number of neighbors N = {neighbors.shape[0]}")
+        query, neighbors = check_neighbors(query, neighbors, self.k)
         scores = -((query.unsqueeze(1) - neighbors.unsqueeze(0)) ** 2).sum(2)
         return self.subset_sample(scores, noise=noise)
 
