@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import softtopk
-from softtopk_lab import demo, sweep
+from softtopk_lab import demo
 from softtopk_lab.config import Cifar100Config, DemoConfig, EmbeddingConfig, KnnConfig, LossConfig, SweepConfig
 from softtopk_lab.errors import UsageError
 from softtopk_lab.flags import DIFFTOPK_RANKS, KNN_METHODS, OTHER_RANKS, build_parser
