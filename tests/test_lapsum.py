@@ -632,7 +632,7 @@ def test_func_grad_matches_autograd(k):
 
 def test_module_defaults_to_lapsum():
     layer = softtopk.SoftTopK(3)
-    assert layer.method == "lapsum" and layer.params == {"tau": 1.0}
+    assert layer.method == "lapsum" and layer.params == {"tau": 1.0, "hard": False}
     assert "lapsum" in repr(layer)
     x = torch.randn(2, 7, generator=_gen(9))
     torch.testing.assert_close(layer(x), softtopk.soft_topk(x, 3, method="lapsum", tau=1.0), rtol=0, atol=0)
@@ -641,7 +641,7 @@ def test_module_defaults_to_lapsum():
     y = torch.randn(7, 2, generator=_gen(10))
     torch.testing.assert_close(sharp(y), softtopk.soft_topk(y, 3, tau=0.01, dim=0), rtol=0, atol=0)
     info = softtopk.methods()["lapsum"]
-    assert info.outputs == ("mask",) and not info.stochastic and info.params == {"tau": 1.0}
+    assert info.outputs == ("mask",) and not info.stochastic and info.params == {"tau": 1.0, "hard": False}
 
 
 # --------------------------------------------------------------------------------------------
@@ -716,7 +716,7 @@ def test_tau_tensor_not_broadcastable():
 
 @pytest.mark.parametrize("param", ["l", "steepness", "temperature"])
 def test_unknown_parameter(param):
-    message = _match("method 'lapsum' got unexpected parameter(s)", f"'{param}'", "it takes ['tau']")
+    message = _match("method 'lapsum' got unexpected parameter(s)", f"'{param}'", "it takes ['hard', 'tau']")
     with pytest.raises(TypeError, match=message):
         softtopk.soft_topk(X, 2, **{param: 1.0})
     with pytest.raises(TypeError, match=_match("method 'lapsum' got unexpected parameter(s)", f"'{param}'")):

@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import functional, losses, nn
 from ._registry import MethodInfo
+from .operators import TopK
 from .functional import (
     bal_noised_topk,
     gumbel_topk,
@@ -26,6 +27,7 @@ from .functional import (
     sparse_topk_mag,
     sparse_topk_mask,
     top1_svm,
+    topk,
     topk_cross_entropy,
     topk_svm,
 )
@@ -61,6 +63,7 @@ __all__ = [
     "SoftTopKRanks",
     "Top1SVM",
     "TopKCrossEntropyLoss",
+    "TopK",
     "TopKSVM",
     "TopkSVM",
     "bal_noised_topk",
@@ -82,6 +85,7 @@ __all__ = [
     "sparse_topk_mag",
     "sparse_topk_mask",
     "top1_svm",
+    "topk",
     "topk_cross_entropy",
     "topk_svm",
 ]

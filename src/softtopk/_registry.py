@@ -21,6 +21,7 @@ from ._validation import (
     check_positive_or_tensor,
     check_real,
 )
+from .ops._straight_through import straight_through_mask, straight_through_ranks
 from .ops.gumbel import RELAXATIONS, gumbel_mask_rows, gumbel_ranks_rows
 from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
@@ -70,6 +71,16 @@ def _count(name: str, value: Any) -> int:
     return check_int(name, value, low=1)
 
 
+def _with_hard(mask: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``mask`` with the ``hard`` option: the exact k-hot forward, ``mask``'s gradient backward."""
+
+    def hard_or_soft(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
+        soft = mask(x, k, **params)
+        return straight_through_mask(x, k, soft) if hard else soft
+
+    return hard_or_soft
+
+
 def _dykstra_solves_p2(params: dict[str, Any], output: str) -> None:
     if params["solver"] == "dykstra" and params["p"] != 2:
         raise ValueError(f"solver='dykstra' solves p=2 only, got p={params['p']!r}; use solver='pav' for p=4/3")
@@ -91,13 +102,16 @@ _NETWORK_COST = {
 
 
 def _network_method(kind: str) -> _Method:
-    def ranks(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
-        return network_ranks(x, k, network=kind, **params)
+    def ranks(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
+        soft = network_ranks(x, k, network=kind, **params)
+        return straight_through_ranks(x, soft) if hard else soft
 
     def mask(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
         return network_mask(x, k, network=kind, **params)
 
-    def label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
+    def label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
+        if hard:  # the straight-through ranks need every row of the network
+            return ranks(x, k, hard=True, **params).gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
         return network_label_ranks(x, position, k, network=kind, **params)
 
     info = MethodInfo(
@@ -105,7 +119,7 @@ def _network_method(kind: str) -> _Method:
         outputs=("mask", "ranks", "permutation"),
         stochastic=False,
         cost=_NETWORK_COST[kind],
-        params={"distribution": "cauchy", "steepness": 10.0, "art_lambda": 0.25},
+        params={"distribution": "cauchy", "steepness": 10.0, "art_lambda": 0.25, "hard": False},
         summary=f"relaxed {kind} network (Petersen et al. 2021/2022); masks in [0, 1], doubly "
         "stochastic ranks; not exactly permutation equivariant",
     )
@@ -113,8 +127,9 @@ def _network_method(kind: str) -> _Method:
         "distribution": _choice(DISTRIBUTIONS),
         "steepness": _positive,
         "art_lambda": functools.partial(check_real, low=0.0, below=1.0),
+        "hard": check_bool,
     }
-    return _Method(info, ranks, mask, label_ranks, checks)
+    return _Method(info, ranks, _with_hard(mask), label_ranks, checks)
 
 
 _REGISTRY: dict[str, _Method] = {kind: _network_method(kind) for kind in NETWORK_TYPES}
@@ -152,13 +167,13 @@ _REGISTRY["lapsum"] = _Method(
         outputs=("mask",),
         stochastic=False,
         cost="O(n) time and memory per row plus a topk of 2k (a sort for a per-row tensor k)",
-        params={"tau": 1.0},
+        params={"tau": 1.0, "hard": False},
         summary="closed-form Laplace-CDF mask F((x - t)/tau), t solved exactly so the mask sums to k; "
         "smooth, dense, in (0, 1); tau and a per-row k may be tensors (with gradients)",
     ),
     None,
-    lambda x, k, tau: lapsum_mask(x, k, tau),
-    checks={"tau": check_positive_or_tensor},
+    _with_hard(lambda x, k, tau: lapsum_mask(x, k, tau)),
+    checks={"tau": check_positive_or_tensor, "hard": check_bool},
     tensor_args=("k", "tau"),
 )
 _REGISTRY["sparse"] = _Method(
@@ -168,13 +183,13 @@ _REGISTRY["sparse"] = _Method(
         stochastic=False,
         cost="'pav': O(n) memory, a topk of a few more than k (sort when many entries tie near the "
         "threshold); 'dykstra': O(n_iter n) after a sort",
-        params={"l": 0.1, "p": 4.0 / 3.0, "solver": "pav", "n_iter": 500},
+        params={"l": 0.1, "p": 4.0 / 3.0, "solver": "pav", "n_iter": 500, "hard": False},
         summary="sparse soft top-k (Sander et al. 2023): p-norm regularised, exact zeros, in [0, 1], "
         "sums to k; p = 2 piecewise linear, p = 4/3 continuously differentiable",
     ),
     None,
-    sparse_mask_rows,
-    checks={"l": _positive, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": _count},
+    _with_hard(sparse_mask_rows),
+    checks={"l": _positive, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": _count, "hard": check_bool},
     joint=_dykstra_solves_p2,
 )
 _REGISTRY["perturbed"] = _Method(
@@ -183,13 +198,14 @@ _REGISTRY["perturbed"] = _Method(
         outputs=("mask",),
         stochastic=True,
         cost="O(n_samples n) time and memory per row",
-        params={"sigma": 1.0, "n_samples": 100, "noise": "gaussian", "generator": None},
+        params={"sigma": 1.0, "n_samples": 100, "noise": "gaussian", "generator": None, "hard": False},
         summary="Monte-Carlo mean of hard k-hot masks of x + sigma Z (Berthet et al. 2020); sums to k, "
         "values multiples of 1/n_samples; perturbed-optimiser gradient estimator",
     ),
     None,
-    perturbed_topk_rows,
-    checks={"sigma": _positive, "n_samples": _count, "noise": _choice(NOISE_KINDS), "generator": check_generator},
+    _with_hard(perturbed_topk_rows),
+    checks={"sigma": _positive, "n_samples": _count, "noise": _choice(NOISE_KINDS), "generator": check_generator,
+            "hard": check_bool},
 )
 _REGISTRY["gumbel"] = _Method(
     MethodInfo(
@@ -213,6 +229,23 @@ _REGISTRY["gumbel"] = _Method(
     },
     joint=_ranks_need_subsets,
 )
+
+
+def register_tensor_params(module: torch.nn.Module, params: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Register a method's tensor parameters on ``module`` (an ``nn.Parameter`` as a parameter, any
+    other tensor as a buffer), so that they appear in ``parameters()``/``state_dict()`` and follow
+    ``.to()``; return the other parameters and the registered names (read back at every forward)."""
+    plain, names = {}, []
+    for name, value in params.items():
+        if isinstance(value, torch.nn.Parameter):
+            module.register_parameter(name, value)
+        elif isinstance(value, torch.Tensor):
+            module.register_buffer(name, value)
+        else:
+            plain[name] = value
+            continue
+        names.append(name)
+    return plain, tuple(names)
 
 
 def methods() -> dict[str, MethodInfo]:

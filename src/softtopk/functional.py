@@ -13,6 +13,7 @@ from .operators import (
     soft_topk_ranks,
     sparse_topk_mag,
     sparse_topk_mask,
+    topk,
 )
 from .stochastic import gumbel_topk, noised_kth_value, perturbed_topk
 
@@ -34,5 +35,6 @@ __all__ = [
     "sparse_topk_mask",
     "top1_svm",
     "topk_cross_entropy",
+    "topk",
     "topk_svm",
 ]

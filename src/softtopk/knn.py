@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._registry import resolve
+from ._registry import register_tensor_params, resolve
 from ._validation import check_int, check_labels, check_neighbors
 from .operators import soft_topk
 
@@ -107,7 +107,8 @@ class DifferentiableKNN(torch.nn.Module):
     def __init__(self, k: int, *, method: str = "gumbel", **params: Any) -> None:
         super().__init__()
         self.k = check_int("k", k, low=1)
-        _, self.params = resolve(method, params, "mask")
+        _, params = resolve(method, params, "mask")
+        self.params, self._tensors = register_tensor_params(self, params)  # e.g. a learnable tau
         self.method = method
 
     def _scores(
@@ -129,7 +130,8 @@ class DifferentiableKNN(torch.nn.Module):
     ) -> KNNOutput:
         """Relaxed top-k neighbour weights ``(Q, N)`` and, with ``query_labels``, the kNN loss."""
         scores, neighbor_labels = self._scores(query, neighbors, neighbor_labels)
-        weights = soft_topk(scores, self.k, method=self.method, dim=-1, **self.params)
+        tensors = {name: getattr(self, name) for name in self._tensors}
+        weights = soft_topk(scores, self.k, method=self.method, dim=-1, **self.params, **tensors)
         if query_labels is None:
             return KNNOutput(weights, None)
         query_labels = check_labels("query_labels", query_labels, scores.shape[0], "query")
@@ -166,4 +168,5 @@ class DifferentiableKNN(torch.nn.Module):
 
     def extra_repr(self) -> str:
         params = "".join(f", {key}={value!r}" for key, value in self.params.items())
+        params += "".join(f", {name}=<{type(getattr(self, name)).__name__}>" for name in self._tensors)
         return f"k={self.k}, method={self.method!r}{params}"

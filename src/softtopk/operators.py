@@ -10,18 +10,20 @@ inputs are computed in float32 and returned in their own dtype.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from ._layout import along_rows, per_row
-from ._registry import resolve
-from ._validation import check_dim, check_k, check_k_tensor, check_scores, check_topk_args
-from .ops.sparse import hard_mask_rows, sparse_mag_rows, sparse_mask_rows
+from ._registry import register_tensor_params, resolve
+from ._validation import check_bool, check_dim, check_k, check_k_tensor, check_scores, check_topk_args
+from .ops.compute import compute_dtype
+from .ops.sparse import hard_mask_rows, sparse_mag_rows
 
 __all__ = [
     "SoftTopK",
     "SoftTopKRanks",
+    "TopK",
     "hard_topk_mag",
     "hard_topk_mask",
     "soft_permutation",
@@ -29,10 +31,18 @@ __all__ = [
     "soft_topk_ranks",
     "sparse_topk_mag",
     "sparse_topk_mask",
+    "topk",
 ]
 
 
-def soft_topk_ranks(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **params: Any) -> torch.Tensor:
+def _oriented(fn: Callable[[torch.Tensor], torch.Tensor], largest: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn`` on the rows, or on the negated rows for the ``k`` smallest (``largest=False``)."""
+    return fn if check_bool("largest", largest) else (lambda rows: fn(-rows))
+
+
+def soft_topk_ranks(
+    x: torch.Tensor, k: int, *, method: str = "softsort", dim: int = -1, largest: bool = True, **params: Any
+) -> torch.Tensor:
     """Relaxed top-k ranks ``x.shape + (k,)``: ``[..., i, r]`` is the weight of item ``i`` at rank
     ``r`` (0 = largest). See :class:`SoftTopKRanks` for details.
 
@@ -47,11 +57,12 @@ def soft_topk_ranks(x: torch.Tensor, k: int, *, method: str, dim: int = -1, **pa
     """
     spec, params = resolve(method, params, "ranks")
     x, dim, k = check_topk_args(x, k, dim)
-    return along_rows(x, dim, lambda rows: spec.ranks(rows, k, **params), k)
+    return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, k, **params), largest), k)
 
 
 def soft_topk(
-    x: torch.Tensor, k: int | torch.Tensor, *, method: str = "lapsum", dim: int = -1, **params: Any
+    x: torch.Tensor, k: int | torch.Tensor, *, method: str = "lapsum", dim: int = -1, largest: bool = True,
+    **params: Any,
 ) -> torch.Tensor:
     """Relaxed top-k mask of ``x``'s shape: a soft indicator of the ``k`` largest entries along
     ``dim``, summing to ``k``. See :class:`SoftTopK` for details.
@@ -70,6 +81,8 @@ def soft_topk(
     n = x.shape[dim]
     batch = x.shape[:dim] + x.shape[dim + 1 :]
     if isinstance(k, torch.Tensor) and "k" in spec.tensor_args:
+        if params.get("hard"):
+            raise ValueError("hard=True needs an int k (its forward is the k-hot mask), got a tensor k")
         k = per_row("k", check_k_tensor(k, n), batch)
     else:
         k = check_k(k, n, dim)
@@ -77,12 +90,15 @@ def soft_topk(
         if isinstance(params.get(name), torch.Tensor):
             params[name] = per_row(name, params[name], batch)
     if spec.mask is not None:
-        return along_rows(x, dim, lambda rows: spec.mask(rows, k, **params), None)
-    return along_rows(x, dim, lambda rows: spec.ranks(rows, k, **params).sum(-1), None)
+        return along_rows(x, dim, _oriented(lambda rows: spec.mask(rows, k, **params), largest), None)
+    return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, k, **params).sum(-1), largest), None)
 
 
-def soft_permutation(x: torch.Tensor, *, method: str, dim: int = -1, **params: Any) -> torch.Tensor:
-    """Relaxed sorting permutation (descending): ``[..., i, r]`` = weight of item ``i`` at rank ``r``.
+def soft_permutation(
+    x: torch.Tensor, *, method: str = "softsort", dim: int = -1, largest: bool = True, **params: Any
+) -> torch.Tensor:
+    """Relaxed sorting permutation (descending; ascending for ``largest=False``): ``[..., i, r]`` =
+    weight of item ``i`` at rank ``r``.
 
     Equals :func:`soft_topk_ranks` with ``k = n``; returns ``x.shape + (n,)``. For the relaxed
     sorted values use ``(x.unsqueeze(-1) * P).sum(-2)`` (``dim=-1``).
@@ -98,18 +114,12 @@ def soft_permutation(x: torch.Tensor, *, method: str, dim: int = -1, **params: A
     x = check_scores("x", x)
     dim = check_dim(x, dim)
     n = x.shape[dim]
-    return along_rows(x, dim, lambda rows: spec.ranks(rows, n, **params), n)
-
-
-def _sparse(x: Any, k: Any, dim: Any, params: dict[str, Any], rows_fn: Callable[..., torch.Tensor]) -> torch.Tensor:
-    _, params = resolve("sparse", params, "mask")
-    x, dim, k = check_topk_args(x, k, dim)
-    return along_rows(x, dim, lambda rows: rows_fn(rows, k, **params), None)
+    return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, n, **params), largest), n)
 
 
 def sparse_topk_mask(
     x: torch.Tensor, k: int, *, l: float = 0.1, p: float = 4 / 3, solver: str = "pav",  # noqa: E741
-    dim: int = -1, n_iter: int = 500,
+    dim: int = -1, n_iter: int = 500, largest: bool = True, hard: bool = False,
 ) -> torch.Tensor:
     r"""Sparse soft top-k mask (Sander et al. 2023): p-norm regularised, with exact zeros.
 
@@ -135,6 +145,9 @@ def sparse_topk_mask(
             Jacobian of the problem, not that of the truncated iteration.
         dim: the axis to select along.
         n_iter: Dykstra's number of projections (ignored by ``'pav'``). Default 500.
+        largest: ``False`` selects the ``k`` smallest entries (the mask of ``-x``). Default ``True``.
+        hard: ``True``: forward the exact k-hot mask (``torch.topk``'s ties), backward this mask's
+            gradient (straight-through). Default ``False``.
 
     Returns:
         ``x``'s shape and dtype. Backward: ``d ⊙ (g - Σ d g / Σ d)`` with ``d = y'(z)/λ`` on the
@@ -151,7 +164,8 @@ def sparse_topk_mask(
         Sander, Puigcerver, Djolonga, Peyré, Blondel. "Fast, Differentiable and Sparse Top-k: a
         Convex Analysis Perspective", ICML 2023 (arXiv:2302.01425).
     """
-    return _sparse(x, k, dim, {"l": l, "p": p, "solver": solver, "n_iter": n_iter}, sparse_mask_rows)
+    return soft_topk(x, k, method="sparse", dim=dim, largest=largest, l=l, p=p, solver=solver, n_iter=n_iter,
+                     hard=hard)
 
 
 def sparse_topk_mag(
@@ -167,19 +181,24 @@ def sparse_topk_mag(
 
     — the solution of Sander et al.'s magnitude problem written through its PAV block value ``θ``:
     entries with ``u = 1`` are kept exactly, entries with ``|x| <= θ`` are exactly 0, the rest are
-    shrunk continuously. Arguments as :func:`sparse_topk_mask`. Gradients are finite everywhere
-    (the original's p = 4/3 gradient is NaN at exact zeros).
+    shrunk continuously. Arguments as :func:`sparse_topk_mask` (it selects by magnitude: no
+    ``largest``, no ``hard``; :func:`hard_topk_mag` is the hard version). Gradients are finite
+    everywhere (the original's p = 4/3 gradient is NaN at exact zeros).
 
     Example:
         >>> import torch, softtopk
         >>> softtopk.sparse_topk_mag(torch.tensor([-5.0, -2.0, 3.0, 1.0]), 2, l=1e-2).round(decimals=3)
         tensor([-5., -0.,  3.,  0.])
     """
-    return _sparse(x, k, dim, {"l": l, "p": p, "solver": solver, "n_iter": n_iter}, sparse_mag_rows)
+    _, params = resolve("sparse", {"l": l, "p": p, "solver": solver, "n_iter": n_iter}, "mask")
+    del params["hard"]  # the magnitude has no k-hot forward
+    x, dim, k = check_topk_args(x, k, dim)
+    return along_rows(x, dim, lambda rows: sparse_mag_rows(rows, k, **params), None)
 
 
-def hard_topk_mask(x: torch.Tensor, k: int, *, dim: int = -1) -> torch.Tensor:
-    """The k-hot mask of the ``k`` largest entries along ``dim`` (``x``'s shape; zero gradient).
+def hard_topk_mask(x: torch.Tensor, k: int, *, dim: int = -1, largest: bool = True) -> torch.Tensor:
+    """The k-hot mask of the ``k`` largest (``largest=False``: smallest) entries along ``dim``
+    (``x``'s shape; zero gradient).
 
     Example:
         >>> import torch, softtopk
@@ -187,18 +206,60 @@ def hard_topk_mask(x: torch.Tensor, k: int, *, dim: int = -1) -> torch.Tensor:
         tensor([[0., 0., 1., 1.]])
     """
     x, dim, k = check_topk_args(x, k, dim)
-    return along_rows(x, dim, lambda rows: hard_mask_rows(rows, k), None)
+    return along_rows(x, dim, _oriented(lambda rows: hard_mask_rows(rows, k), largest), None)
 
 
-def hard_topk_mag(x: torch.Tensor, k: int, *, dim: int = -1) -> torch.Tensor:
-    """``x ⊙ hard_topk_mask(|x|)``: the ``k`` entries largest in magnitude, others 0.
+def hard_topk_mag(x: torch.Tensor, k: int, *, dim: int = -1, largest: bool = True) -> torch.Tensor:
+    """``x ⊙ hard_topk_mask(|x|)``: the ``k`` entries largest (``largest=False``: smallest) in
+    magnitude, others 0.
 
     Example:
         >>> import torch, softtopk
         >>> softtopk.hard_topk_mag(torch.tensor([-5.0, -2.0, 3.0, 1.0]), 2)
         tensor([-5., -0.,  3.,  0.])
     """
-    return x * hard_topk_mask(check_scores("x", x).abs(), k, dim=dim)
+    return x * hard_topk_mask(check_scores("x", x).abs(), k, dim=dim, largest=largest)
+
+
+class TopK(NamedTuple):
+    """What :func:`topk` returns: ``torch.topk``'s ``values`` and ``indices`` and the soft mask's
+    ``weights`` at those indices, each of shape ``x.shape`` with ``dim`` of size ``k``."""
+
+    values: torch.Tensor
+    indices: torch.Tensor
+    weights: torch.Tensor
+
+
+def topk(
+    x: torch.Tensor, k: int, *, method: str = "lapsum", dim: int = -1, largest: bool = True, **params: Any
+) -> TopK:
+    """Hard top-k with differentiable weights, for routers (mixture of experts) and pruning.
+
+    ``values`` and ``indices`` are ``torch.topk(x, k, dim, largest)`` (sorted, ``torch.topk``'s
+    choice among ties); ``weights`` is :func:`soft_topk`'s mask (same ``method`` and parameters)
+    gathered at ``indices``: differentiable in ``x`` (and in tensor parameters such as ``tau``).
+    With ``hard=True`` the weights are exactly 1 in the forward pass and carry the soft mask's
+    gradient, so the dispatch is the hard top-k and the router still learns.
+
+    Example:
+        >>> import torch, softtopk
+        >>> x = torch.tensor([[0.1, 2.0, -1.0, 1.5]], requires_grad=True)
+        >>> out = softtopk.topk(x, 2, tau=0.5)
+        >>> out.indices, out.weights.detach().round(decimals=3)
+        (tensor([[1, 3]]), tensor([[0.9590, 0.8890]]))
+        >>> hard = softtopk.topk(x, 2, tau=0.5, hard=True)
+        >>> hard.weights
+        tensor([[1., 1.]], grad_fn=<GatherBackward0>)
+    """
+    x, dim, k = check_topk_args(x, k, dim)
+    mask = soft_topk(x, k, method=method, dim=dim, largest=largest, **params)
+    moved = x.movedim(dim, -1)
+    rows = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
+    # the hard selection of ``hard=True`` (the same rows, the same topk), so its weights are 1
+    index = (rows if largest else -rows).topk(k, dim=-1).indices
+    shape = (*moved.shape[:-1], k)
+    indices = index.reshape(shape).movedim(-1, dim)
+    return TopK(x.gather(dim, indices), indices, mask.gather(dim, indices))
 
 
 class SoftTopK(torch.nn.Module):
@@ -222,8 +283,14 @@ class SoftTopK(torch.nn.Module):
             with the shape of ``x`` without ``dim`` (or broadcastable to it).
         method: a method of :func:`softtopk.methods`. Default ``'lapsum'``.
         dim: the axis to select along. Default -1.
+        largest: ``False`` selects the ``k`` smallest entries (the mask of ``-x``). Default ``True``.
         **params: the method's parameters (``tau`` for lapsum, a float or a tensor like ``k``; see
-            :func:`softtopk.methods` for every method's parameters and defaults).
+            :func:`softtopk.methods` for every method's parameters and defaults). Every
+            deterministic method and ``perturbed`` take ``hard``: ``True`` forwards the exact k-hot
+            mask (``torch.topk``'s choice among ties) and backpropagates the soft mask's gradient
+            (straight-through); ``gumbel``'s ``hard`` forwards the sampled subset. A tensor
+            parameter given to the Module (``tau=nn.Parameter(...)``) is registered: a parameter
+            stays learnable, any other tensor is a buffer; both follow ``.to()`` and ``state_dict``.
 
     Shape:
         input ``(*)`` with ``n = input.shape[dim] >= k``; output the same shape and dtype.
@@ -241,17 +308,28 @@ class SoftTopK(torch.nn.Module):
 
     _output, _operator = "mask", staticmethod(soft_topk)
 
-    def __init__(self, k: int | torch.Tensor, *, method: str = "lapsum", dim: int = -1, **params: Any) -> None:
+    def __init__(
+        self, k: int | torch.Tensor, *, method: str = "lapsum", dim: int = -1, largest: bool = True, **params: Any
+    ) -> None:
         super().__init__()
-        _, self.params = resolve(method, params, self._output)
-        self.k, self.method, self.dim = k, method, dim
+        _, params = resolve(method, params, self._output)
+        # a tensor k (per-row k of lapsum) is registered like a tensor tau
+        self.params, self._tensors = register_tensor_params(self, {**params, "k": k})
+        if "k" not in self._tensors:
+            self.k = self.params.pop("k")
+        self.method, self.dim, self.largest = method, dim, check_bool("largest", largest)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._operator(x, self.k, method=self.method, dim=self.dim, **self.params)
+        tensors = {name: getattr(self, name) for name in self._tensors if name != "k"}
+        return self._operator(x, self.k, method=self.method, dim=self.dim, largest=self.largest, **self.params,
+                              **tensors)
 
     def extra_repr(self) -> str:
         params = "".join(f", {key}={value!r}" for key, value in self.params.items())
-        return f"k={self.k}, method={self.method!r}, dim={self.dim}{params}"
+        tensors = "".join(f", {name}=<{type(getattr(self, name)).__name__}>" for name in self._tensors)
+        largest = "" if self.largest else ", largest=False"
+        return f"k={self.k if 'k' not in self._tensors else '<tensor>'}, method={self.method!r}, dim={self.dim}" \
+            f"{largest}{params}{tensors}"
 
 
 class SoftTopKRanks(SoftTopK):
@@ -267,8 +345,9 @@ class SoftTopKRanks(SoftTopK):
         k: number of ranks, ``1 <= k <= n``.
         method: a ranks-capable method of :func:`softtopk.methods` (``bitonic``, ``odd_even``,
             ``splitter_selection``, ``neuralsort``, ``softsort``, ``gumbel`` with
-            ``relaxation='subsets'``).
+            ``relaxation='subsets'``). Default ``'softsort'`` (O(n k), permutation equivariant).
         dim: the axis to rank along. Default -1.
+        largest: ``False`` ranks the ``k`` smallest (rank 0 = the smallest). Default ``True``.
         **params: the method's parameters (``steepness``, ``distribution``, ``art_lambda`` for
             networks; ``tau``, ``hard`` (and ``power`` for softsort) for NeuralSort/SoftSort).
 
@@ -289,5 +368,7 @@ class SoftTopKRanks(SoftTopK):
 
     _output, _operator = "ranks", staticmethod(soft_topk_ranks)
 
-    def __init__(self, k: int, *, method: str, dim: int = -1, **params: Any) -> None:
-        super().__init__(k, method=method, dim=dim, **params)
+    def __init__(
+        self, k: int, *, method: str = "softsort", dim: int = -1, largest: bool = True, **params: Any
+    ) -> None:
+        super().__init__(k, method=method, dim=dim, largest=largest, **params)

@@ -10,17 +10,18 @@ import torch
 
 from ._layout import along_rows
 from ._registry import resolve
-from ._validation import check_generator, check_int, check_noise, check_real, check_topk_args
+from ._validation import check_bool, check_generator, check_int, check_noise, check_real, check_scores, check_topk_args
 from .ops.compute import compute_dtype
 from .ops.gumbel import gumbel_mask_rows
-from .ops.perturbed import noised_kth_value_of, perturbed_topk_rows
+from .operators import soft_topk
+from .ops.perturbed import noised_kth_value_of
 
 __all__ = ["gumbel_topk", "noised_kth_value", "perturbed_topk"]
 
 
 def perturbed_topk(
     x: torch.Tensor, k: int, *, sigma: float = 1.0, n_samples: int = 100, noise: str = "gaussian",
-    generator: torch.Generator | None = None, dim: int = -1,
+    generator: torch.Generator | None = None, dim: int = -1, largest: bool = True, hard: bool = False,
 ) -> torch.Tensor:
     """Perturbed top-k mask: the Monte-Carlo mean of hard top-k masks of noisy scores.
 
@@ -51,6 +52,9 @@ def perturbed_topk(
             The noise ``(rows, S, n)`` is drawn in the compute dtype (float64 for float64 inputs,
             float32 otherwise) along the rows of ``x`` moved to ``dim``.
         dim: the axis to select along. Default ``-1``.
+        largest: ``False`` selects the ``k`` smallest entries (the mask of ``-x``). Default ``True``.
+        hard: ``True``: forward the exact k-hot mask of ``x``, backward the estimator above
+            (straight-through). Default ``False``.
 
     Returns:
         A tensor of ``x``'s shape and dtype: the perturbed mask.
@@ -72,16 +76,15 @@ def perturbed_topk(
         J. Salmon, "Stochastic smoothing of the top-K calibrated hinge loss for deep imbalanced
         classification", ICML 2022.
     """
-    x, dim, k = check_topk_args(x, k, dim)
-    params = {"sigma": sigma, "n_samples": n_samples, "noise": noise, "generator": generator}
-    _, params = resolve("perturbed", params, "mask")
+    x = check_scores("x", x)
     check_generator("generator", generator, x.device)
-    return along_rows(x, dim, lambda rows: perturbed_topk_rows(rows, k, **params), None)
+    return soft_topk(x, k, method="perturbed", dim=dim, largest=largest, sigma=sigma, n_samples=n_samples,
+                     noise=noise, generator=generator, hard=hard)
 
 
 def noised_kth_value(
     x: torch.Tensor, k: int, *, epsilon: float = 1.0, n_samples: int | None = None, dim: int = -1,
-    generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None, noise: torch.Tensor | None = None, largest: bool = True,
 ) -> torch.Tensor:
     """Smoothed k-th largest value along ``dim`` (pytopk's ``NoisedTopK``).
 
@@ -109,6 +112,8 @@ def noised_kth_value(
             Type-checked but unused when ``noise`` is given.
         noise: optional fixed noise of shape ``x.shape + (S,)``, treated as data (its gradient is
             ``epsilon`` times the per-sample one-hots).
+        largest: ``False`` gives the smoothed k-th *smallest* value, ``-top_{k,eps}(-x)`` (with the
+            noise negated, so the same draws give mirrored samples). Default ``True``.
 
     Returns:
         ``x``'s shape with ``dim`` removed, in ``x``'s dtype.
@@ -145,12 +150,16 @@ def noised_kth_value(
     if epsilon == 0:  # exact k-th value (a mean of S copies can be off by an ulp); the RNG still advanced
         noise = noise[..., :1]
     # epsilon * noise is rounded in the noise's dtype before the cast, as in pytopk (bitwise equal values)
-    return noised_kth_value_of(x.to(dtype), (epsilon * noise).to(dtype), k, dim).to(x.dtype)
+    scores, scaled = x.to(dtype), (epsilon * noise).to(dtype)
+    if check_bool("largest", largest):
+        return noised_kth_value_of(scores, scaled, k, dim).to(x.dtype)
+    return (-noised_kth_value_of(-scores, -scaled, k, dim)).to(x.dtype)
 
 
 def gumbel_topk(
     x: torch.Tensor, k: int, *, tau: float = 1.0, hard: bool = False, relaxation: str = "lapsum",
     noise: bool | torch.Tensor = True, generator: torch.Generator | None = None, dim: int = -1,
+    largest: bool = True,
 ) -> torch.Tensor:
     """Relaxed k-hot sample of ``k`` items without replacement, with probabilities ``∝ exp(x)``.
 
@@ -187,6 +196,8 @@ def gumbel_topk(
             The noise ``(rows, n)`` is drawn in the compute dtype along the rows of ``x`` moved to
             ``dim``.
         dim: the axis to select along. Default ``-1``.
+        largest: ``False`` samples with probabilities ``∝ exp(-x)`` (the subset of ``-x``). Default
+            ``True``.
 
     Returns:
         A tensor of ``x``'s shape and dtype: the relaxed (or hard) k-hot mask; each slice along
@@ -222,4 +233,5 @@ def gumbel_topk(
     if draws is not None:  # the draws, as rows in the compute dtype
         moved = draws.movedim(dim, -1)
         params["noise"] = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
-    return along_rows(x, dim, lambda rows: gumbel_mask_rows(rows, k, **params), None)
+    largest = check_bool("largest", largest)
+    return along_rows(x, dim, lambda rows: gumbel_mask_rows(rows if largest else -rows, k, **params), None)

@@ -20,6 +20,7 @@ values, so the loss is invariant to class order and to which class is the label.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import torch
@@ -32,6 +33,7 @@ __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
 
 TOP1_MODES = ("sm", "smce", "sort")
 _FLOOR = 1e-7
+_MANY_CLASSES = 100  # above this, m=None (relax every class) is slow enough to say so
 
 
 def _topk_ce_params(
@@ -136,6 +138,13 @@ def topk_cross_entropy(
     classes = check_class_input(input).shape[1]
     p_k, m, top1_mode, spec, params = _topk_ce_params(p_k, method, m, top1_mode, params, classes)
     k = len(p_k)
+    if m is None and classes > _MANY_CLASSES:
+        warnings.warn(
+            f"topk_cross_entropy relaxes all C = {classes} classes (m=None), which costs about 30x more than "
+            f"relaxing a few (at C = 1000: 153 ms against 4.8 ms per step); pass m=16 (difftopk's setting: only "
+            "the 16 largest scores, the label always included) unless every class must enter the relaxation",
+            UserWarning, stacklevel=3,
+        )
 
     def per_row(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         scores, position = _select(logits, label, classes if m is None else m)
@@ -177,8 +186,10 @@ class TopKCrossEntropyLoss(ClassLoss):
         method: any ranks-capable method (see :func:`softtopk.methods`). Default
             ``'splitter_selection'``.
         m: relax only the ``m`` largest scores (``K < m < C``), the label always included;
-            ``None`` relaxes all ``C`` classes. The selected scores enter in descending order, so the
-            loss does not depend on class order (difftopk put the label on wire 0).
+            ``None`` (default) relaxes all ``C`` classes, which warns above 100 classes: its cost
+            grows with ``C`` (at ``C = 1000``, batch 256, splitter network: 153 ms per step against
+            4.8 ms with ``m=16``, difftopk's setting). The selected scores enter in descending
+            order, so the loss does not depend on class order (difftopk put the label on wire 0).
         top1_mode: ``'sm'`` (default), ``'smce'`` or ``'sort'``.
         weight: optional per-class weights ``(C,)`` (a buffer), as in ``nn.CrossEntropyLoss``.
         ignore_index: target value that contributes nothing (default -100).

@@ -1,4 +1,5 @@
-"""Straight-through estimator shared by the relaxations that offer ``hard=True``."""
+"""Straight-through estimators shared by the relaxations that offer ``hard=True``: the forward is
+exactly the hard top-k of ``x`` (``torch.topk``'s choice among ties), the backward the relaxation's."""
 
 from __future__ import annotations
 
@@ -12,3 +13,10 @@ def straight_through_ranks(x: torch.Tensor, ranks: torch.Tensor) -> torch.Tensor
     index = x.topk(k, dim=-1).indices.unsqueeze(-2)
     hard = torch.zeros_like(ranks).scatter(-2, index, 1.0)
     return ranks + (hard - ranks).detach()
+
+
+def straight_through_mask(x: torch.Tensor, k: int, soft: torch.Tensor) -> torch.Tensor:
+    """Forward: the exact k-hot mask of the ``k`` largest entries of rows ``x`` (B, n) (``hard + 0``,
+    so exactly 0 and 1); backward: the gradient of the relaxed mask ``soft`` (B, n)."""
+    hard = torch.zeros_like(soft).scatter(-1, x.topk(k, dim=-1).indices, 1.0)
+    return hard + (soft - soft.detach())
