@@ -54,35 +54,45 @@ def _svm_params(k: Any, tau: Any, alpha: Any, classes: int | None = None) -> tup
     return k, tau, check_real("alpha", alpha, low=0.0)
 
 
-def _shifted_split(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _shifted_split(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The label's score ``(R,)`` and the other scores ``(R, C)`` (label's entry ``-inf``), both
-    shifted by the detached largest non-label score (the loss is shift invariant)."""
+    shifted by the detached largest finite non-label score (the loss is shift invariant), and where
+    the label's score is ``-inf`` (its loss is ``inf``, as cross-entropy's; a finite stand-in keeps
+    the rest of the computation, and the gradient, finite)."""
     label = label.unsqueeze(-1)
     others = logits.scatter(-1, label, -math.inf)
     shift = others.amax(-1, keepdim=True).detach()
-    return (logits.gather(-1, label) - shift).squeeze(-1), others - shift
+    shift = torch.where(torch.isfinite(shift), shift, 0.0)  # every other score is -inf (masked)
+    label_score = logits.gather(-1, label).squeeze(-1)
+    masked = label_score == -math.inf
+    return torch.where(masked, 0.0, label_score - shift.squeeze(-1)), others - shift, masked
 
 
 def _smooth_topk_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
-    label_score, others = _shifted_split(logits, label)
+    label_score, others, masked = _shifted_split(logits, label)
+    # fewer than k other classes above -inf: the label is surely among the top k, the loss is 0
+    # (the limit); those rows are computed on a zero stand-in so that nothing is NaN
+    enough = (others > -math.inf).sum(-1) >= k
+    others = torch.where(enough.unsqueeze(-1), others, 0.0)
     scale = 1.0 / (k * tau)
     log_e = log_esf(others * scale, k)[:, k - 1 :]  # log e_{k-1}, log e_k
     margin = alpha / tau + (log_e[:, 1] - log_e[:, 0]) - label_score * scale
     # softplus as logaddexp: nn.functional.softplus returns x above 20 (an error of tau e^-20)
-    return tau * torch.logaddexp(margin, torch.zeros_like(margin))
+    loss = tau * torch.logaddexp(margin, torch.zeros_like(margin))
+    return torch.where(masked, math.inf, torch.where(enough, loss, 0.0))
 
 
 def _smooth_top1_rows(logits: torch.Tensor, label: torch.Tensor, tau: float, alpha: float) -> torch.Tensor:
-    label_score, others = _shifted_split(logits, label)
+    label_score, others, masked = _shifted_split(logits, label)
     # tau * log(1 + sum_{j != y} exp((alpha + s_j - s_y) / tau)); the 1 is the label's own term
     terms = torch.cat([(others + alpha - label_score.unsqueeze(-1)) / tau, torch.zeros_like(others[:, :1])], -1)
-    return tau * torch.logsumexp(terms, dim=-1)
+    return torch.where(masked, math.inf, tau * torch.logsumexp(terms, dim=-1))
 
 
 def _hard_rows(logits: torch.Tensor, label: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
-    label_score, others = _shifted_split(logits, label)
-    kth_other = others.topk(k, dim=-1).values[:, k - 1]
-    return torch.clamp(alpha + (kth_other - label_score) / k, min=0.0)
+    label_score, others, masked = _shifted_split(logits, label)
+    kth_other = others.topk(k, dim=-1).values[:, k - 1]  # -inf with fewer than k others: the loss is 0
+    return torch.where(masked, math.inf, torch.clamp(alpha + (kth_other - label_score) / k, min=0.0))
 
 
 def smooth_topk_svm(

@@ -20,6 +20,7 @@ values, so the loss is invariant to class order and to which class is the label.
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Sequence
 
@@ -147,6 +148,10 @@ def topk_cross_entropy(
         )
 
     def per_row(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        # a label at -inf: the loss is inf, as cross-entropy's; a finite stand-in keeps the rest finite
+        label_score = logits.gather(-1, label.unsqueeze(-1))
+        masked = label_score.squeeze(-1) == -math.inf
+        logits = logits.scatter(-1, label.unsqueeze(-1), torch.where(label_score == -math.inf, 0.0, label_score))
         scores, position = _select(logits, label, classes if m is None else m)
         if spec.label_ranks is not None:
             label_ranks = spec.label_ranks(scores, position, k, **params)
@@ -162,7 +167,7 @@ def topk_cross_entropy(
         if top1_mode == "smce":
             cross_entropy = -torch.log_softmax(scores, -1).gather(-1, position).squeeze(-1)
             loss = p_k[0] * cross_entropy + sum(p_k[1:]) * loss
-        return loss
+        return torch.where(masked, math.inf, loss)
 
     return class_loss(input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction)
 
