@@ -3,6 +3,8 @@ training run on sklearn's bundled digits."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -246,3 +248,25 @@ def test_training_on_digits_improves_knn_accuracy():
     print(f"digits hard-kNN (k=9) test accuracy: untrained {before:.4f}, trained {after:.4f}")
     assert after >= before + 0.025
     assert after >= 0.96
+
+
+def test_no_query_gives_empty_weights_and_a_zero_loss():
+    knn = DifferentiableKNN(2, method="lapsum")
+    out = knn(torch.randn(0, 3), torch.randn(5, 3), torch.arange(5), query_labels=torch.zeros(0, dtype=torch.long))
+    assert out.weights.shape == (0, 5) and out.loss.item() == 0.0 and not math.copysign(1.0, out.loss.item()) < 0
+    assert knn.predict(torch.randn(0, 3), torch.randn(5, 3), torch.arange(5)).shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_embeddings_far_apart_do_not_overflow(dtype):
+    """Squared float16 distances overflow above 256: they are computed in float32."""
+    g = torch.Generator().manual_seed(0)
+    query = (300 * torch.randn(4, 3, generator=g)).to(dtype).requires_grad_()
+    neighbors = (300 * torch.randn(6, 3, generator=g)).to(dtype)
+    out = DifferentiableKNN(2, method="lapsum")(query, neighbors, torch.arange(6), query_labels=torch.arange(4))
+    assert out.weights.dtype == dtype and out.loss.dtype == dtype
+    torch.testing.assert_close(out.weights.float().sum(-1), torch.full((4,), 2.0), atol=2e-2, rtol=0)
+    reference = DifferentiableKNN(2, method="lapsum")(query.detach().float(), neighbors.float(), torch.arange(6))
+    torch.testing.assert_close(out.weights.float(), reference.weights, atol=1e-2, rtol=0)
+    out.loss.backward()
+    assert torch.isfinite(query.grad.float()).all()

@@ -366,3 +366,14 @@ def test_vocabulary_messages():
         v.check_classes_match(torch.zeros(2, 4), 5)
     with pytest.raises(ValueError, match=_match("noise must have shape (2, 3, 4): one noise draw", "got (2, 3, 5)")):
         v.check_noise("noise", torch.zeros(2, 3, 5), torch.Size([2, 3]), samples=4)
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf])
+def test_class_weights_must_be_finite_and_non_negative(bad):
+    """A negative weight made 'mean' a sum of signed terms (-21.9 where the loss is positive)."""
+    weight = torch.ones(10)
+    weight[3] = bad
+    with pytest.raises(ValueError, match=_match("weight must hold finite values >= 0 (class weights)", f"got {bad!r}")):
+        _loss(weight=weight)
+    with pytest.raises(ValueError, match=_match("weight must hold finite values >= 0", f"got {bad!r}")):
+        softtopk.SmoothTopKSVM(weight=weight)

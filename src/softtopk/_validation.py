@@ -277,6 +277,9 @@ def check_class_weight(weight: Any, classes: int | None) -> torch.Tensor | None:
     if weight.dim() != 1 or (classes is not None and weight.shape[0] != classes):
         expected = "(C,)" if classes is None else f"({classes},)"
         raise ValueError(f"weight must have shape {expected}, got {tuple(weight.shape)}")
+    if can_inspect(weight) and weight.numel() and not bool(((weight >= 0) & torch.isfinite(weight)).all()):
+        bad = weight[~((weight >= 0) & torch.isfinite(weight))][0].item()
+        raise ValueError(f"weight must hold finite values >= 0 (class weights), got {bad!r}")
     return weight
 
 

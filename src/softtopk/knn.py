@@ -8,7 +8,8 @@ from typing import Any, NamedTuple
 import torch
 
 from ._registry import register_tensor_params, resolve
-from ._validation import check_int, check_labels, check_neighbors
+from ._validation import check_int, check_labels, check_neighbors, check_scores
+from .ops.compute import compute_dtype
 from .operators import soft_topk
 
 __all__ = ["DifferentiableKNN", "KNNOutput"]
@@ -116,10 +117,9 @@ class DifferentiableKNN(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         query, neighbors = check_neighbors(query, neighbors, self.k)
         neighbor_labels = check_labels("neighbor_labels", neighbor_labels, neighbors.shape[0], "neighbors")
-        if query.dtype != neighbors.dtype:
-            dtype = torch.promote_types(query.dtype, neighbors.dtype)
-            query, neighbors = query.to(dtype), neighbors.to(dtype)
-        return _neg_sq_distances(query, neighbors), neighbor_labels
+        # distances in the compute dtype: squared float16 distances overflow above 256
+        dtype = compute_dtype(torch.promote_types(query.dtype, neighbors.dtype))
+        return _neg_sq_distances(query.to(dtype), neighbors.to(dtype)), neighbor_labels
 
     def forward(
         self,
@@ -128,16 +128,19 @@ class DifferentiableKNN(torch.nn.Module):
         neighbor_labels: torch.Tensor,
         query_labels: torch.Tensor | None = None,
     ) -> KNNOutput:
-        """Relaxed top-k neighbour weights ``(Q, N)`` and, with ``query_labels``, the kNN loss."""
+        """Relaxed top-k neighbour weights ``(Q, N)`` and, with ``query_labels``, the kNN loss (0 for
+        no query). Computed in float32 for float16/bfloat16 embeddings; the weights and the loss
+        are returned in the embeddings' (promoted) dtype."""
+        dtype = torch.promote_types(check_scores("query", query).dtype, check_scores("neighbors", neighbors).dtype)
         scores, neighbor_labels = self._scores(query, neighbors, neighbor_labels)
         tensors = {name: getattr(self, name) for name in self._tensors}
         weights = soft_topk(scores, self.k, method=self.method, dim=-1, **self.params, **tensors)
         if query_labels is None:
-            return KNNOutput(weights, None)
+            return KNNOutput(weights.to(dtype), None)
         query_labels = check_labels("query_labels", query_labels, scores.shape[0], "query")
         same = (query_labels.unsqueeze(1) == neighbor_labels.unsqueeze(0)).to(weights.dtype)
-        loss = -(same * weights).sum(-1).mean() / self.k
-        return KNNOutput(weights, loss)
+        loss = 0.0 - (same * weights).sum() / (max(scores.shape[0], 1) * self.k)  # 0, not -0, for Q = 0
+        return KNNOutput(weights.to(dtype), loss.to(dtype))
 
     @torch.no_grad()
     def predict(
