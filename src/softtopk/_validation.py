@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .ops.compute import can_inspect
+from .ops.compute import can_inspect, compute_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -129,6 +129,36 @@ def check_class_counts(name: str, value: Any, classes: int | None = None) -> tup
     if classes is not None and len(counts) != classes:
         raise ValueError(f"{name} must have one count per class, C = {classes}, got length {len(counts)}")
     return counts
+
+
+SCALES = ("tau", "l", "steepness", "sigma")  # the methods' positive scale (temperature) parameters
+
+
+def check_scale(name: str, value: Any, dtype: torch.dtype, *, zero: bool = False) -> Any:
+    """A positive scale parameter (a float or tensor values) that the computation can use for
+    scores of ``dtype``: between the smallest normal number of the compute dtype and its
+    reciprocal (``zero``: 0 allowed too). Outside that range scores and gradients overflow or
+    vanish to NaN, so it is an error."""
+    info = torch.finfo(compute_dtype(dtype))
+    low, high = info.tiny, 1.0 / info.tiny
+    if isinstance(value, torch.Tensor):
+        if not (can_inspect(value) and value.numel()):
+            return value
+        ok = ((value >= low) | ((value == 0) if zero else False)) & (value <= high)
+        if bool(ok.all()):
+            return value
+        value = value[~ok][0].item()
+    elif (low <= value or (zero and value == 0)) and value <= high:
+        return value
+    raise ValueError(f"{name} must lie in [{low:.3g}, {high:.3g}] for {dtype} scores (computed in "
+                     f"{compute_dtype(dtype)}), got {value!r}")
+
+
+def check_scales(params: dict[str, Any], dtype: torch.dtype) -> None:
+    """:func:`check_scale` for every scale parameter of a method's ``params``."""
+    for name in SCALES:
+        if name in params:
+            check_scale(name, params[name], dtype)
 
 
 # ------------------------------------------------------------------------------------ tensors

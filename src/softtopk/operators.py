@@ -16,7 +16,7 @@ import torch
 
 from ._layout import along_rows, per_row
 from ._registry import register_tensor_params, resolve
-from ._validation import check_bool, check_dim, check_k, check_k_tensor, check_scores, check_topk_args
+from ._validation import check_bool, check_dim, check_k, check_k_tensor, check_scales, check_scores, check_topk_args
 from .ops.compute import compute_dtype
 from .ops.sparse import hard_mask_rows, sparse_mag_rows
 
@@ -57,6 +57,7 @@ def soft_topk_ranks(
     """
     spec, params = resolve(method, params, "ranks")
     x, dim, k = check_topk_args(x, k, dim)
+    check_scales(params, x.dtype)
     return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, k, **params), largest), k)
 
 
@@ -78,6 +79,7 @@ def soft_topk(
     spec, params = resolve(method, params, "mask")
     x = check_scores("x", x)
     dim = check_dim(x, dim)
+    check_scales(params, x.dtype)
     n = x.shape[dim]
     batch = x.shape[:dim] + x.shape[dim + 1 :]
     if isinstance(k, torch.Tensor) and "k" in spec.tensor_args:
@@ -113,6 +115,7 @@ def soft_permutation(
     spec, params = resolve(method, params, "permutation")
     x = check_scores("x", x)
     dim = check_dim(x, dim)
+    check_scales(params, x.dtype)
     n = x.shape[dim]
     return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, n, **params), largest), n)
 
@@ -193,6 +196,7 @@ def sparse_topk_mag(
     _, params = resolve("sparse", {"l": l, "p": p, "solver": solver, "n_iter": n_iter}, "mask")
     del params["hard"]  # the magnitude has no k-hot forward
     x, dim, k = check_topk_args(x, k, dim)
+    check_scales(params, x.dtype)
     return along_rows(x, dim, lambda rows: sparse_mag_rows(rows, k, **params), None)
 
 

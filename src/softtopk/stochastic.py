@@ -10,7 +10,17 @@ import torch
 
 from ._layout import along_rows
 from ._registry import resolve
-from ._validation import check_bool, check_generator, check_int, check_noise, check_real, check_scores, check_topk_args
+from ._validation import (
+    check_bool,
+    check_generator,
+    check_int,
+    check_noise,
+    check_real,
+    check_scale,
+    check_scales,
+    check_scores,
+    check_topk_args,
+)
 from .ops.compute import compute_dtype
 from .ops.gumbel import gumbel_mask_rows
 from .operators import soft_topk
@@ -137,7 +147,7 @@ def noised_kth_value(
         Differentiable Perturbed Optimizers", NeurIPS 2020.
     """
     x, dim, k = check_topk_args(x, k, dim)
-    epsilon = check_real("epsilon", epsilon, low=0.0)
+    epsilon = check_scale("epsilon", check_real("epsilon", epsilon, low=0.0), x.dtype, zero=True)
     if n_samples is not None:
         n_samples = check_int("n_samples", n_samples, low=1)
     generator = check_generator("generator", generator, x.device)
@@ -229,6 +239,7 @@ def gumbel_topk(
     params = {"tau": tau, "hard": hard, "relaxation": relaxation, "noise": noise if draws is None else True,
               "generator": generator}
     _, params = resolve("gumbel", params, "mask")
+    check_scales(params, x.dtype)
     check_generator("generator", generator, x.device)
     if draws is not None:  # the draws, as rows in the compute dtype
         moved = draws.movedim(dim, -1)

@@ -31,7 +31,15 @@ from typing import Any
 
 import torch
 
-from .._validation import check_class_counts, check_class_input, check_generator, check_int, check_noise, check_real
+from .._validation import (
+    check_class_counts,
+    check_class_input,
+    check_generator,
+    check_int,
+    check_noise,
+    check_real,
+    check_scale,
+)
 from ..ops.compute import compute_dtype
 from ..ops.perturbed import noised_kth_value_of
 from ._base import ClassLoss, class_loss
@@ -82,6 +90,9 @@ def _noised_hinge(
 ) -> torch.Tensor:
     """``max(0, scale * (margin_y + top_{k+1,eps}(s) - s_y))``, reduced; pytopk's operation order (so a
     seeded call equals pytopk's bit for bit). The noise is drawn after every other check."""
+    check_scale("epsilon", epsilon, input.dtype, zero=True)
+    if scale is not None:
+        check_scale("scale", scale, input.dtype)
 
     def per_row(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         given = noise

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .._validation import check_class_input, check_int, check_real
+from .._validation import check_class_input, check_int, check_real, check_scale
 from ..ops.esf import log_esf
 from ._base import ClassLoss, class_loss
 
@@ -115,6 +115,7 @@ def smooth_topk_svm(
         tensor([0.4741, 1.5019])
     """
     k, tau, alpha = _svm_params(k, tau, alpha, check_class_input(input).shape[1])
+    check_scale("tau", tau, input.dtype)
     return class_loss(input, target, lambda s, y: _smooth_topk_rows(s, y, k, tau, alpha),
                       weight=weight, ignore_index=ignore_index, reduction=reduction)
 
@@ -131,6 +132,7 @@ def smooth_top1_svm(
 ) -> torch.Tensor:
     """Smooth top-1 SVM loss (one log-sum-exp). See :class:`SmoothTop1SVM` for details."""
     _, tau, alpha = _svm_params(1, tau, alpha, check_class_input(input).shape[1])
+    check_scale("tau", tau, input.dtype)
     return class_loss(input, target, lambda s, y: _smooth_top1_rows(s, y, tau, alpha),
                       weight=weight, ignore_index=ignore_index, reduction=reduction)
 

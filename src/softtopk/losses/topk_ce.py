@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from .._registry import resolve
-from .._validation import check_choice, check_class_input, check_int, check_p_k
+from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
 from ._base import ClassLoss, class_loss
 
 __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
@@ -138,6 +138,7 @@ def topk_cross_entropy(
     """
     classes = check_class_input(input).shape[1]
     p_k, m, top1_mode, spec, params = _topk_ce_params(p_k, method, m, top1_mode, params, classes)
+    check_scales(params, input.dtype)
     k = len(p_k)
     if m is None and classes > _MANY_CLASSES:
         warnings.warn(
