@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-CONVENTIONS = {"softtopk._validation", "softtopk._layout", "softtopk._registry"}
+CONVENTIONS = {"softtopk._validation", "softtopk._layout", "softtopk._extended", "softtopk._registry"}
 FACES = {"softtopk", "softtopk.functional", "softtopk.nn", "softtopk.losses"}
 LAYERS = ("ops", "conventions", "families", "faces", "compat", "lab")
 

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from ._extended import extended_mask, extended_ranks, mask_from_ranks
 from ._validation import (
     check_bool,
     check_choice,
@@ -72,10 +73,33 @@ def _count(name: str, value: Any) -> int:
 
 
 def _with_hard(mask: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``mask`` with the ``hard`` option: the exact k-hot forward, ``mask``'s gradient backward."""
+    """A mask kernel (exact on rows with ±inf entries but no degenerate case) extended to every row
+    (:mod:`softtopk._extended`), with the ``hard`` option: the exact k-hot forward, the soft mask's
+    gradient backward."""
 
     def hard_or_soft(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
-        soft = mask(x, k, **params)
+        soft = extended_mask(x, k, lambda rows, kk: mask(rows, kk, **params))
+        return straight_through_mask(x, k, soft) if hard else soft
+
+    return hard_or_soft
+
+
+def _ranks_with_hard(ranks: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A rank kernel (exact on the ranks of the finite entries of rows with ``-inf`` entries)
+    extended to every row, with the straight-through ``hard`` option."""
+
+    def hard_or_soft(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
+        soft = extended_ranks(x, k, lambda rows, kk: ranks(rows, kk, **params))
+        return straight_through_ranks(x, soft) if hard else soft
+
+    return hard_or_soft
+
+
+def _mask_of_ranks(ranks: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The mask ``Σ_r ranks`` of a rank kernel, extended to every row, with the ``hard`` option."""
+
+    def hard_or_soft(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
+        soft = mask_from_ranks(x, k, lambda rows, kk: ranks(rows, kk, **params))
         return straight_through_mask(x, k, soft) if hard else soft
 
     return hard_or_soft
@@ -102,12 +126,7 @@ _NETWORK_COST = {
 
 
 def _network_method(kind: str) -> _Method:
-    def ranks(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
-        soft = network_ranks(x, k, network=kind, **params)
-        return straight_through_ranks(x, soft) if hard else soft
-
-    def mask(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
-        return network_mask(x, k, network=kind, **params)
+    ranks = _ranks_with_hard(functools.partial(network_ranks, network=kind))
 
     def label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
         if hard:  # the straight-through ranks need every row of the network
@@ -129,7 +148,7 @@ def _network_method(kind: str) -> _Method:
         "art_lambda": functools.partial(check_real, low=0.0, below=1.0),
         "hard": check_bool,
     }
-    return _Method(info, ranks, _with_hard(mask), label_ranks, checks)
+    return _Method(info, ranks, _with_hard(functools.partial(network_mask, network=kind)), label_ranks, checks)
 
 
 _REGISTRY: dict[str, _Method] = {kind: _network_method(kind) for kind in NETWORK_TYPES}
@@ -141,10 +160,12 @@ _REGISTRY["neuralsort"] = _Method(
         cost="O(n log n + n k) time, O(n k) memory per row",
         params={"tau": 1.0, "hard": False},
         summary="NeuralSort (Grover et al. 2019); permutation equivariant; rank columns sum to 1, "
-        "an item's mask may exceed 1",
+        "an item's mask may exceed 1; tau may be a per-row tensor (with gradients)",
     ),
-    neuralsort_ranks,
-    checks={"tau": _positive, "hard": check_bool},
+    _ranks_with_hard(neuralsort_ranks),
+    _mask_of_ranks(neuralsort_ranks),
+    checks={"tau": check_positive_or_tensor, "hard": check_bool},
+    tensor_args=("tau",),
 )
 _REGISTRY["softsort"] = _Method(
     MethodInfo(
@@ -154,10 +175,12 @@ _REGISTRY["softsort"] = _Method(
         cost="O(n k) time and memory per row (plus a top-k)",
         params={"tau": 1.0, "hard": False, "power": 1.0},
         summary="SoftSort (Prillo & Eisenschlos 2020); permutation equivariant; rank columns sum "
-        "to 1, an item's mask may exceed 1",
+        "to 1, an item's mask may exceed 1; tau may be a per-row tensor (with gradients)",
     ),
-    softsort_ranks,
-    checks={"tau": _positive, "hard": check_bool, "power": functools.partial(check_real, low=1.0)},
+    _ranks_with_hard(softsort_ranks),
+    _mask_of_ranks(softsort_ranks),
+    checks={"tau": check_positive_or_tensor, "hard": check_bool, "power": functools.partial(check_real, low=1.0)},
+    tensor_args=("tau",),
 )
 
 
@@ -207,6 +230,17 @@ _REGISTRY["perturbed"] = _Method(
     checks={"sigma": _positive, "n_samples": _count, "noise": _choice(NOISE_KINDS), "generator": check_generator,
             "hard": check_bool},
 )
+def _gumbel_ranks(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
+    # ``hard`` forwards the sampled subset (the top-k of the keys), so it stays inside the kernel
+    return extended_ranks(x, k, lambda rows, kk: gumbel_ranks_rows(rows, kk, **params))
+
+
+def _gumbel_mask(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
+    if params["relaxation"] == "subsets":
+        return mask_from_ranks(x, k, lambda rows, kk: gumbel_ranks_rows(rows, kk, **params))
+    return extended_mask(x, k, lambda rows, kk: gumbel_mask_rows(rows, kk, **params))
+
+
 _REGISTRY["gumbel"] = _Method(
     MethodInfo(
         name="gumbel",
@@ -218,8 +252,8 @@ _REGISTRY["gumbel"] = _Method(
         f"replacement, relaxations {RELAXATIONS}; ranks (the k successive softmaxes) need "
         "relaxation='subsets'",
     ),
-    gumbel_ranks_rows,
-    gumbel_mask_rows,
+    _gumbel_ranks,
+    _gumbel_mask,
     checks={
         "tau": _positive,
         "hard": check_bool,

@@ -40,6 +40,14 @@ def _oriented(fn: Callable[[torch.Tensor], torch.Tensor], largest: Any) -> Calla
     return fn if check_bool("largest", largest) else (lambda rows: fn(-rows))
 
 
+def _per_row_params(spec: Any, params: dict[str, Any], x: torch.Tensor, dim: int) -> None:
+    """Tensor parameters (``tau``, ...) as ``(B, 1)`` columns aligned with the rows, in place."""
+    batch = x.shape[:dim] + x.shape[dim + 1 :]
+    for name in spec.tensor_args:
+        if name != "k" and isinstance(params.get(name), torch.Tensor):
+            params[name] = per_row(name, params[name], batch)
+
+
 def soft_topk_ranks(
     x: torch.Tensor, k: int, *, method: str = "softsort", dim: int = -1, largest: bool = True, **params: Any
 ) -> torch.Tensor:
@@ -58,6 +66,7 @@ def soft_topk_ranks(
     spec, params = resolve(method, params, "ranks")
     x, dim, k = check_topk_args(x, k, dim)
     check_scales(params, x.dtype)
+    _per_row_params(spec, params, x, dim)
     return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, k, **params), largest), k)
 
 
@@ -88,9 +97,7 @@ def soft_topk(
         k = per_row("k", check_k_tensor(k, n), batch)
     else:
         k = check_k(k, n, dim)
-    for name in spec.tensor_args:
-        if isinstance(params.get(name), torch.Tensor):
-            params[name] = per_row(name, params[name], batch)
+    _per_row_params(spec, params, x, dim)
     if spec.mask is not None:
         return along_rows(x, dim, _oriented(lambda rows: spec.mask(rows, k, **params), largest), None)
     return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, k, **params).sum(-1), largest), None)
@@ -116,6 +123,7 @@ def soft_permutation(
     x = check_scores("x", x)
     dim = check_dim(x, dim)
     check_scales(params, x.dtype)
+    _per_row_params(spec, params, x, dim)
     n = x.shape[dim]
     return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, n, **params), largest), n)
 
@@ -222,7 +230,8 @@ def hard_topk_mag(x: torch.Tensor, k: int, *, dim: int = -1, largest: bool = Tru
         >>> softtopk.hard_topk_mag(torch.tensor([-5.0, -2.0, 3.0, 1.0]), 2)
         tensor([-5., -0.,  3.,  0.])
     """
-    return x * hard_topk_mask(check_scores("x", x).abs(), k, dim=dim, largest=largest)
+    kept = hard_topk_mask(check_scores("x", x).abs(), k, dim=dim, largest=largest)
+    return torch.where(kept > 0, x, torch.where(x.isinf(), 0.0, x * 0))
 
 
 class TopK(NamedTuple):

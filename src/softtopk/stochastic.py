@@ -22,7 +22,6 @@ from ._validation import (
     check_topk_args,
 )
 from .ops.compute import compute_dtype
-from .ops.gumbel import gumbel_mask_rows
 from .operators import soft_topk
 from .ops.perturbed import noised_kth_value_of
 
@@ -238,11 +237,11 @@ def gumbel_topk(
     draws = None if isinstance(noise, bool) else check_noise("noise", noise, x.shape)
     params = {"tau": tau, "hard": hard, "relaxation": relaxation, "noise": noise if draws is None else True,
               "generator": generator}
-    _, params = resolve("gumbel", params, "mask")
+    spec, params = resolve("gumbel", params, "mask")
     check_scales(params, x.dtype)
     check_generator("generator", generator, x.device)
     if draws is not None:  # the draws, as rows in the compute dtype
         moved = draws.movedim(dim, -1)
         params["noise"] = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
     largest = check_bool("largest", largest)
-    return along_rows(x, dim, lambda rows: gumbel_mask_rows(rows if largest else -rows, k, **params), None)
+    return along_rows(x, dim, lambda rows: spec.mask(rows if largest else -rows, k, **params), None)

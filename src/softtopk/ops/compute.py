@@ -12,6 +12,13 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def can_inspect(value: torch.Tensor) -> bool:
-    """Whether a tensor's values may be read (a check, a data-dependent branch): not while compiling
-    or inside vmap."""
-    return not torch.compiler.is_compiling() and not torch._C._functorch.is_batchedtensor(value)
+    """Whether a tensor's values may be read (a check, a data-dependent branch): not while compiling,
+    inside vmap, or of a meta tensor."""
+    if torch.compiler.is_compiling() or value.is_meta:
+        return False
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(value):  # e.g. vmap(grad(f)): a batch inside a grad level
+        if functorch.is_batchedtensor(value):
+            return False
+        value = functorch.get_unwrapped(value)
+    return True

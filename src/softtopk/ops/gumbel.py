@@ -67,8 +67,15 @@ def _log1m_softmax(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _subsets_steps(keys: torch.Tensor, k: int, tau: float) -> torch.Tensor:
-    """The ``k`` successive softmaxes ``(B, n, k)`` of the subsets relaxation of ``keys`` (B, n)."""
-    r = keys
+    """The ``k`` successive softmaxes ``(B, n, k)`` of the subsets relaxation of ``keys`` (B, n).
+
+    A ``-inf`` key (a row needs one finite key) becomes a floor ``800 τ`` below the smallest finite
+    key: its weight underflows to exactly 0 while a finite key is left, and a row with fewer
+    finite keys than steps never softmaxes an all ``-inf`` row (those later steps are finite)."""
+    absent = keys == float("-inf")
+    lowest = torch.where(absent, float("inf"), keys).amin(-1, keepdim=True).detach()
+    floor = lowest - (800.0 * tau + lowest.abs() * 2.0**-10)
+    r = torch.where(absent, floor, keys)
     steps = []
     for j in range(k):
         a, log1m = _log1m_softmax(r / tau)

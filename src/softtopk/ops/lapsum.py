@@ -29,6 +29,7 @@ import torch
 from .compute import can_inspect
 
 _NEG_INF = float("-inf")
+_SATURATED = 2.0**20  # |(x - ref)/τ| beyond which F is 0 or 1 and F' is 0 in float64
 
 
 def _solve_log_threshold(a: torch.Tensor, log_rest: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -69,14 +70,18 @@ class _LaplaceMask(torch.autograd.Function):
         wide = torch.float64
         kth = (k.expand(x.shape[0], 1).ceil().long() - 1).clamp(0, big - 1)
         ref = vals.gather(-1, kth)
-        a = (vals - ref).to(wide) * inv_tau.to(wide)
+        # clamped to ±C: an entry beyond C has mask exactly 0 or 1 and no weight in the threshold in
+        # float64 either way, and log-space sums of size C keep ~1e-10 absolute precision (unclamped,
+        # a spread of 1e20 τ rounds the threshold to the wrong segment); ±inf become ±C
+        a = ((vals - ref).to(wide) * inv_tau.to(wide)).clamp_(-_SATURATED, _SATURATED)
         if big == n:
             a = torch.cat([a, a.new_full((x.shape[0], 1), _NEG_INF)], -1)
             log_rest = a.new_full((x.shape[0], 1), _NEG_INF)
             scaled = torch.zeros_like(x)
         else:
             # rest: Σ_{not among the K largest} e^{(x - s_K)/τ}, every term in (0, 1]
-            scaled = ((x - vals[:, -1:]) * inv_tau).clamp_max_(0).exp_().scatter_(-1, idx, 0.0)
+            last = vals[:, -1:]  # x == last also for -inf == -inf, which are entries at -C
+            scaled = (torch.where(x == last, 0.0, x - last) * inv_tau).clamp_max_(0).exp_().scatter_(-1, idx, 0.0)
             log_rest = scaled.sum(-1, keepdim=True).to(wide).log_() + a[:, big - 1 : big]
         tt, valid = _solve_log_threshold(a, log_rest, k.to(wide))
         z_top = a[:, : vals.shape[-1]] - tt
@@ -108,7 +113,7 @@ class _LaplaceMask(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_x = (grad - gbar).mul_(d)
         if ctx.needs_input_grad[1]:
-            z = (x - ref) / tau - tt
+            z = torch.where(d > 0, (x - ref) / tau - tt, 0.0)  # d = 0 at ±inf, where z is infinite
             zbar = torch.linalg.vecdot(d, z).unsqueeze(-1) / safe
             grad_tau = _sum_to(-torch.linalg.vecdot(grad * d, z - zbar).unsqueeze(-1), tau.shape)
         if ctx.needs_input_grad[2]:
@@ -129,8 +134,9 @@ def lapsum_mask(x: torch.Tensor, k: int | torch.Tensor, tau: float | torch.Tenso
     tau_t = tau_t.to(x.dtype)
     if isinstance(k, torch.Tensor):
         k_t = k.to(x.dtype)
-        mask = _LaplaceMask.apply(x, tau_t, k_t, n)[0]
-        return torch.where(k_t >= n, torch.ones_like(mask), mask)
+        full = k_t >= n  # mask 1 and gradient 0; the kernel gets a harmless k there (no NaN backward)
+        mask = _LaplaceMask.apply(x, tau_t, torch.where(full, 0.5 * n, k_t), n)[0]
+        return torch.where(full, torch.ones_like(mask), mask)
     if k >= n:
         return x * 0 + 1
     if 2 * k > n:

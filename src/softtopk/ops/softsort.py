@@ -6,7 +6,8 @@ For scores :math:`s` with descending sort :math:`\\tilde s` and rank :math:`r` (
     P[i, r] = \\operatorname{softmax}_i\\big(-|s_i - \\tilde s_r|^{p} / \\tau\\big).
 
 Each rank column sums to 1; rows need not. Top-k ranks cost ``O(n k)`` (only the top ``k`` sorted
-values are needed).
+values are needed). Entries at ``-inf`` are infinitely far from every finite sorted value: weight 0 on
+the ranks ``r < f`` (``f`` finite entries), as if they were absent.
 
 Reference: S. Prillo, J. Eisenschlos, "SoftSort: A Continuous Relaxation for the argsort Operator",
 ICML 2020.
@@ -16,14 +17,19 @@ from __future__ import annotations
 
 import torch
 
-from ._straight_through import straight_through_ranks
 
-
-def softsort_ranks(x: torch.Tensor, k: int, *, tau: float, hard: bool, power: float) -> torch.Tensor:
-    """SoftSort top-k ranks ``(B, n, k)`` of ``x`` (B, n)."""
+def softsort_ranks(x: torch.Tensor, k: int, *, tau: float | torch.Tensor, power: float) -> torch.Tensor:
+    """SoftSort top-k ranks ``(B, n, k)`` of ``x`` (B, n), which may hold ``-inf`` entries (the
+    ranks ``r >= f`` of a row with ``f < k`` finite entries are then finite but arbitrary); ``tau`` a
+    float or a per-row (B, 1) tensor."""
+    if isinstance(tau, torch.Tensor):
+        tau = tau.to(x.dtype).unsqueeze(-1)
+    absent = x == float("-inf")
+    safe = torch.where(absent, 0.0, x)  # no inf - inf, and no inf in a backward
     top = x.topk(k, dim=-1).values
-    distance = (x.unsqueeze(-1) - top.unsqueeze(-2)).abs()
+    top = torch.where(top == float("-inf"), 0.0, top)
+    distance = (safe.unsqueeze(-1) - top.unsqueeze(-2)).abs()
     if power != 1.0:
         distance = distance.pow(power)
-    ranks = torch.softmax(-distance / tau, dim=-2)
-    return straight_through_ranks(x, ranks) if hard else ranks
+    logits = torch.where(absent.unsqueeze(-1), float("-inf"), -distance / tau)
+    return torch.softmax(logits, dim=-2)

@@ -31,6 +31,7 @@ import itertools
 import torch
 from torch.autograd.function import once_differentiable
 
+from .compute import can_inspect
 from .networks import Network, build_network, layer_tensors
 from .swaps import swap_probability, swap_slope
 
@@ -73,12 +74,27 @@ def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
     diffs = wires.new_empty((depth, *wires.shape))
     alphas = wires.new_empty((depth, n, batch))
     z = wires
+    infinite = not can_inspect(wires) or bool(wires[:, 0].isinf().any())
     for layer in range(depth):
         pulled = z.index_select(0, partner[layer])
         diff = torch.sub(z, pulled, out=diffs[layer])
-        alpha = swap_probability(sign[layer] * diff[:, 0], **params)
+        if not infinite:
+            alpha = swap_probability(sign[layer] * diff[:, 0], **params)
+            alphas[layer] = alpha
+            z = torch.addcmul(pulled, alpha.unsqueeze(1), diff)
+            continue
+        # a comparator with an infinite value swaps exactly (alpha 0 or 1, slope 0) and never mixes
+        # the infinity into a finite value; two equal infinities stay in place
+        value, other = z[:, 0], pulled[:, 0]
+        exact = value.isinf() | other.isinf()
+        d = sign[layer] * torch.where(exact, 0.0, diff[:, 0])
+        order = torch.where(value == other, 1.0, (sign[layer] * (value - other) > 0).to(value.dtype))
+        alpha = torch.where(exact, order, swap_probability(d, **params))
         alphas[layer] = alpha
-        z = torch.addcmul(pulled, alpha.unsqueeze(1), diff)
+        diff[:, 0] = torch.where(exact, 0.0, diff[:, 0])
+        mixed = torch.addcmul(pulled, alpha.unsqueeze(1), diff)
+        mixed[:, 0] = torch.where(exact, torch.where(alpha == 1, value, other), mixed[:, 0])
+        z = mixed
     return z, diffs, alphas
 
 
@@ -92,6 +108,8 @@ def _value_sweep_backward(grad, diffs, alphas, network, params, grad_alphas=None
     for layer in range(len(partner) - 1, -1, -1):
         alpha = alphas[layer]
         slope = swap_slope(diffs[layer][:, 0], alpha, **params) * sign[layer]  # slopes are even in d
+        # a swap decided by an infinite value has d = 0 saved and alpha 0 or 1 (a finite tie has 1/2)
+        slope = torch.where((diffs[layer][:, 0] == 0) & (alpha != 0.5), 0.0, slope)
         grad_alpha = (grad * diffs[layer]).sum(1)
         if grad_alphas is not None:
             grad_alpha += grad_alphas[layer]

@@ -30,6 +30,7 @@ from .compute import can_inspect
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
 P_VALUES = (2.0, 4.0 / 3.0)
+_LARGE = 1e100
 SOLVERS = ("pav", "dykstra")
 
 
@@ -234,6 +235,8 @@ def _exact(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torc
 
 def _rows(x: torch.Tensor, k: int, lam: float, p: float, solver: str, n_iter: int, magnitude: bool):
     r = exponent(p)
+    if lam > _LARGE and not magnitude:  # the mask of (x, λ) is that of (x / λ, 1): no λ³ overflow
+        x, lam = x / lam, 1.0
     if solver == "pav":
         return _exact(x, k, lam, r, magnitude)
     # not clamped: every iterate sums to k, and before convergence it may leave [0, 1] (the
@@ -257,5 +260,6 @@ def sparse_mag_rows(x: torch.Tensor, k: int, *, l: float, p: float, solver: str,
 
 
 def hard_mask_rows(x: torch.Tensor, k: int) -> torch.Tensor:
-    """k-hot mask of the ``k`` largest entries per row (zero gradient)."""
-    return (x * 0).abs().scatter(-1, x.topk(k, -1).indices, 1.0)
+    """k-hot mask of the ``k`` largest entries per row (zero gradient; 0, not NaN, at unselected
+    ``±inf`` entries)."""
+    return torch.where(x.isinf(), 0.0, x * 0).abs().scatter(-1, x.topk(k, -1).indices, 1.0)
