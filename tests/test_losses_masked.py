@@ -34,6 +34,10 @@ LOSSES = {
         s, y, [0.5, 0.5], method="neuralsort", m=4, reduction="none"),
     "topk_ce splitter m=4": lambda s, y, z: softtopk.topk_cross_entropy(
         s, y, [0.5, 0.5], method="splitter_selection", m=4, steepness=2.0, reduction="none"),
+    "topk_ce softsort m=None": lambda s, y, z: softtopk.topk_cross_entropy(
+        s, y, [0.5, 0.5], method="softsort", reduction="none"),
+    "topk_ce neuralsort m=None": lambda s, y, z: softtopk.topk_cross_entropy(
+        s, y, [0.5, 0.5], method="neuralsort", reduction="none"),
 }
 
 
@@ -84,3 +88,15 @@ def test_a_label_among_fewer_than_k_finite_classes_has_loss_zero(name):
     assert value[0] == 0 and (k1 or value[1] == 0)
     value.sum().backward()
     assert torch.isfinite(logits.grad).all() and torch.equal(logits.grad[0], torch.zeros(5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("method", ["bitonic", "odd_even", "splitter_selection"])
+def test_topk_cross_entropy_over_all_classes_of_a_network_with_masked_classes(method):
+    # m=None ranks every class with the full-size network: the masked classes sit exactly at its
+    # bottom (a network of another size than the finite classes', so no equality with that call)
+    logits = torch.randn(4, 10, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    logits[:, 7:] = -INF
+    leaf = logits.clone().requires_grad_()
+    loss = softtopk.topk_cross_entropy(leaf, torch.tensor([0, 1, 2, 3]), [0.5, 0.5], method=method, steepness=2.0)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(leaf.grad).all() and (leaf.grad[:, 7:] == 0).all()

@@ -152,3 +152,26 @@ def test_per_row_tensor_tau_with_gradients(method):
     assert softtopk.soft_permutation(x, method=method, tau=tau).shape == (3, 6, 6)
     with pytest.raises(ValueError, match="tau must be a scalar or broadcastable"):
         softtopk.soft_topk(x, 2, method=method, tau=torch.ones(4))
+
+
+@pytest.mark.parametrize("method", ["bitonic", "odd_even", "splitter_selection"])
+@pytest.mark.parametrize("distribution", ["cauchy", "logistic_phi", "optimal"])
+def test_per_row_tensor_steepness_with_gradients(method, distribution):
+    x = torch.randn(3, 7, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    beta = torch.tensor([0.7, 2.0, 5.0], dtype=torch.float64, requires_grad=True)
+    mask = softtopk.soft_topk(x, 3, method=method, steepness=beta, distribution=distribution)
+    for i in range(3):
+        want = softtopk.soft_topk(x[i], 3, method=method, steepness=float(beta.detach()[i]), distribution=distribution)
+        torch.testing.assert_close(mask[i], want, atol=1e-14, rtol=0)
+    assert torch.autograd.gradcheck(
+        lambda b, t: softtopk.soft_topk_ranks(t, 3, method=method, steepness=b, distribution=distribution),
+        (beta, x.clone().requires_grad_()))
+    assert torch.autograd.gradcheck(
+        lambda b: softtopk.soft_topk(x, 3, method=method, steepness=b, distribution=distribution), (beta,))
+    # vmap over rows and a learnable steepness in the Module twin
+    got = torch.vmap(lambda r, b: softtopk.soft_topk(r, 3, method=method, steepness=b, distribution=distribution))(
+        x, beta.detach())
+    torch.testing.assert_close(got, mask.detach(), atol=1e-14, rtol=0)
+    layer = softtopk.SoftTopK(3, method=method, steepness=torch.nn.Parameter(torch.tensor(2.0, dtype=torch.float64)))
+    layer(x).pow(2).sum().backward()
+    assert torch.isfinite(layer.steepness.grad) and layer.steepness.grad != 0

@@ -140,15 +140,17 @@ def _network_method(kind: str) -> _Method:
         cost=_NETWORK_COST[kind],
         params={"distribution": "cauchy", "steepness": 10.0, "art_lambda": 0.25, "hard": False},
         summary=f"relaxed {kind} network (Petersen et al. 2021/2022); masks in [0, 1], doubly "
-        "stochastic ranks; not exactly permutation equivariant",
+        "stochastic ranks; not exactly permutation equivariant; steepness may be a per-row tensor "
+        "(with gradients)",
     )
     checks = {
         "distribution": _choice(DISTRIBUTIONS),
-        "steepness": _positive,
+        "steepness": check_positive_or_tensor,
         "art_lambda": functools.partial(check_real, low=0.0, below=1.0),
         "hard": check_bool,
     }
-    return _Method(info, ranks, _with_hard(functools.partial(network_mask, network=kind)), label_ranks, checks)
+    return _Method(info, ranks, _with_hard(functools.partial(network_mask, network=kind)), label_ranks, checks,
+                   tensor_args=("steepness",))
 
 
 _REGISTRY: dict[str, _Method] = {kind: _network_method(kind) for kind in NETWORK_TYPES}

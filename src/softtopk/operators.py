@@ -297,13 +297,18 @@ class SoftTopK(torch.nn.Module):
         method: a method of :func:`softtopk.methods`. Default ``'lapsum'``.
         dim: the axis to select along. Default -1.
         largest: ``False`` selects the ``k`` smallest entries (the mask of ``-x``). Default ``True``.
-        **params: the method's parameters (``tau`` for lapsum, a float or a tensor like ``k``; see
-            :func:`softtopk.methods` for every method's parameters and defaults). Every
+        **params: the method's parameters (see :func:`softtopk.methods` for every method's
+            parameters and defaults). ``tau`` (lapsum, neuralsort, softsort) and ``steepness``
+            (sorting networks) may be tensors of per-row values like ``k``, with gradients. Every
             deterministic method and ``perturbed`` take ``hard``: ``True`` forwards the exact k-hot
             mask (``torch.topk``'s choice among ties) and backpropagates the soft mask's gradient
             (straight-through); ``gumbel``'s ``hard`` forwards the sampled subset. A tensor
             parameter given to the Module (``tau=nn.Parameter(...)``) is registered: a parameter
             stays learnable, any other tensor is a buffer; both follow ``.to()`` and ``state_dict``.
+
+    Scores may be ``±inf``: ``-inf`` entries are not selected (mask and gradient 0) while more than
+    ``k`` entries lie above ``-inf``, and the rest of the row is the answer for the other entries
+    alone; ``+inf`` entries are selected (see the README, "Masked scores").
 
     Shape:
         input ``(*)`` with ``n = input.shape[dim] >= k``; output the same shape and dtype.

@@ -33,7 +33,7 @@ from torch.autograd.function import once_differentiable
 
 from .compute import can_inspect
 from .networks import Network, build_network, layer_tensors
-from .swaps import swap_probability, swap_slope
+from .swaps import ART_DELTA, swap_probability, swap_slope
 
 
 def _layers(network: Network, like: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
@@ -98,12 +98,13 @@ def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
     return z, diffs, alphas
 
 
-def _value_sweep_backward(grad, diffs, alphas, network, params, grad_alphas=None):
+def _value_sweep_backward(grad, diffs, alphas, network, params, grad_alphas=None, grad_beta=None):
     """Backward of :func:`_value_sweep`: ``grad`` (n, r, B) of its final wires → of its input wires.
 
     Swap slopes are computed here from the saved differences and probabilities (they are needed
     only in backward). ``grad_alphas`` (L tensors (n, B)) are gradients reaching the swap
-    probabilities from elsewhere."""
+    probabilities from elsewhere. ``grad_beta`` (B,), if given, accumulates the gradient of a
+    per-row steepness β (in place)."""
     partner, sign = _layers(network, grad)
     for layer in range(len(partner) - 1, -1, -1):
         alpha = alphas[layer]
@@ -113,21 +114,32 @@ def _value_sweep_backward(grad, diffs, alphas, network, params, grad_alphas=None
         grad_alpha = (grad * diffs[layer]).sum(1)
         if grad_alphas is not None:
             grad_alpha += grad_alphas[layer]
+        if grad_beta is not None:
+            grad_beta += (grad_alpha * _alpha_by_beta(diffs[layer][:, 0] * sign[layer], alpha, slope, params)).sum(0)
         grad_diff = grad * alpha.unsqueeze(1)
         grad_diff[:, 0] += grad_alpha * slope
         grad = grad_diff + (grad - grad_diff).index_select(0, partner[layer])
     return grad
 
 
-def _vmap_by_folding(function, info, in_dims, tensors, others):
+def _alpha_by_beta(d: torch.Tensor, alpha: torch.Tensor, slope: torch.Tensor, params: dict) -> torch.Tensor:
+    """``∂α/∂β`` at signed differences ``d`` (n, B): ``α(1-α) h(d)`` for the ART form
+    ``α = σ(β h(d))``, else ``d F'(β d) = d · (∂α/∂d) / β`` (``slope`` is ``∂α/∂d`` times the sign)."""
+    if params["distribution"] == "logistic_phi":
+        return alpha * (1 - alpha) * d * (d * d + ART_DELTA**2) ** (-0.5 * params["art_lambda"])
+    return d * slope.abs() / params["steepness"]
+
+
+def _vmap_by_folding(function, info, in_dims, tensors, others, place=None):
     """vmap rule of the sweeps: they act on a trailing batch axis ``B`` already, so the vmapped axis
-    ``V`` is folded into it (``(..., B) -> (..., B * V)``) and unfolded from every output."""
+    ``V`` is folded into it (``(..., B) -> (..., B * V)``) and unfolded from every output. The
+    arguments are the folded ``tensors`` then ``others``, or ``place(*folded)``."""
     size = info.batch_size
     folded = []
     for tensor, dim in zip(tensors, in_dims):
         tensor = tensor.unsqueeze(-1).expand(*tensor.shape, size) if dim is None else tensor.movedim(dim, -1)
         folded.append(tensor.reshape(*tensor.shape[:-2], -1))
-    outputs = function.apply(*folded, *others)
+    outputs = function.apply(*((*folded, *others) if place is None else place(*folded)))
     return tuple(out.reshape(*out.shape[:-1], -1, size) for out in outputs), tuple(out.dim() for out in outputs)
 
 
@@ -173,7 +185,9 @@ class _ColumnSweep(torch.autograd.Function):
     negative of its partner's and an idle wire's is zero."""
 
     @staticmethod
-    def forward(wires, columns, network, params):
+    def forward(wires, columns, network, params, beta):
+        # beta: None (params' float steepness) or a per-row steepness (B,)
+        params = params if beta is None else {**params, "steepness": beta}
         _, diffs, alphas = _value_sweep(wires.unsqueeze(1), network, params)
         partner, _ = _layers(network, wires)
         maxima, _ = _comparator_slots(network, wires)
@@ -189,13 +203,14 @@ class _ColumnSweep(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _save_sweep(ctx, inputs[2], inputs[3], output[1:])
+        _, _, network, params, beta = inputs
+        _save_sweep(ctx, network, params if beta is None else {**params, "steepness": beta}, output[1:])
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_columns, *unused):
         if grad_columns is None:  # only the saved (non-differentiable) outputs were used
-            return None, None, None, None
+            return None, None, None, None, None
         grad_columns = grad_columns.contiguous()  # often a permuted view of the caller's gradient
         diffs, alphas, max_wire_diffs = ctx.saved_tensors
         partner, sign = _layers(ctx.network, grad_columns)
@@ -208,14 +223,18 @@ class _ColumnSweep(torch.autograd.Function):
             grad_alphas.append((grad_columns * column_diff).sum(1) * sign[layer])
             mixed = (1.0 - alpha).unsqueeze(1) * grad_columns
             grad_columns = grad_columns - mixed + mixed.index_select(0, partner[layer])
+        grad_beta = grad_columns.new_zeros(grad_columns.shape[-1]) if ctx.needs_input_grad[4] else None
         grad_wires = _value_sweep_backward(
-            torch.zeros_like(grad_columns[:, :1]), diffs, alphas, ctx.network, ctx.params, grad_alphas
+            torch.zeros_like(grad_columns[:, :1]), diffs, alphas, ctx.network, ctx.params, grad_alphas, grad_beta
         )[:, 0]
-        return grad_wires, (grad_columns if ctx.needs_input_grad[1] else None), None, None
+        return grad_wires, (grad_columns if ctx.needs_input_grad[1] else None), None, None, grad_beta
 
     @staticmethod
-    def vmap(info, in_dims, wires, columns, network, params):
-        return _vmap_by_folding(_ColumnSweep, info, in_dims[:2], (wires, columns), (network, params))
+    def vmap(info, in_dims, wires, columns, network, params, beta):
+        if beta is None:
+            return _vmap_by_folding(_ColumnSweep, info, in_dims[:2], (wires, columns), (network, params, None))
+        return _vmap_by_folding(_ColumnSweep, info, (*in_dims[:2], in_dims[4]), (wires, columns, beta), (),
+                                lambda w, c, b: (w, c, network, params, b))
 
 
 def _network(kind: str, n: int, k: int) -> Network:
@@ -229,10 +248,20 @@ def _rank_columns(network: Network, k: int, x: torch.Tensor) -> torch.Tensor:
     return start.expand(network.n, k, x.shape[0])
 
 
+def _split_beta(params: dict, x: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+    """A per-row steepness tensor ((B, 1) or scalar) as ``beta`` (B,), apart from the other params."""
+    steepness = params["steepness"]
+    if not isinstance(steepness, torch.Tensor):
+        return params, None
+    return {**params, "steepness": 1.0}, steepness.to(x.dtype).expand(x.shape[0], 1).reshape(-1)
+
+
 def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
-    """Relaxed top-k attribution ``(B, n, k)`` of a sorting/selection network for ``x`` (B, n)."""
+    """Relaxed top-k attribution ``(B, n, k)`` of a sorting/selection network for ``x`` (B, n);
+    ``steepness`` a float or a per-row (B, 1) tensor (with gradients)."""
     net = _network(network, x.shape[-1], k)
-    columns = _ColumnSweep.apply(x.T.contiguous(), _rank_columns(net, k, x), net, params)[0]
+    params, beta = _split_beta(params, x)
+    columns = _ColumnSweep.apply(x.T.contiguous(), _rank_columns(net, k, x), net, params, beta)[0]
     return columns.permute(2, 0, 1).contiguous()
 
 
@@ -240,7 +269,8 @@ def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Te
     """Relaxed top-k mask ``(B, n)``: the row sums of the top-k ranks, from one reverse sweep."""
     net = _network(network, x.shape[-1], k)
     start = _rank_columns(net, k, x).sum(1, keepdim=True)
-    return _ColumnSweep.apply(x.T.contiguous(), start, net, params)[0][:, 0].T
+    params, beta = _split_beta(params, x)
+    return _ColumnSweep.apply(x.T.contiguous(), start, net, params, beta)[0][:, 0].T
 
 
 def network_label_ranks(
