@@ -13,10 +13,12 @@ For a row with ``p`` entries at ``+inf``, ``q`` at ``-inf`` and ``f`` finite one
 
 NaN entries are not infinite: a row holding one gives NaN in that row only.
 
-The kernels take care of the usual case themselves (an infinite entry is exactly saturated there);
-this module adds the two degenerate cases, which no kernel sees (their rows reach it as zeros), and
-the rank shift by ``p``. A batch without infinite entries costs one ``isinf().any()``; inside
-``torch.compile`` or ``vmap`` the general path always runs.
+The kernels take care of the usual case themselves (an infinite entry is exactly saturated there,
+with gradient 0); this module adds the two degenerate cases, which no kernel sees (their rows reach
+it as zeros), and the rank shift by ``p``. In eager mode a batch that needs neither (no infinite
+entry, or only ``-inf`` entries in rows with enough finite ones: the masking of padded batches and
+routers) goes straight to the kernel after one or two ``any()`` checks; inside ``torch.compile``
+or ``vmap`` the general path always runs.
 """
 
 from __future__ import annotations
@@ -28,15 +30,6 @@ import torch
 from .ops.compute import can_inspect
 
 Kernel = Callable[[torch.Tensor, "int | torch.Tensor"], torch.Tensor]
-
-
-def _finite_batch(rows: torch.Tensor) -> bool:
-    return can_inspect(rows) and not bool(rows.isinf().any())
-
-
-def _no_grad_at_inf(rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` whose infinite entries pass no gradient (a Monte-Carlo kernel's estimator would)."""
-    return torch.where(rows.isinf(), rows.detach(), rows)
 
 
 class _Counts:
@@ -59,15 +52,30 @@ class _Counts:
         return torch.where(self.neg, torch.where(self.full, 0.0, share_neg), above)
 
 
+def _counts(rows: torch.Tensor, k: int | torch.Tensor, more_than_k: bool) -> _Counts | None:
+    """The counts of the rows, or None where the kernel alone is exact for every row: no ``+inf``
+    entry and more than ``k`` (``more_than_k``; else at least ``k``) entries above ``-inf`` in each
+    row. Eager only (it reads the values), in three passes: a finite sum rules out infinities."""
+    if not can_inspect(rows):
+        return _Counts(rows, k)
+    if bool(rows.sum().isfinite()):
+        return None
+    if bool(rows.amax() == float("inf")):
+        return _Counts(rows, k)
+    above = rows.shape[-1] - torch.isneginf(rows).sum(-1, keepdim=True, dtype=torch.int32)
+    enough = above > k if more_than_k else above >= k
+    return None if bool(enough.all()) else _Counts(rows, k)
+
+
 def extended_mask(rows: torch.Tensor, k: int | torch.Tensor, kernel: Kernel) -> torch.Tensor:
-    """``kernel(rows, k)`` (B, n) extended to every row: ``kernel`` must be exact on rows with
-    ``p < k < p + f``; the degenerate rows get their closed form (module docstring)."""
-    if _finite_batch(rows):
+    """``kernel(rows, k)`` (B, n) extended to every row: ``kernel`` must be exact (0 and 1 with
+    gradient 0 at the infinities) on rows with ``p < k < p + f``; the degenerate rows get their
+    closed form (module docstring)."""
+    c = _counts(rows, k, more_than_k=True)
+    if c is None:
         return kernel(rows, k)
-    c = _Counts(rows, k)
     degenerate = c.full | c.short
-    body = kernel(torch.where(degenerate, 0.0, _no_grad_at_inf(rows)), k)
-    body = torch.where(c.pos, 1.0, torch.where(c.neg, 0.0, body))
+    body = kernel(torch.where(degenerate, 0.0, rows), k)
     return torch.where(degenerate, c.closed_mask(k, rows.dtype), body)
 
 
@@ -75,15 +83,14 @@ def extended_ranks(rows: torch.Tensor, k: int, kernel: Kernel) -> torch.Tensor:
     """``kernel(rows, k)`` (B, n, k) extended to every row: ``kernel`` must be exact on the ranks
     ``r < f`` of rows holding ``-inf`` entries and finite (any value) on the others. The ``+inf``
     entries become ``-inf`` for the kernel and take the first ``p`` ranks; its ranks shift by ``p``."""
-    if _finite_batch(rows):
-        return kernel(rows, k)
-    return _general_ranks(rows, k, kernel, _Counts(rows, k))
+    c = _counts(rows, k, more_than_k=False)
+    return kernel(rows, k) if c is None else _general_ranks(rows, k, kernel, c)
 
 
 def _general_ranks(rows: torch.Tensor, k: int, kernel: Kernel, c: _Counts) -> torch.Tensor:
     n = rows.shape[-1]
     idle = c.full | (c.f == 0)  # no rank is the kernel's: give it a harmless row
-    clean = torch.where(idle, 0.0, torch.where(c.pos, float("-inf"), _no_grad_at_inf(rows)))
+    clean = torch.where(idle, 0.0, torch.where(c.pos, float("-inf"), rows))
     body = kernel(clean, k)
     rank = torch.arange(k, device=rows.device)
     shift = (rank - c.p).clamp(0, k - 1)  # (B, k): the kernel's rank r - p
@@ -99,8 +106,8 @@ def mask_from_ranks(rows: torch.Tensor, k: int, ranks: Kernel) -> torch.Tensor:
     """The mask ``Σ_r ranks[..., r]`` of a rank kernel, extended as :func:`extended_ranks`, with the
     degenerate rows' closed form (an item's weights over the ranks of a full soft permutation of
     the finite entries need not sum to 1)."""
-    if _finite_batch(rows):
+    c = _counts(rows, k, more_than_k=True)
+    if c is None:
         return ranks(rows, k).sum(-1)
-    c = _Counts(rows, k)
     mask = _general_ranks(rows, k, ranks, c).sum(-1)
     return torch.where(c.full | c.short, c.closed_mask(k, rows.dtype), mask)

@@ -24,6 +24,8 @@ Laplace-CDF sum; the threshold search above is this library's.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .compute import can_inspect
@@ -80,8 +82,11 @@ class _LaplaceMask(torch.autograd.Function):
             scaled = torch.zeros_like(x)
         else:
             # rest: Σ_{not among the K largest} e^{(x - s_K)/τ}, every term in (0, 1]
-            last = vals[:, -1:]  # x == last also for -inf == -inf, which are entries at -C
-            scaled = (torch.where(x == last, 0.0, x - last) * inv_tau).clamp_max_(0).exp_().scatter_(-1, idx, 0.0)
+            # clamped above log(tiny): exp's result stays normal (its subnormal and -inf inputs take a slow
+            # path, twice the time on CPU), and -inf entries (also -inf - -inf = NaN) are set to 0
+            floor = math.log(torch.finfo(x.dtype).tiny) + 8.0
+            scaled = ((x - vals[:, -1:]) * inv_tau).clamp_(floor, 0.0).exp_()
+            scaled = scaled.masked_fill_(torch.isneginf(x), 0.0).scatter_(-1, idx, 0.0)
             log_rest = scaled.sum(-1, keepdim=True).to(wide).log_() + a[:, big - 1 : big]
         tt, valid = _solve_log_threshold(a, log_rest, k.to(wide))
         z_top = a[:, : vals.shape[-1]] - tt

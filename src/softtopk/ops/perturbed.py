@@ -48,21 +48,23 @@ class _PerturbedTopK(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, noise, _, ctx.sigma, ctx.kind = inputs
-        ctx.save_for_backward(noise, output[1])
+        rows, noise, _, ctx.sigma, ctx.kind = inputs
+        ctx.save_for_backward(noise, output[1], rows.isinf())
         ctx.mark_non_differentiable(output[1])
 
     @staticmethod
     def backward(ctx, grad, _unused):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
-        noise, index = ctx.saved_tensors
+        noise, index, infinite = ctx.saved_tensors
         batch, samples, k = index.shape
         inner = grad.gather(1, index.flatten(1)).view(batch, samples, k).sum(-1)  # <g, y_s>  (B, S)
         # nabla nu(Z) for the noise density exp(-nu): z (Gaussian), 1 - exp(-z) (Gumbel)
         score = noise if ctx.kind == "gaussian" else -torch.expm1(-noise)
         grad_rows = torch.bmm(inner.unsqueeze(1), score).squeeze(1) / (ctx.sigma * samples)
-        return grad_rows, None, None, None, None
+        # an infinite entry's selection never changes under noise: its gradient is 0 (the estimator
+        # would give it noise)
+        return torch.where(infinite, 0.0, grad_rows), None, None, None, None
 
 
 def perturbed_topk_rows(

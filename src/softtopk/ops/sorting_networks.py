@@ -65,6 +65,30 @@ def _per_layer(network: Network, device: str, dtype: torch.dtype):
     return partner.unbind(0), sign.to(dtype).unsqueeze(-1).unbind(0), tuple(maxima), tuple(slots)
 
 
+def _far(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).max / 8
+
+
+def _infinities(values: torch.Tensor, params: dict) -> str:
+    """How a sweep treats infinite values (n, B): ``'none'`` (there are none); ``'stand-in'``: each
+    becomes ``±finfo.max/8``, so far out that every comparison with it is exact in the dtype (swap
+    probability exactly 0 or 1 and slope exactly 0, checked at the smallest steepness); ``'exact'``:
+    comparisons with an infinity are decided explicitly in every layer (always inside
+    ``torch.compile``/``vmap``, and where no finite value saturates, e.g. ``logistic_phi``)."""
+    if not can_inspect(values):
+        return "exact"
+    if bool(values.sum().isfinite()):
+        return "none"
+    far = _far(values.dtype)
+    if not bool(torch.where(values.isinf(), 0.0, values).abs().amax() <= far / 4):
+        return "exact"
+    steepness = params["steepness"]
+    probe = {**params, "steepness": steepness.amin() if isinstance(steepness, torch.Tensor) else steepness}
+    d = values.new_tensor(far / 2)
+    alpha = swap_probability(d, **probe)
+    return "stand-in" if bool((alpha == 1) & (swap_slope(d, alpha, **probe) == 0)) else "exact"
+
+
 def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
     """Relaxed network on ``wires`` (n, r, B): the values are ``wires[:, 0]``; the other ``r - 1``
     rows ride along (mixed with the same swap probabilities). Returns the final wires and, per layer
@@ -74,14 +98,19 @@ def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
     diffs = wires.new_empty((depth, *wires.shape))
     alphas = wires.new_empty((depth, n, batch))
     z = wires
-    infinite = not can_inspect(wires) or bool(wires[:, 0].isinf().any())
+    mode = _infinities(wires[:, 0], params)
+    if mode == "stand-in":
+        z = wires.clone()
+        z[:, 0] = z[:, 0].clamp(-_far(z.dtype), _far(z.dtype))
     for layer in range(depth):
         pulled = z.index_select(0, partner[layer])
         diff = torch.sub(z, pulled, out=diffs[layer])
-        if not infinite:
+        if mode != "exact":
             alpha = swap_probability(sign[layer] * diff[:, 0], **params)
             alphas[layer] = alpha
-            z = torch.addcmul(pulled, alpha.unsqueeze(1), diff)
+            # lerp is exact at alpha 0 and 1: a stand-in never leaks into a finite value
+            mix = torch.lerp if mode == "stand-in" else lambda start, end, weight: torch.addcmul(start, weight, diff)
+            z = mix(pulled, z, alpha.unsqueeze(1))
             continue
         # a comparator with an infinite value swaps exactly (alpha 0 or 1, slope 0) and never mixes
         # the infinity into a finite value; two equal infinities stay in place
@@ -114,6 +143,7 @@ def _value_sweep_backward(grad, diffs, alphas, network, params, grad_alphas=None
         grad_alpha = (grad * diffs[layer]).sum(1)
         if grad_alphas is not None:
             grad_alpha += grad_alphas[layer]
+        grad_alpha = torch.where(slope == 0, 0.0, grad_alpha)  # a stand-in's huge difference: no inf * 0
         if grad_beta is not None:
             grad_beta += (grad_alpha * _alpha_by_beta(diffs[layer][:, 0] * sign[layer], alpha, slope, params)).sum(0)
         grad_diff = grad * alpha.unsqueeze(1)
