@@ -32,14 +32,9 @@ __all__ = [
     "smooth_hard_topk_loss",
 ]
 
-_LOSS_METHODS = {
-    "bitonic": "bitonic",
-    "bitonic__non_sparse": "bitonic",
-    "splitter_selection": "splitter_selection",
-    "odd_even": "odd_even",
-    "neuralsort": "neuralsort",
-    "softsort": "softsort",
-}
+_NETWORK_NAMES = {"steepness": "steepness", "art_lambda": "art_lambda", "distribution": "distribution"}
+_LOSS_METHODS = {name: name for name in ("bitonic", "splitter_selection", "odd_even", "neuralsort", "softsort")}
+_LOSS_METHODS["bitonic__non_sparse"] = "bitonic"
 
 
 def _distribution(distribution: str | None, interpolation_type: str | None) -> str:
@@ -53,6 +48,36 @@ def _distribution(distribution: str | None, interpolation_type: str | None) -> s
         )
     warnings.warn("interpolation_type is deprecated, use distribution", DeprecationWarning, stacklevel=3)
     return interpolation_type
+
+
+def _art_lambda(art_lambda: float | None, distribution: str | None) -> float:
+    """``art_lambda=None`` (difftopk's README passes it): unused, as in the originals, except by
+    ``logistic_phi``, where the originals fail (``pow(None)``) and this raises."""
+    if art_lambda is not None:
+        return art_lambda
+    if distribution == "logistic_phi":
+        raise ValueError("art_lambda must be a float for distribution='logistic_phi', got None")
+    return 0.25
+
+
+class _Hyper(torch.nn.Module):
+    """Hyper-parameters as plain attributes (the originals' names): assigning one, e.g. a steepness
+    or temperature schedule, changes the next forward, which checks them."""
+
+    _method: str
+    _names: dict[str, str]  # attribute -> softtopk parameter
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The softtopk parameters of the next forward, checked."""
+        values = {native: getattr(self, name) for name, native in self._names.items()}
+        if "distribution" in values:
+            values["distribution"] = values["distribution"] or "cauchy"
+            values["art_lambda"] = _art_lambda(values["art_lambda"], values["distribution"])
+        return _checked_params(self._method, values)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._names)
 
 
 def _rows(x: Any, size: int, name: str) -> torch.Tensor:
@@ -92,7 +117,7 @@ def smooth_hard_topk_loss(
     return torch.where(switch, hard, smooth).mean()
 
 
-class DiffTopkNet(torch.nn.Module):
+class DiffTopkNet(_Hyper):
     """``difftopk.DiffTopkNet``: relaxed top-k of a sorting/selection network.
 
     ``forward(vectors (b, n))`` returns ``(None, P_topk)`` with ``P_topk (b, n, k)``;
@@ -101,8 +126,11 @@ class DiffTopkNet(torch.nn.Module):
     ``softtopk.soft_topk_ranks(vectors, k, method=sorting_network_type, steepness=...,
     distribution=..., art_lambda=...).flip(-1)``.
 
-    Intended differences: bitonic networks sort for every ``n`` (difftopk's do not for n = 22, 38,
-    42, ...); ``sparse`` has no effect and every type (``bitonic``, ``odd_even``,
+    ``steepness``, ``art_lambda`` and ``distribution`` are attributes: assigning one changes the next
+    forward, as in difftopk. ``art_lambda=None`` is accepted (used by ``logistic_phi`` only).
+
+    Intended differences: bitonic networks sort for every ``n`` (difftopk's layout, used wherever it
+    sorts, does not for n = 22, 38, 42-46, 54, ...); ``sparse`` has no effect and every type (``bitonic``, ``odd_even``,
     ``splitter_selection``) works with either value, without ``torch_sparse`` and without dense
     ``n x n`` layer matrices; any floating dtype (difftopk: float32 only); ``distribution=None``
     means ``'cauchy'``; ``logistic_phi`` differs near ties (``|d| < 0.1``, see
@@ -129,7 +157,7 @@ class DiffTopkNet(torch.nn.Module):
         sparse: bool = False,
         device: str = "cpu",
         steepness: float = 10.0,
-        art_lambda: float = 0.25,
+        art_lambda: float | None = 0.25,
         interpolation_type: str | None = None,
         distribution: str = "cauchy",
     ) -> None:
@@ -140,12 +168,10 @@ class DiffTopkNet(torch.nn.Module):
         self.size = check_int("size", size, low=1)
         self.k = check_int("k", k, low=1, high=self.size, why=" (k <= size)")
         self.sparse = sparse
-        params = {
-            "steepness": steepness,
-            "art_lambda": art_lambda,
-            "distribution": _distribution(distribution, interpolation_type),
-        }
-        self.params = _checked_params(self.sorting_network_type, params)
+        self._method, self._names = self.sorting_network_type, _NETWORK_NAMES
+        self.steepness, self.art_lambda = steepness, art_lambda
+        self.distribution = _distribution(distribution, interpolation_type)
+        self.params  # noqa: B018 -- checked at construction too
 
     def forward(self, vectors: torch.Tensor) -> tuple[None, torch.Tensor]:
         vectors = _rows(vectors, self.size, "vectors")
@@ -153,12 +179,10 @@ class DiffTopkNet(torch.nn.Module):
         return None, ranks.flip(-1)
 
     def extra_repr(self) -> str:
-        return f"{self.sorting_network_type!r}, size={self.size}, k={self.k}, " + ", ".join(
-            f"{key}={value!r}" for key, value in self.params.items()
-        )
+        return f"{self.sorting_network_type!r}, size={self.size}, k={self.k}, {super().extra_repr()}"
 
 
-class DiffSortNet(torch.nn.Module):
+class DiffSortNet(_Hyper):
     """``diffsort.DiffSortNet``: relaxed full sort by a sorting network.
 
     ``forward(vectors (b, n))`` returns ``(sorted, P)``: ``sorted (b, n)`` ascending and ``P (b, n, n)``
@@ -166,8 +190,12 @@ class DiffSortNet(torch.nn.Module):
     ``sorted = vectors @ P`` row by row. Maps to ``softtopk.soft_permutation(vectors,
     method=sorting_network_type, ...).flip(-1)``; ``sorted`` is computed as ``vectors @ P``.
 
-    Intended differences: bitonic networks sort for every ``n``; ``distribution=None`` means
-    ``'cauchy'``; ``logistic_phi`` differs near ties; float16/bfloat16 are computed in float32.
+    ``steepness``, ``art_lambda`` and ``distribution`` are attributes, as in diffsort (assigning one
+    changes the next forward); ``art_lambda=None`` is accepted (used by ``logistic_phi`` only).
+
+    Intended differences: bitonic networks sort for every ``n`` (diffsort's layout where it sorts,
+    see :class:`DiffTopkNet`); ``distribution=None`` means ``'cauchy'``; ``logistic_phi`` differs
+    near ties; float16/bfloat16 are computed in float32.
     """
 
     def __init__(
@@ -176,19 +204,17 @@ class DiffSortNet(torch.nn.Module):
         size: int,
         device: str = "cpu",
         steepness: float = 10.0,
-        art_lambda: float = 0.25,
+        art_lambda: float | None = 0.25,
         interpolation_type: str | None = None,
         distribution: str = "cauchy",
     ) -> None:
         super().__init__()
         self.sorting_network_type = check_choice("sorting_network_type", sorting_network_type, ("bitonic", "odd_even"))
         self.size = check_int("size", size, low=1)
-        params = {
-            "steepness": steepness,
-            "art_lambda": art_lambda,
-            "distribution": _distribution(distribution, interpolation_type),
-        }
-        self.params = _checked_params(self.sorting_network_type, params)
+        self._method, self._names = self.sorting_network_type, _NETWORK_NAMES
+        self.steepness, self.art_lambda = steepness, art_lambda
+        self.distribution = _distribution(distribution, interpolation_type)
+        self.params  # noqa: B018 -- checked at construction too
 
     def forward(self, vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         vectors = _rows(vectors, self.size, "vectors")
@@ -196,17 +222,18 @@ class DiffSortNet(torch.nn.Module):
         return (vectors.unsqueeze(-2) @ permutation).squeeze(-2), permutation
 
     def extra_repr(self) -> str:
-        return f"{self.sorting_network_type!r}, size={self.size}, " + ", ".join(
-            f"{key}={value!r}" for key, value in self.params.items()
-        )
+        return f"{self.sorting_network_type!r}, size={self.size}, {super().extra_repr()}"
 
 
-class NeuralSort(torch.nn.Module):
+class NeuralSort(_Hyper):
     """``difftopk.NeuralSort`` (Grover et al., ICLR 2019).
 
     ``forward(scores (b, n))`` returns ``(b, n, n)``: rows = inputs, columns = ranks ascending
     (the last column is the largest). Maps to ``softtopk.soft_permutation(scores,
     method='neuralsort', tau=tau, hard=hard).flip(-1)``.
+
+    ``tau`` and ``hard`` are attributes (assigning one changes the next forward). The gradient at
+    tied scores is the original's (symmetric in the tied entries).
 
     Intended differences: ``hard=True`` gives the exact permutation of the scores in the forward
     pass (difftopk takes an argmax over ranks for each input, which is not a permutation for over 80%
@@ -214,39 +241,46 @@ class NeuralSort(torch.nn.Module):
     dtype (difftopk: float32 only).
     """
 
+    _method, _names = "neuralsort", {"tau": "tau", "hard": "hard"}
+
     def __init__(self, tau: float = 1.0, hard: bool = False) -> None:
         super().__init__()
-        self.params = _checked_params("neuralsort", {"tau": tau, "hard": hard})
+        self.tau, self.hard = tau, hard
+        self.params  # noqa: B018 -- checked at construction too
 
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
         scores = check_scores("scores", scores, dims=2, shape="(batch, n)")
         return soft_permutation(scores, method="neuralsort", **self.params).flip(-1)
 
-    def extra_repr(self) -> str:
-        return f"tau={self.params['tau']}, hard={self.params['hard']}"
 
-
-class SoftSort(torch.nn.Module):
+class SoftSort(_Hyper):
     """``difftopk.SoftSort`` (Prillo & Eisenschlos, ICML 2020).
 
     ``forward(scores (b, n))`` returns ``(b, n, n)``: rows = ranks descending, columns = inputs
     (the transpose of NeuralSort's layout). Maps to ``softtopk.soft_permutation(scores,
     method='softsort', tau=tau, hard=hard, power=pow).transpose(-1, -2)``.
 
+    ``tau``, ``hard`` and ``pow`` are attributes (assigning one changes the next forward).
+
     Intended differences: ``pow`` must be ``>= 1`` (smaller powers have unbounded gradients at
     ties); float16/bfloat16 are computed in float32.
     """
 
+    _method, _names = "softsort", {"tau": "tau", "hard": "hard", "pow": "power"}
+
     def __init__(self, tau: float = 1.0, hard: bool = False, pow: float = 1.0) -> None:
         super().__init__()
-        self.params = _checked_params("softsort", {"tau": tau, "hard": hard, "power": pow})
+        self.tau, self.hard, self.pow = tau, hard, pow
+        self.params  # noqa: B018 -- checked at construction too
+
+    @property
+    def params(self) -> dict[str, Any]:
+        check_real("pow", self.pow, low=1.0)  # named as the original names it
+        return super().params
 
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
         scores = check_scores("scores", scores, dims=2, shape="(batch, n)")
         return soft_permutation(scores, method="softsort", **self.params).transpose(-1, -2)
-
-    def extra_repr(self) -> str:
-        return f"tau={self.params['tau']}, hard={self.params['hard']}, pow={self.params['power']}"
 
 
 class TopKCrossEntropyLoss(torch.nn.Module):
@@ -276,7 +310,7 @@ class TopKCrossEntropyLoss(torch.nn.Module):
         n: int,
         m: int | None = None,
         distribution: str | None = None,
-        art_lambda: float = 0.25,
+        art_lambda: float | None = 0.25,
         device: str = "cpu",
         top1_mode: str = "sm",
     ) -> None:
@@ -287,10 +321,11 @@ class TopKCrossEntropyLoss(torch.nn.Module):
         if self.method in ("neuralsort", "softsort"):
             params = {"tau": 1.0 / check_real("inverse_temperature", inverse_temperature, positive=True)}
         else:
+            distribution = _distribution(distribution, None)
             params = {
                 "steepness": inverse_temperature,
-                "art_lambda": art_lambda,
-                "distribution": _distribution(distribution, None),
+                "art_lambda": _art_lambda(art_lambda, distribution),
+                "distribution": distribution,
             }
         native = _NativeTopKCE(p_k, method=self.method, m=m, top1_mode=top1_mode, **params)
         self.p_k, self.m, self.top1_mode, self.params = native.p_k, native.m, native.top1_mode, native.params

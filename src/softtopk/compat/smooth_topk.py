@@ -60,13 +60,16 @@ def _alpha(alpha: float | None) -> float:
 
 
 class _OriginalClasses:
-    """The original's ``n_classes``: checked at construction (``k < n_classes``) and against every input."""
+    """The original's ``n_classes``: checked at construction (``k < n_classes``) and against every
+    input; its ``labels`` buffer (``arange(n_classes)``) is kept for its state_dict."""
 
     n_classes: int
 
     def _set_classes(self, n_classes: int, k: int = 1) -> None:
         self.n_classes = check_int("n_classes", n_classes, low=2)
         check_int("k", k, low=1, high=self.n_classes - 1, why=" (k < n_classes)")
+        # the original's buffer, so that state_dicts load both ways (unused here)
+        self.register_buffer("labels", torch.arange(self.n_classes))  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return super().forward(check_classes_match(x, self.n_classes), y)  # type: ignore[misc]

@@ -26,7 +26,9 @@ def softsort_ranks(x: torch.Tensor, k: int, *, tau: float | torch.Tensor, power:
         tau = tau.to(x.dtype).unsqueeze(-1)
     absent = x == float("-inf")
     safe = torch.where(absent, 0.0, x)  # no inf - inf, and no inf in a backward
-    top = x.topk(k, dim=-1).values
+    # a full sort for k = n gives tied scores the original's gradient split (its sort's); topk
+    # splits them by its own order (docs/compat.md lists the difference)
+    top = x.sort(dim=-1, descending=True).values if k == x.shape[-1] else x.topk(k, dim=-1).values
     top = torch.where(top == float("-inf"), 0.0, top)
     distance = (safe.unsqueeze(-1) - top.unsqueeze(-2)).abs()
     if power != 1.0:
