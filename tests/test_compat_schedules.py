@@ -73,16 +73,21 @@ def test_bitonic_topk_gives_difftopks_numbers_for_three_wires():
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
+def _same_gradients(original: torch.nn.Module, ours: torch.nn.Module, x: torch.Tensor) -> None:
+    """The input gradients of a random linear functional of both permutation matrices agree."""
+    weights = torch.randn(*x.shape, x.shape[-1], generator=torch.Generator().manual_seed(3))
+    grads = []
+    for module in (original, ours):
+        leaf = x.clone().requires_grad_()
+        (module(leaf) * weights).sum().backward()
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
+
+
 def test_neuralsort_gradient_at_ties_equals_difftopks():
     # a zero-initialised head: every score tied, then a few ties among distinct scores
     for x in (torch.zeros(2, 6), torch.tensor([[0.5, -1.0, 0.5, 2.0, 2.0, 0.0]])):
-        weights = torch.randn(x.shape[0], 6, 6, generator=torch.Generator().manual_seed(3))
-        grads = []
-        for module in (difftopk.NeuralSort(tau=0.7), compat.NeuralSort(tau=0.7)):
-            leaf = x.clone().requires_grad_()
-            (module(leaf) * weights).sum().backward()
-            grads.append(leaf.grad)
-        torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
+        _same_gradients(difftopk.NeuralSort(tau=0.7), compat.NeuralSort(tau=0.7), x)
     leaf = torch.zeros(1, 5, requires_grad=True)
     compat.NeuralSort(tau=1.0)(leaf)[..., -2:].sum(-1).square().sum().backward()
     torch.testing.assert_close(leaf.grad, leaf.grad[:, :1].expand(1, 5))  # symmetric in the tied entries
@@ -143,13 +148,7 @@ def test_p_k_may_be_a_numpy_array():
 
 def test_softsort_splits_ties_as_the_original():
     x = torch.tensor([[0.5, 0.5, 1.0, -1.0, 1.0, 0.0, 0.0, 2.0]])
-    weights = torch.randn(1, 8, 8, generator=torch.Generator().manual_seed(0))
-    grads = []
-    for module in (difftopk.SoftSort(tau=0.5), compat.SoftSort(tau=0.5)):
-        leaf = x.clone().requires_grad_()
-        (module(leaf) * weights).sum().backward()
-        grads.append(leaf.grad)
-    torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-5)
+    _same_gradients(difftopk.SoftSort(tau=0.5), compat.SoftSort(tau=0.5), x)
 
 
 def test_state_dicts_have_the_originals_keys():
