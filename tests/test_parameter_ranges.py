@@ -175,3 +175,34 @@ def test_per_row_tensor_steepness_with_gradients(method, distribution):
     layer = softtopk.SoftTopK(3, method=method, steepness=torch.nn.Parameter(torch.tensor(2.0, dtype=torch.float64)))
     layer(x).pow(2).sum().backward()
     assert torch.isfinite(layer.steepness.grad) and layer.steepness.grad != 0
+
+
+@pytest.mark.parametrize("p", [2.0, 4 / 3])
+def test_per_row_tensor_l_with_gradients(p):
+    x = torch.randn(3, 9, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    x[1, 2] = x[1, 5]  # a tie
+    lam = torch.tensor([0.3, 1.0, 5.0], dtype=torch.float64, requires_grad=True)
+    mask = softtopk.sparse_topk_mask(x, 3, l=lam, p=p)
+    for i in range(3):
+        want = softtopk.sparse_topk_mask(x[i], 3, l=float(lam.detach()[i]), p=p)
+        torch.testing.assert_close(mask[i], want, atol=1e-14, rtol=0)
+    assert torch.autograd.gradcheck(lambda t, v: softtopk.sparse_topk_mask(v, 3, l=t, p=p),
+                                    (lam, x.clone().requires_grad_()))
+    # a hard row (tiny l) and a huge l have finite gradients (0 for the hard row)
+    extreme = torch.tensor([1e-8, 1e200, 0.5], dtype=torch.float64, requires_grad=True)
+    mask = softtopk.soft_topk(x, 3, method="sparse", l=extreme, p=p)
+    mask.pow(2).sum().backward()
+    torch.testing.assert_close(mask.sum(-1), torch.full((3,), 3.0, dtype=torch.float64))
+    assert torch.isfinite(extreme.grad).all() and extreme.grad[0] == 0
+    layer = softtopk.SoftTopK(3, method="sparse", l=torch.nn.Parameter(torch.tensor(0.5, dtype=torch.float64)), p=p)
+    layer(x).pow(2).sum().backward()
+    assert torch.isfinite(layer.l.grad) and layer.l.grad != 0
+    with pytest.raises(TypeError, match="l must be a float for sparse_topk_mag"):
+        softtopk.sparse_topk_mag(x, 3, l=lam)
+
+
+def test_per_row_tensor_l_with_dykstra_uses_the_exact_gradient():
+    x = torch.randn(3, 9, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    lam = torch.tensor([0.3, 1.0, 5.0], dtype=torch.float64)
+    dykstra = softtopk.sparse_topk_mask(x, 3, l=lam, p=2.0, solver="dykstra", n_iter=2000)
+    torch.testing.assert_close(dykstra, softtopk.sparse_topk_mask(x, 3, l=lam, p=2.0), atol=1e-8, rtol=0)

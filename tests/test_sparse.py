@@ -655,11 +655,17 @@ def test_l_not_positive(kind, l):
 
 @pytest.mark.parametrize("kind", ["mask", "mag"])
 @pytest.mark.parametrize(
-    "l,shown", [(True, "bool True"), ("0.1", "str '0.1'"), (None, "NoneType None"), (torch.tensor(0.1), "Tensor")]
+    "l,shown", [(True, "bool True"), ("0.1", "str '0.1'"), (None, "NoneType None")]
 )
 def test_l_not_a_number(kind, l, shown):
     with pytest.raises(TypeError, match=_match("l must be a real number", shown)):
         OPS[kind](X, 2, l=l)
+
+
+def test_l_tensor_is_for_the_mask_only():
+    # a per-row tensor l is the mask's (tests/test_parameter_ranges.py); the magnitude refuses it
+    with pytest.raises(TypeError, match="l must be a float for sparse_topk_mag .*, got a tensor"):
+        OPS["mag"](X, 2, l=torch.tensor(0.1))
 
 
 @pytest.mark.parametrize("kind", ["mask", "mag"])

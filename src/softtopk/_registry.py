@@ -210,11 +210,14 @@ _REGISTRY["sparse"] = _Method(
         "threshold); 'dykstra': O(n_iter n) after a sort",
         params={"l": 0.1, "p": 4.0 / 3.0, "solver": "pav", "n_iter": 500, "hard": False},
         summary="sparse soft top-k (Sander et al. 2023): p-norm regularised, exact zeros, in [0, 1], "
-        "sums to k; p = 2 piecewise linear, p = 4/3 continuously differentiable",
+        "sums to k; p = 2 piecewise linear, p = 4/3 continuously differentiable; l may be a per-row "
+        "tensor (with gradients)",
     ),
     None,
     _with_hard(sparse_mask_rows),
-    checks={"l": _positive, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": _count, "hard": check_bool},
+    checks={"l": check_positive_or_tensor, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": _count,
+            "hard": check_bool},
+    tensor_args=("l",),
     joint=_dykstra_solves_p2,
 )
 _REGISTRY["perturbed"] = _Method(

@@ -146,7 +146,8 @@ def sparse_topk_mask(
     Args:
         x: scores, floating tensor of any shape (float16/bfloat16 computed in float32).
         k: ``1 <= k <= n``.
-        l: the regularisation strength λ > 0 (the original's ``l``). Default 0.1.
+        l: the regularisation strength λ > 0 (the original's ``l``), a float or a per-row tensor
+            (with gradients). Default 0.1.
         p: 4/3 (default) or 2.
         solver: ``'pav'`` (default): the exact solution (the minimiser PAV returns), found by a
             threshold search on the sorted top candidates with float64 prefix moments, O(n) memory;
@@ -201,6 +202,8 @@ def sparse_topk_mag(
         >>> softtopk.sparse_topk_mag(torch.tensor([-5.0, -2.0, 3.0, 1.0]), 2, l=1e-2).round(decimals=3)
         tensor([-5., -0.,  3.,  0.])
     """
+    if isinstance(l, torch.Tensor):
+        raise TypeError("l must be a float for sparse_topk_mag (a per-row tensor l is the mask's), got a tensor")
     _, params = resolve("sparse", {"l": l, "p": p, "solver": solver, "n_iter": n_iter}, "mask")
     del params["hard"]  # the magnitude has no k-hot forward
     x, dim, k = check_topk_args(x, k, dim)
@@ -298,8 +301,9 @@ class SoftTopK(torch.nn.Module):
         dim: the axis to select along. Default -1.
         largest: ``False`` selects the ``k`` smallest entries (the mask of ``-x``). Default ``True``.
         **params: the method's parameters (see :func:`softtopk.methods` for every method's
-            parameters and defaults). ``tau`` (lapsum, neuralsort, softsort) and ``steepness``
-            (sorting networks) may be tensors of per-row values like ``k``, with gradients. Every
+            parameters and defaults). ``tau`` (lapsum, neuralsort, softsort), ``steepness``
+            (sorting networks) and ``l`` (sparse) may be tensors of per-row values like ``k``, with
+            gradients. Every
             deterministic method and ``perturbed`` take ``hard``: ``True`` forwards the exact k-hot
             mask (``torch.topk``'s choice among ties) and backpropagates the soft mask's gradient
             (straight-through); ``gumbel``'s ``hard`` forwards the sampled subset. A tensor

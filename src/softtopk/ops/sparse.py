@@ -97,7 +97,7 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) 
             edge = theta + lam * theta.clamp_min(0).pow(1.0 / r)
             scale = lam**r * theta
         else:
-            edge, scale = at + sk + lam, torch.full_like(at, lam**r)
+            edge, scale = at + sk + lam, (lam**r) * torch.ones_like(at)
         sat = torch.searchsorted(neg, (sk - edge).contiguous(), right=True)
         above = torch.searchsorted(neg, (-at).contiguous(), right=False).clamp_min(sat)
         window = _window_power(prefix, sat, above, at, r)
@@ -157,28 +157,42 @@ def threshold(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> t
 
 
 class _MaskFn(torch.autograd.Function):
+    """``y = clip((x - t)/λ, 0, 1)^r`` with the threshold ``t`` (solved outside) differentiated
+    implicitly through ``Σ y = k``: with ``u = (x - t)/λ`` and ``d = ∂y/∂x`` on the interior,
+    ``∂L/∂x = d (g - Σ d g / Σ d)`` and, for a tensor ``λ``, ``∂L/∂λ = Σ g d (ū - u)``,
+    ``ū = Σ d u / Σ d`` (per row)."""
+
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, t: torch.Tensor, lam: float, r: int) -> torch.Tensor:
+    def forward(x: torch.Tensor, t: torch.Tensor, lam: float | torch.Tensor, r: int) -> torch.Tensor:
         return ((x - t) / lam).clamp(0, 1).pow(r)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         _, _, lam, r = inputs
-        ctx.save_for_backward(output)
-        ctx.lam, ctx.r = lam, r
+        ctx.tensor_lam = isinstance(lam, torch.Tensor)
+        ctx.save_for_backward(output, *((lam,) if ctx.tensor_lam else ()))
+        ctx.lam_value, ctx.r = (None if ctx.tensor_lam else lam), r
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (y,) = ctx.saved_tensors
+        y, *tensor_lam = ctx.saved_tensors
+        lam = tensor_lam[0] if ctx.tensor_lam else ctx.lam_value
         inside = (y > 0) & (y < 1)
-        # d = r z^{r-1} / λ with y = z^r: 1/λ (p = 2), 3 y^{2/3} / λ (p = 4/3)
-        d = inside / ctx.lam if ctx.r == 1 else y.pow(2.0 / 3.0).mul_(3.0 / ctx.lam).mul_(inside)
+        # d = r u^{r-1} / λ with y = u^r: 1/λ (p = 2), 3 y^{2/3} / λ (p = 4/3)
+        d = inside / lam if ctx.r == 1 else y.pow(2.0 / 3.0).mul_(3.0 / lam).mul_(inside)
         d = d.to(grad.dtype)
         total = d.sum(-1, keepdim=True)
-        gbar = torch.linalg.vecdot(d, grad).unsqueeze(-1) / total.where(total > 0, torch.ones_like(total))
-        return d * (grad - gbar), None, None, None
+        safe = total.where(total > 0, torch.ones_like(total))
+        gbar = torch.linalg.vecdot(d, grad).unsqueeze(-1) / safe
+        grad_lam = None
+        if ctx.needs_input_grad[2]:
+            u = (y if ctx.r == 1 else y.pow(1.0 / 3.0)).to(grad.dtype)
+            ubar = torch.linalg.vecdot(d, u).unsqueeze(-1) / safe
+            grad_lam = torch.linalg.vecdot(grad * d, ubar - u).unsqueeze(-1)
+            grad_lam = grad_lam.sum().reshape(lam.shape) if lam.shape != grad_lam.shape else grad_lam
+        return d * (grad - gbar), None, grad_lam, None
 
 
 class _MagFn(torch.autograd.Function):
@@ -233,9 +247,13 @@ def _exact(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torc
     return _MaskFn.apply(x, t, lam, r)
 
 
-def _rows(x: torch.Tensor, k: int, lam: float, p: float, solver: str, n_iter: int, magnitude: bool):
+def _rows(x: torch.Tensor, k: int, lam: float | torch.Tensor, p: float, solver: str, n_iter: int, magnitude: bool):
     r = exponent(p)
-    if lam > _LARGE and not magnitude:  # the mask of (x, λ) is that of (x / λ, 1): no λ³ overflow
+    if isinstance(lam, torch.Tensor):  # per row (B, 1); the magnitude takes a float only (checked above)
+        lam = lam.to(x.dtype)
+        scale = torch.where(lam > _LARGE, lam, torch.ones_like(lam))
+        x, lam = x / scale, lam / scale
+    elif lam > _LARGE and not magnitude:  # the mask of (x, λ) is that of (x / λ, 1): no λ³ overflow
         x, lam = x / lam, 1.0
     if solver == "pav":
         return _exact(x, k, lam, r, magnitude)
