@@ -82,11 +82,14 @@ class _LaplaceMask(torch.autograd.Function):
             scaled = torch.zeros_like(x)
         else:
             # rest: Σ_{not among the K largest} e^{(x - s_K)/τ}, every term in (0, 1]
-            # clamped above log(tiny): exp's result stays normal (its subnormal and -inf inputs take a slow
-            # path, twice the time on CPU), and -inf entries (also -inf - -inf = NaN) are set to 0
+            # exp(max(z, floor)) - exp(floor): exactly 0 at -inf, within exp(floor) ~ 1e-35 of exp(z)
+            # elsewhere, with no branch (exp of -inf or of subnormal results takes libm's slow path,
+            # and a where on a random mask mispredicts: each costs as much as the exp on CPU); last
+            # is made finite so that -inf - last is never NaN
             floor = math.log(torch.finfo(x.dtype).tiny) + 8.0
-            scaled = ((x - vals[:, -1:]) * inv_tau).clamp_(floor, 0.0).exp_()
-            scaled = scaled.masked_fill_(torch.isneginf(x), 0.0).scatter_(-1, idx, 0.0)
+            last = vals[:, -1:].clamp_min(torch.finfo(x.dtype).min)
+            scaled = ((x - last) * inv_tau).clamp_(floor, 0.0).exp_().sub_(math.exp(floor)).clamp_min_(0.0)
+            scaled = scaled.scatter_(-1, idx, 0.0)
             log_rest = scaled.sum(-1, keepdim=True).to(wide).log_() + a[:, big - 1 : big]
         tt, valid = _solve_log_threshold(a, log_rest, k.to(wide))
         z_top = a[:, : vals.shape[-1]] - tt

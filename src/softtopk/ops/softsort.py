@@ -24,14 +24,14 @@ def softsort_ranks(x: torch.Tensor, k: int, *, tau: float | torch.Tensor, power:
     float or a per-row (B, 1) tensor."""
     if isinstance(tau, torch.Tensor):
         tau = tau.to(x.dtype).unsqueeze(-1)
-    absent = x == float("-inf")
-    safe = torch.where(absent, 0.0, x)  # no inf - inf, and no inf in a backward
     # a full sort for k = n gives tied scores the original's gradient split (its sort's); topk
     # splits them by its own order (docs/compat.md lists the difference)
     top = x.sort(dim=-1, descending=True).values if k == x.shape[-1] else x.topk(k, dim=-1).values
-    top = torch.where(top == float("-inf"), 0.0, top)
-    distance = (safe.unsqueeze(-1) - top.unsqueeze(-2)).abs()
+    top = torch.where(top == float("-inf"), 0.0, top)  # ranks past the finite entries: finite
+    # a -inf entry is at distance inf (logit -inf, weight 0) without a branch over the (B, n, k)
+    # tensor; powers are taken of distances capped where their power overflows but its slope does
+    # not, so the backward of a zero weight stays 0 (not inf * 0)
+    distance = (x.unsqueeze(-1) - top.unsqueeze(-2)).abs()
     if power != 1.0:
-        distance = distance.pow(power)
-    logits = torch.where(absent.unsqueeze(-1), float("-inf"), -distance / tau)
-    return torch.softmax(logits, dim=-2)
+        distance = distance.clamp_max(torch.finfo(x.dtype).max ** (1.0 / power) * 2.0).pow(power)
+    return torch.softmax(-distance / tau, dim=-2)
