@@ -206,3 +206,13 @@ def test_per_row_tensor_l_with_dykstra_uses_the_exact_gradient():
     lam = torch.tensor([0.3, 1.0, 5.0], dtype=torch.float64)
     dykstra = softtopk.sparse_topk_mask(x, 3, l=lam, p=2.0, solver="dykstra", n_iter=2000)
     torch.testing.assert_close(dykstra, softtopk.sparse_topk_mask(x, 3, l=lam, p=2.0), atol=1e-8, rtol=0)
+
+
+def test_sparse_magnitude_with_p_4_3_refuses_an_l_whose_threshold_underflows():
+    x = torch.randn(4, 50, generator=torch.Generator().manual_seed(1), dtype=torch.float64, requires_grad=True)
+    out = softtopk.sparse_topk_mag(x, 5, l=1e30)
+    (grad,) = torch.autograd.grad((out * torch.arange(50.0, dtype=torch.float64)).sum(), x)
+    assert torch.isfinite(out).all() and torch.isfinite(grad).all()
+    with pytest.raises(ValueError, match=r"l must be at most 1e\+30 for sparse_topk_mag with p=4/3, got 1e\+36"):
+        softtopk.sparse_topk_mag(x, 5, l=1e36)
+    assert torch.isfinite(softtopk.sparse_topk_mag(x, 5, l=4.4e307, p=2.0)).all()

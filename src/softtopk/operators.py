@@ -194,7 +194,8 @@ def sparse_topk_mag(
     — the solution of Sander et al.'s magnitude problem written through its PAV block value ``θ``:
     entries with ``u = 1`` are kept exactly, entries with ``|x| <= θ`` are exactly 0, the rest are
     shrunk continuously. Arguments as :func:`sparse_topk_mask` (it selects by magnitude: no
-    ``largest``, no ``hard``; :func:`hard_topk_mag` is the hard version). Gradients are finite
+    ``largest``, no ``hard``, a float ``l``, at most 1e30 for p = 4/3; :func:`hard_topk_mag` is the
+    hard version). Gradients are finite
     everywhere (the original's p = 4/3 gradient is NaN at exact zeros).
 
     Example:
@@ -206,6 +207,8 @@ def sparse_topk_mag(
         raise TypeError("l must be a float for sparse_topk_mag (a per-row tensor l is the mask's), got a tensor")
     _, params = resolve("sparse", {"l": l, "p": p, "solver": solver, "n_iter": n_iter}, "mask")
     del params["hard"]  # the magnitude has no k-hot forward
+    if params["p"] != 2 and params["l"] > 1e30:  # θ ~ Σ|x|³/(k l³): its gradient is NaN from ~1e36 on
+        raise ValueError(f"l must be at most 1e+30 for sparse_topk_mag with p=4/3, got {params['l']!r}")
     x, dim, k = check_topk_args(x, k, dim)
     check_scales(params, x.dtype)
     return along_rows(x, dim, lambda rows: sparse_mag_rows(rows, k, **params), None)
