@@ -53,7 +53,7 @@ def _run_files(run_dir: Path) -> None:
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
     config = json.loads((run_dir / "config.json").read_text())
     assert config["command"] == "knn" and config["torch_version"] == torch.__version__
-    assert set(torch.load(run_dir / "checkpoint.pt", weights_only=False)) >= {"model", "optimizer", "rng", "step", "best"}
+    assert set(torch.load(run_dir / "checkpoint.pt", weights_only=True)) >= {"model", "optimizer", "rng", "step", "best"}
 
 
 @needs_mnist
@@ -104,7 +104,7 @@ def test_fashion_mnist_with_the_convnet(tmp_path):
     assert main(argv) == 0
     results = _results(out)
     assert results["net"] == "convnet" and results["steps"] == 4
-    state = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    state = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
     assert state["fc.weight"].shape == (500, 800)  # the ConvNet's 800 -> 500 layer
 
 
@@ -201,7 +201,7 @@ def test_killed_run_resumes_to_the_same_results(tmp_path):
              "--lr", "1e-2", "--no-progress"]
     killed = _cli(*flags, "--out", str(tmp_path / "killed"), env={"SOFTTOPK_TEST_KILL_AT_STEP": "13"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # 10 steps per epoch: killed mid-epoch 2
-    assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)["step"] == 10
+    assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)["step"] == 10
     assert not (tmp_path / "killed" / "results.json").exists()
     resumed = _cli(*flags, "--resume", str(tmp_path / "killed"))
     assert resumed.returncode == 0, resumed.stderr

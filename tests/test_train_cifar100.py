@@ -85,7 +85,7 @@ def test_loss_families_train_and_write_the_run_files(archive, tmp_path, method, 
     config = json.loads((out / "config.json").read_text())
     assert config["flags"]["method"] == method and config["command"] == "train-cifar100"
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
-    checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=True)
     assert set(checkpoint) >= {"model", "optimizer", "rng", "step", "best"}
     assert set(checkpoint["rng"]["generators"]) == {"augment", "loss_noise"}
 
@@ -207,7 +207,7 @@ def test_killed_run_resumes_to_the_same_results(archive, tmp_path):
              "--n_samples", "2", "--label_noise", ".4", *TINY, "--val_size", "104", "--n_epochs", "3"]
     killed = _cli(*flags, "--out", str(tmp_path / "killed"), env={"SOFTTOPK_TEST_KILL_AT_STEP": "3"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # 2 steps per epoch: killed after checkpoint 1
-    assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)["step"] == 2
+    assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)["step"] == 2
     assert not (tmp_path / "killed" / "results.json").exists()
     resumed = _cli(*flags, "--resume", str(tmp_path / "killed"))
     assert resumed.returncode == 0, resumed.stderr

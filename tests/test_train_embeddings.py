@@ -82,7 +82,7 @@ def test_every_loss_family_trains_and_writes_the_run_files(data_file, tmp_path, 
     config = json.loads((out / "config.json").read_text())
     assert config["flags"]["method"] == method and config["torch_version"] == torch.__version__
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
-    assert set(torch.load(out / "checkpoint.pt", weights_only=False)) >= {"model", "optimizer", "rng", "step", "best"}
+    assert set(torch.load(out / "checkpoint.pt", weights_only=True)) >= {"model", "optimizer", "rng", "step", "best"}
 
 
 @pytest.mark.parametrize("keys,dtype", [("val", torch.float16), ("21k", torch.float32), ("test", torch.float16)])
@@ -121,7 +121,7 @@ def test_normalized_last_layer_gives_cosine_scores(data_file, tmp_path):
             "--epsilon", ".01", "--max_m", ".2", "--scale", "60", "--normalize_ll", "--n_epochs", "10",
             "--batch_size", "60", "--nloglr", "2", "--no-progress", "--out", str(out)]
     assert main(argv) == 0
-    state = torch.load(out / "checkpoint.pt", weights_only=False)["model"]
+    state = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
     assert set(state) == {"0.weight"}  # no bias
     results = _results(out)
     assert results["reported_test_at_best_valid"]["top5"] > 0.8  # the 20 Gaussian classes are learnt
@@ -207,7 +207,7 @@ def test_killed_run_resumes_to_the_same_results(data_file, tmp_path):
              "--nloglr", "2", "--no-progress"]
     killed = _cli(*flags, "--out", str(tmp_path / "killed"), env={"SOFTTOPK_TEST_KILL_AT_STEP": "6"})
     assert killed.returncode == -signal.SIGKILL  # 4 steps per epoch: killed mid-epoch 2, after checkpoint 1
-    assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=False)["step"] == 4
+    assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)["step"] == 4
     assert not (tmp_path / "killed" / "results.json").exists()
     resumed = _cli("train-embeddings", *flags[1:], "--resume", str(tmp_path / "killed"))
     assert resumed.returncode == 0, resumed.stderr
@@ -235,7 +235,7 @@ def test_torchrun_two_processes_match_one_process(data_file, tmp_path):
     assert ddp.returncode == 0, ddp.stderr[-2000:]
     assert main([*flags, "--out", str(tmp_path / "single")]) == 0
     assert json.loads((tmp_path / "ddp" / "config.json").read_text())["world_size"] == 2
-    weights = [torch.load(tmp_path / d / "checkpoint.pt", weights_only=False)["model"] for d in ("ddp", "single")]
+    weights = [torch.load(tmp_path / d / "checkpoint.pt", weights_only=True)["model"] for d in ("ddp", "single")]
     for name in weights[0]:
         # the only difference is float32 summation order of the two ranks' gradient parts (allreduce)
         torch.testing.assert_close(weights[0][name], weights[1][name], rtol=0, atol=1e-5)

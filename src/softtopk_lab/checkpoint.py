@@ -1,20 +1,28 @@
-"""Atomic checkpoints and the complete random state of a training process.
+"""Atomic, code-free checkpoints and the complete random state of a training process.
 
 A checkpoint written by :func:`save_atomic` is either the old file or the new one, never a torn
-write: the data goes to a temporary file in the same directory, is fsynced, and replaces the target
-with ``os.replace`` (atomic on POSIX), after which the directory entry is fsynced too.
+write (:func:`softtopk_lab.rundir.replace_atomic`). It holds tensors, numbers, strings and
+containers only (numpy's random state is stored as a tensor), so :func:`load_checkpoint` reads it
+with ``torch.load(..., weights_only=True)``: a planted file cannot run code, and a file that is not
+a checkpoint of this format is a one-line error.
 """
 
 from __future__ import annotations
 
-import os
+import pickle
 import random
-import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from .errors import UsageError
+from .rundir import replace_atomic
+
+#: the ``format`` entry of every checkpoint this version writes and reads
+FORMAT = "softtopk-lab-checkpoint/2"
 
 
 def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
@@ -27,10 +35,12 @@ def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
         A dict with torch's CPU state, python ``random``, numpy, CUDA (all devices, when CUDA is
         initialised) and each generator's state; :func:`set_rng_state` restores it.
     """
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
         "generators": {name: gen.get_state() for name, gen in generators.items()},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -42,42 +52,38 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator])
     """Restore a state of :func:`rng_state` (the generators are updated in place)."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["position"],
+                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
     for name, gen in generators.items():
         gen.set_state(state["generators"][name])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_atomic(obj: Any, path: Path) -> None:
-    """``torch.save(obj, path)`` via a temporary file in the same directory, fsync and ``os.replace``.
+def save_atomic(obj: dict[str, Any], path: Path) -> None:
+    """``torch.save({**obj, "format": FORMAT}, path)``, atomically.
 
-    Args:
-        obj: anything ``torch.save`` accepts.
-        path: the final file name.
+    Raises:
+        UsageError: the disk is full or the directory cannot be written (the old checkpoint stays).
     """
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            torch.save(obj, stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    replace_atomic(Path(path), lambda temporary: torch.save({**obj, "format": FORMAT}, temporary))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint of :func:`save_atomic` on the CPU.
+    """Load a checkpoint of :func:`save_atomic` on the CPU with ``weights_only=True``.
 
-    It holds our own training state (python and numpy random states included), so it is loaded with
-    ``weights_only=False``: only resume from run directories you created.
+    Raises:
+        UsageError: the file is damaged, from another format, or not a checkpoint (no code runs).
     """
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"{path} is not a softtopk checkpoint (refused by torch.load(weights_only=True): "
+                         f"{reason[:160]})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        raise UsageError(f"{path} is not a checkpoint of this softtopk version (format {found!r}, expected "
+                         f"{FORMAT!r}); start a new run with --out")
+    return state

@@ -14,6 +14,7 @@ exceptions keep their traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -87,6 +88,10 @@ _COMMANDS: dict[str, tuple[type[Config], Callable[[Any], None], str | None]] = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``softtopk`` command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    if "SOFTTOPK_SWEEP_PID" in os.environ:  # a run of a sweep ends with the sweep
+        from .sweep import stop_with_parent
+
+        stop_with_parent()
     args = build_parser().parse_args(argv)
     name = args.command if args.command != "data" else f"data {args.data_command}"
     config_type, handler, data_flag = _COMMANDS[name]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -29,6 +28,11 @@ import torch
 from softtopk import methods, soft_topk
 
 from .config import EmbeddingConfig, LossConfig, RunOutput
+from .errors import UsageError
+from .rundir import LOCK, MARKER, RUN_FILES, RunLock, claim, owned, remove_stale_temporaries, replace_atomic, \
+    write_text_atomic
+
+DEMO_FILES = ("demo.json", "demo.png")
 
 EXAMPLE = torch.tensor([0.3, 2.0, -1.0, 1.2, 0.9, 1.9, -0.4, 0.0])
 EXAMPLE_PARAMS = {
@@ -72,14 +76,55 @@ def _print_masks(seed: int) -> dict:
     return masks
 
 
+def _run_dir(out: Path, name: str) -> Path:
+    return out / name.split(" (")[0].replace(" ", "_")
+
+
+def _claim_out(out: Path) -> None:
+    """Make ``out`` the demo's directory, or refuse: the demo writes only into a directory it
+    created (its marker) or one that holds none of the names it would write."""
+    names = [*DEMO_FILES, *(_run_dir(out, name).name for name in RUNS)]
+    clashes = [name for name in names if (out / name).exists()]
+    if clashes and not owned(out):
+        raise UsageError(f"--out {out}: holds {', '.join(clashes)} not written by softtopk demo; choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--out {out}: cannot be created ({error.strerror or error})") from None
+    if not owned(out):
+        claim(out, "demo")
+
+
+def _clear(run_dir: Path, out: Path) -> None:
+    """Remove an earlier demo's run from ``run_dir``: only a directory softtopk marked, only the
+    files a run writes, under the run's lock; anything else stays and is an error."""
+    if not run_dir.exists():
+        return
+    if not owned(run_dir):
+        raise UsageError(f"--out {out}: {run_dir} was not written by softtopk; choose another --out")
+    lock = RunLock(run_dir, "--out")
+    remove_stale_temporaries(run_dir)
+    others = sorted(path.name for path in run_dir.iterdir() if path.name not in RUN_FILES)
+    if others:
+        lock.release()
+        raise UsageError(f"--out {out}: {run_dir} holds {', '.join(others[:5])}, which softtopk did not write; "
+                         "choose another --out")
+    for name in RUN_FILES:
+        if name not in (MARKER, LOCK):
+            (run_dir / name).unlink(missing_ok=True)
+    (run_dir / MARKER).unlink(missing_ok=True)
+    lock.release()
+    (run_dir / LOCK).unlink(missing_ok=True)
+    run_dir.rmdir()
+
+
 def _run(name: str, loss: LossConfig, out: Path, seed: int, n_epochs: int | None) -> dict:
     """One ``train-embeddings`` run (replacing an earlier demo's run of the same name); returns its
     reported metrics, time per step and curve."""
     from .embeddings import train_embeddings
 
-    run_dir = out / name.split(" (")[0].replace(" ", "_")
-    if (run_dir / "config.json").is_file():  # the demo's own output from an earlier call
-        shutil.rmtree(run_dir)
+    run_dir = _run_dir(out, name)
+    _clear(run_dir, out)
     config = run_config(loss, run_dir, seed, n_epochs)
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # each run's own summary table
@@ -97,6 +142,7 @@ def _run(name: str, loss: LossConfig, out: Path, seed: int, n_epochs: int | None
 
 
 def _plot(runs: dict, path: Path) -> None:
+    """Validation top-5 over steps of every run, as a PNG at ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,7 +158,7 @@ def _plot(runs: dict, path: Path) -> None:
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(path, dpi=120, format="png")
     plt.close(figure)
 
 
@@ -125,8 +171,8 @@ def run_demo(*, seed: int = 0, out: Path = Path("runs/demo"), n_epochs: int | No
         n_epochs: override of the runs' 30 epochs (for quick checks).
     """
     torch.set_num_threads(1)
+    _claim_out(out)
     masks = _print_masks(seed)
-    out.mkdir(parents=True, exist_ok=True)
     print("\nLinear head on wordnet148 (384-d MiniLM embeddings, 148 classes), Adam lr 1e-2, batch 256;")
     print("test accuracy at the best validation value of each metric:")
     print(f"  {'loss':<28} {'top-1':>7} {'top-5':>7} {'ms/step':>8}")
@@ -136,7 +182,7 @@ def run_demo(*, seed: int = 0, out: Path = Path("runs/demo"), n_epochs: int | No
         run = runs[name]
         print(f"  {name:<28} {100 * run['top1']:6.2f}% {100 * run['top5']:6.2f}% {run['ms_per_step']:8.2f}")
     results = {"example": EXAMPLE.tolist(), "masks": masks, "runs": runs, "seed": seed}
-    (out / "demo.json").write_text(json.dumps(results, indent=1))
-    _plot(runs, out / "demo.png")
+    replace_atomic(out / "demo.png", lambda path: _plot(runs, path))
+    write_text_atomic(out / "demo.json", json.dumps(results, indent=1))
     print(f"\nwrote {out / 'demo.json'} and {out / 'demo.png'}")
     return results

@@ -36,6 +36,8 @@ import torch
 from .checkpoint import load_checkpoint, rng_state, save_atomic, set_rng_state
 from .config import Cifar100Config, EmbeddingConfig, KnnConfig
 from .errors import UsageError
+from .rundir import RunLock, check_new_run_directory, claim, owned, remove_stale_temporaries, replace_atomic, \
+    write_text_atomic
 
 RESUME_IGNORED = ("out", "resume", "no_progress", "device", "experiment_id")
 
@@ -107,15 +109,23 @@ class Run:
         flags = {"command": command, **config.flags()}  # the keys of the parsed flags, as before the typed configs
         self.config = {name: _jsonable(value) for name, value in sorted(flags.items())}
         self.resumed: dict[str, Any] | None = None
+        self.lock: RunLock | None = None
         if output.resume is not None:
             self.dir = Path(output.resume)
+            if self.is_main:
+                self._lock("--resume")
             self._check_resume(resume_ignored)
         else:
             self.dir = Path(output.out) if output.out is not None else self._default_dir()
-            if (self.dir / "checkpoint.pt").exists():
-                raise UsageError(f"--out {self.dir}: already holds a run (use --resume {self.dir} to continue it)")
+            check_new_run_directory(self.dir, "--out")
             if self.is_main:
-                self.dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    self.dir.mkdir(parents=True, exist_ok=True)
+                except OSError as error:
+                    raise UsageError(f"--out {self.dir}: cannot be created ({error.strerror or error})") from None
+                self._lock("--out")
+                check_new_run_directory(self.dir, "--out")  # again, now that no other writer can start
+                claim(self.dir, command)
         if self.distributed:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             if self.device.type == "cuda":
@@ -124,8 +134,8 @@ class Run:
         if self.is_main and self.resumed is None:
             meta = {"softtopk_version": version("softtopk"), "torch_version": torch.__version__,
                     "git_commit": _git_commit(), "world_size": self.world_size, "command": command}
-            (self.dir / "config.json").write_text(json.dumps({"flags": self.config, **meta}, indent=2) + "\n")
-            (self.dir / "metrics.jsonl").write_text("")
+            write_text_atomic(self.dir / "config.json", json.dumps({"flags": self.config, **meta}, indent=2) + "\n")
+            write_text_atomic(self.dir / "metrics.jsonl", "")
         self.started = time.monotonic() - (self.resumed["elapsed"] if self.resumed else 0.0)
 
     def _default_dir(self) -> Path:
@@ -137,17 +147,31 @@ class Run:
             path = base.with_name(f"{base.name}-{number}")
         return path
 
+    def _lock(self, flag: str) -> None:
+        """Hold the run directory's lock for the rest of the process; drop stale temporary files."""
+        self.lock = RunLock(self.dir, flag)
+        remove_stale_temporaries(self.dir)
+
     def _check_resume(self, resume_ignored: Iterable[str]) -> None:
         config_path, checkpoint_path = self.dir / "config.json", self.dir / "checkpoint.pt"
         if not config_path.is_file() or not checkpoint_path.is_file():
             raise UsageError(f"--resume {self.dir}: no config.json and checkpoint.pt there (nothing to resume)")
-        stored = json.loads(config_path.read_text())["flags"]
+        if not owned(self.dir):
+            raise UsageError(f"--resume {self.dir}: not a run directory of this softtopk version (no .softtopk-run "
+                             "marker); start a new run with --out")
+        try:
+            stored = json.loads(config_path.read_text())["flags"]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"--resume {self.dir}: config.json is damaged (not the JSON a run writes)") from None
         ignored = set(RESUME_IGNORED) | set(resume_ignored)
         for name in sorted(set(stored) | set(self.config)):
             if name not in ignored and stored.get(name) != self.config.get(name):
                 raise UsageError(f"--resume {self.dir}: flag --{name} differs from the stored run "
                                  f"(stored {stored.get(name)!r}, given {self.config.get(name)!r})")
-        self.resumed = load_checkpoint(checkpoint_path)
+        try:
+            self.resumed = load_checkpoint(checkpoint_path)
+        except UsageError as error:
+            raise UsageError(f"--resume {self.dir}: {error}") from None
 
     # ---- model and batches -------------------------------------------------------------------
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -216,20 +240,22 @@ class Run:
             path = self.dir / "metrics.jsonl"
             kept = [line for line in path.read_text().splitlines()
                     if line and json.loads(line)["step"] <= self.resumed["step"]]
-            path.write_text("".join(line + "\n" for line in kept))
+            write_text_atomic(path, "".join(line + "\n" for line in kept))
         return self.resumed
 
     def finish(self, results: dict[str, Any], summary: str) -> None:
-        """Write ``results.json`` and ``curves.png``, print ``summary``, end the process group."""
+        """Write ``curves.png`` then ``results.json`` (each atomically: a ``results.json`` means a
+        finished run with its plot), print ``summary``, release the lock, end the process group."""
         if self.is_main:
-            (self.dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-            self._plot()
+            replace_atomic(self.dir / "curves.png", self._plot)
+            write_text_atomic(self.dir / "results.json", json.dumps(results, indent=2) + "\n")
             print(summary)
             print(f"run directory: {self.dir}")
+            self.lock.release()
         if self.distributed:
             torch.distributed.destroy_process_group()
 
-    def _plot(self) -> None:
+    def _plot(self, path: Path) -> None:
         import matplotlib
 
         matplotlib.use("Agg")
@@ -246,5 +272,5 @@ class Run:
         right.set(xlabel="step", ylabel="validation accuracy", title="validation metrics")
         right.legend()
         figure.tight_layout()
-        figure.savefig(self.dir / "curves.png", dpi=100)
+        figure.savefig(path, dpi=100, format="png")
         plt.close(figure)

@@ -18,10 +18,12 @@ training time per step and per run, and the exact command of every row (``--seed
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -31,6 +33,7 @@ from typing import Any
 
 from .config import SweepConfig
 from .errors import UsageError
+from .rundir import RunLock, write_text_atomic
 from .suites import SUITES, Setting, Suite
 
 
@@ -50,13 +53,28 @@ def _check_recorded(argv: list[str], run_dir: Path) -> None:
         raise UsageError(f"{run_dir} holds a run of another command ({recorded.read_text()}); use another --out")
 
 
+PARENT_ENV = "SOFTTOPK_SWEEP_PID"
+
+
+def stop_with_parent() -> None:
+    """In a run started by a sweep (``SOFTTOPK_SWEEP_PID`` set): ask Linux to send this process
+    SIGTERM when the sweep dies, even by SIGKILL (``prctl(PR_SET_PDEATHSIG)``), and end at once if
+    it is already gone. Elsewhere a no-op (an interrupted sweep's SIGINT reaches its process group)."""
+    parent = os.environ.get(PARENT_ENV)
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):
+        sys.exit(1)
+
+
 def _run_one(argv: list[str], run_dir: Path) -> None:
-    if (run_dir / "results.json").exists():
+    if (run_dir / "results.json").exists():  # written atomically, last: the run is finished
         return
     where = ["--resume", str(run_dir)] if (run_dir / "checkpoint.pt").exists() else ["--out", str(run_dir)]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    _recorded(run_dir).write_text(shlex.join(argv))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    write_text_atomic(_recorded(run_dir), shlex.join(argv))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", PARENT_ENV: str(os.getpid())}
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
         done = subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *argv, *where, "--no-progress"], env=env,
                               stdout=log, stderr=subprocess.STDOUT, check=False)
@@ -104,8 +122,8 @@ def summarize(suite_name: str, settings: list[Setting], seeds: list[int], out: P
     total = sum(row["seconds_per_run"] * len(seeds) for row in rows)
     summary = {"suite": suite_name, "about": suite.about, "tool": suite.tool, "metrics": list(suite.metrics),
                "seeds": seeds, "rows": rows, "total_run_seconds": total}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(render(summary))
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=1))
+    write_text_atomic(out / "summary.md", render(summary))
     return summary
 
 
@@ -150,6 +168,12 @@ def run_sweep(config: SweepConfig) -> dict[str, Any] | None:
         return None
     for argv, run_dir in jobs:  # before anything runs
         _check_recorded(argv, run_dir)
+    suite_dir = config.out / config.suite
+    try:
+        suite_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--out {config.out}: cannot be created ({error.strerror or error})") from None
+    lock = RunLock(suite_dir, "--out")  # one sweep per suite directory, until this process ends
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=config.jobs) as pool:
         futures = [pool.submit(_run_one, argv, run_dir) for argv, run_dir in jobs]
@@ -159,7 +183,8 @@ def run_sweep(config: SweepConfig) -> dict[str, Any] | None:
         except UsageError:  # a failed run: start no further runs
             pool.shutdown(cancel_futures=True)
             raise
-    summary = summarize(config.suite, settings, list(config.seeds), config.out / config.suite, config.n_epochs)
+    summary = summarize(config.suite, settings, list(config.seeds), suite_dir, config.n_epochs)
+    lock.release()
     print(render(summary))
     print(f"{len(jobs)} runs, {time.perf_counter() - start:.0f} s; wrote {config.out / config.suite / 'summary.md'}")
     return summary
