@@ -91,6 +91,11 @@ def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.
     return topk_metrics(torch.cat(outputs), labels.cpu())
 
 
+def build_model(n_classes: int) -> torch.nn.Module:
+    """The CIFAR-100 network: difftopk's ResNet-18 for 32 x 32 images with ``n_classes`` outputs."""
+    return resnet18_cifar(n_classes)
+
+
 def train_cifar100(config: Cifar100Config) -> dict[str, Any]:
     """Run ``softtopk train-cifar100``; returns the content of ``results.json``.
 
@@ -109,7 +114,8 @@ def train_cifar100(config: Cifar100Config) -> dict[str, Any]:
     (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = data["train"], data["valid"], data["test"]
     if run.device.type == "cuda":
         train_x, valid_x, test_x = train_x.pin_memory(), valid_x.pin_memory(), test_x.pin_memory()
-    model = resnet18_cifar(CIFAR100_CLASSES)
+    model_args = {"n_classes": CIFAR100_CLASSES}
+    model = build_model(**model_args)
     net = run.wrap_model(model)
     optimizer = torch.optim.Adam(net.parameters(), lr=10 ** -config.nloglr)
     noise = torch.Generator(device=run.device).manual_seed(config.seed * 7919 + run.rank)
@@ -124,6 +130,7 @@ def train_cifar100(config: Cifar100Config) -> dict[str, Any]:
         valid, test = state["last_evaluation"]
     kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
     steps_per_epoch = len(train_y) // config.batch_size  # drop_last
+    run.total_steps = config.n_epochs * steps_per_epoch
 
     for epoch in range(start_epoch, config.n_epochs):
         net.train()
@@ -151,7 +158,7 @@ def train_cifar100(config: Cifar100Config) -> dict[str, Any]:
                 os.kill(os.getpid(), signal.SIGKILL)
         valid = evaluate_images(model, valid_x, valid_y, batch_size=config.batch_size, device=run.device)
         test = evaluate_images(model, test_x, test_y, batch_size=config.batch_size, device=run.device)
-        best.update(valid, test, step)
+        run.save_best(model, model_args, best.update(valid, test, step), best)
         train_loss = run.mean_loss(losses)
         if not math.isfinite(train_loss):
             raise FloatingPointError(f"training loss is {train_loss} in epoch {epoch + 1}")

@@ -61,17 +61,32 @@ def _read_cifar_members(path: Path) -> dict[str, tuple[bytes, str]]:
         raise DataError(f"{path}: not a readable tar / tar.gz archive or a directory ({reason})") from error
 
 
+_MAX_MEMBER_BYTES = 256 << 20  # CIFAR-100's largest member, train, is 148 MiB
+_MAX_MEMBERS = 64
+
+
 def _read_tar_members(archive: tarfile.TarFile, path: Path) -> dict[str, tuple[bytes, str]]:
-    members = {
-        Path(m.name).name: m for m in archive.getmembers() if m.isfile() and len(Path(m.name).parts) <= 2
-    }
-    out = {}
+    """The CIFAR-100 members of ``archive``, reading at most ``_MAX_MEMBERS`` headers and refusing a
+    member that declares more than ``_MAX_MEMBER_BYTES`` (a decompression bomb is not expanded)."""
+    out, seen = {}, []
+    for count, member in enumerate(archive):
+        if count >= _MAX_MEMBERS:
+            raise DataError(f"{path}: more than {_MAX_MEMBERS} archive members before train, test and meta; "
+                            "not a CIFAR-100 archive")
+        if member.size > _MAX_MEMBER_BYTES:
+            raise DataError(f"{path}: member {member.name!r} declares {member.size:,} bytes, more than any "
+                            f"CIFAR-100 file ({_MAX_MEMBER_BYTES:,} at most); not read")
+        name = Path(member.name).name
+        if not member.isfile() or len(Path(member.name).parts) > 2:
+            continue
+        seen.append(name)
+        if name in _CIFAR_MEMBERS and name not in out:
+            out[name] = (archive.extractfile(member).read(_MAX_MEMBER_BYTES), f"{path}:{member.name}")
+        if len(out) == len(_CIFAR_MEMBERS):
+            break
     for name in _CIFAR_MEMBERS:
-        if name not in members:
-            raise DataError(
-                f"{path}: archive has no member 'cifar-100-python/{name}' (found {sorted(members)})"
-            )
-        out[name] = (archive.extractfile(members[name]).read(), f"{path}:{members[name].name}")
+        if name not in out:
+            raise DataError(f"{path}: archive has no member 'cifar-100-python/{name}' (found {sorted(seen)})")
     return out
 
 

@@ -29,7 +29,9 @@ from .config import (
     WordnetBuildConfig,
 )
 from .errors import DataError, UsageError
-from .flags import build_parser
+from .flags import build_parser, resume_target, use_stored_flags
+
+TRAINING_TOOLS = ("train-embeddings", "train-cifar100", "knn")
 
 
 def _demo(config: DemoConfig) -> None:
@@ -86,17 +88,59 @@ _COMMANDS: dict[str, tuple[type[Config], Callable[[Any], None], str | None]] = {
 }
 
 
+def _stored_flags(command: str, directory: str) -> dict[str, Any]:
+    """The flags of the run in ``directory`` (its ``config.json``), for ``--resume DIR`` alone."""
+    import json
+
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path) as stream:
+            stored = json.load(stream)["flags"]
+    except FileNotFoundError:
+        raise UsageError(f"--resume {directory}: no config.json there (nothing to resume)") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"--resume {directory}: config.json is damaged (not the JSON a run writes)") from None
+    if stored.get("command") != command:
+        raise UsageError(f"--resume {directory}: holds a run of softtopk {stored.get('command')}, not {command}")
+    return stored
+
+
+def _where(name: str) -> str:
+    """Where an interrupted command stands and how to continue it (no torch import)."""
+    runner = sys.modules.get("softtopk_lab.runner")
+    run = getattr(runner, "ACTIVE", None)
+    if name == "sweep":
+        return "; run the same command again to continue (finished runs are kept, started ones resume)"
+    if run is None:
+        return ""
+    if run.checkpoint_step is None:
+        return f" before the first checkpoint; run the same command again (it starts over in {run.dir})"
+    return (f" at its checkpoint of step {run.checkpoint_step} in {run.dir}; continue with: "
+            f"softtopk {name} --resume {run.dir}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``softtopk`` command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     if "SOFTTOPK_SWEEP_PID" in os.environ:  # a run of a sweep ends with the sweep
         from .sweep import stop_with_parent
 
         stop_with_parent()
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    if argv and argv[0] in TRAINING_TOOLS and resume_target(argv) is not None:
+        try:
+            use_stored_flags(parser, argv[0], _stored_flags(argv[0], resume_target(argv)))
+        except UsageError as error:
+            print(f"softtopk {argv[0]}: error: {error}", file=sys.stderr)
+            return 2
+    args = parser.parse_args(argv)
     name = args.command if args.command != "data" else f"data {args.data_command}"
     config_type, handler, data_flag = _COMMANDS[name]
     try:
         handler(config_type.from_args(args))
+    except KeyboardInterrupt:
+        print(f"softtopk {name}: interrupted{_where(name)}", file=sys.stderr)
+        return 130
     except UsageError as error:
         print(f"softtopk {name}: error: {error}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -110,6 +111,7 @@ class RunOutput(Config):
     out: Path | None = None
     resume: Path | None = None
     no_progress: bool = field(default=False, metadata={"flag": "--no-progress"})
+    quiet: bool = False
 
     def __post_init__(self) -> None:
         if self.out is not None and self.resume is not None:
@@ -162,11 +164,35 @@ class EmbeddingConfig(Config):
     val_size: int | None = None
     output: RunOutput = RunOutput()
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EmbeddingConfig:
+        """As :meth:`Config.from_args`; ``--n_epochs``, ``--nloglr`` and ``--batch_size`` not given
+        take :data:`BUILTIN_DEFAULTS` for a built-in dataset, :data:`FILE_DEFAULTS` otherwise."""
+        defaults = BUILTIN_DEFAULTS if is_builtin(args.data_path) else FILE_DEFAULTS
+        resolved = argparse.Namespace(**vars(args))
+        for name, value in defaults.items():
+            if getattr(resolved, name) is None:
+                setattr(resolved, name, value)
+        return super().from_args(resolved)
+
     def __post_init__(self) -> None:
         _at_least(1, n_epochs=self.n_epochs, batch_size=self.batch_size, eval_freq=self.eval_freq)
         if any(width < 1 for width in self.hidden_dims):
             raise UsageError(f"--hidden_dims must be positive widths, got {list(self.hidden_dims)}")
         _at_least(1, val_size=self.val_size)
+
+
+#: ``train-embeddings`` defaults for a difftopk embedding file (difftopk's ``train_imagenet.py``) and
+#: for a built-in dataset (the settings ``docs/results.md`` chose on them)
+FILE_DEFAULTS = {"n_epochs": 20, "nloglr": 4.5, "batch_size": 500}
+BUILTIN_DEFAULTS = {"n_epochs": 30, "nloglr": 2.0, "batch_size": 256}
+#: the built-in datasets' names (``softtopk_lab.wordnet.BUILTIN_DATASETS``, without its imports)
+BUILTIN_NAMES = ("wordnet148", "wordnet-plants150")
+
+
+def is_builtin(data_path: str) -> bool:
+    """Whether ``-d`` names a built-in dataset (a file of that name wins, as in ``load_data``)."""
+    return data_path in BUILTIN_NAMES and not os.path.exists(data_path)
 
 
 @dataclass(frozen=True)
@@ -255,6 +281,7 @@ class SweepConfig(Config):
     jobs: int = 1
     out: Path = Path("runs/sweep")
     dry_run: bool = field(default=False, metadata={"flag": "--dry-run"})
+    quiet: bool = False
 
     def __post_init__(self) -> None:
         if self.suite not in SUITES:

@@ -50,6 +50,11 @@ def _check_split(embeddings: Any, labels: Any, name: str, source: str) -> None:
         raise DataError(f"{source}: the {name} split is empty")
     if int(labels.min()) < 0:
         raise DataError(f"{source}: {name}_labels must be >= 0, got min {int(labels.min())}")
+    finite = torch.isfinite(embeddings).all(1)
+    if not bool(finite.all()):
+        rows = (~finite).nonzero().squeeze(1)
+        raise DataError(f"{source}: {len(rows)} of the {len(labels)} {name} embedding rows hold NaN or inf (first: "
+                        f"row {int(rows[0])}); remove or repair them (no accuracy is reported on such rows)")
 
 
 def load_embedding_file(path: str) -> dict[str, Any]:
@@ -88,6 +93,10 @@ def load_embedding_file(path: str) -> dict[str, Any]:
                         f"D = {test_x.shape[1]}")
     train_y, test_y = train_y.long(), test_y.long()
     n_classes = int(train_y.max()) + 1
+    if n_classes > len(train_y):  # checked before any (n_classes)-sized allocation
+        raise DataError(f"{path}: the training labels imply {n_classes} classes (max label + 1) for only "
+                        f"{len(train_y)} training rows; labels must be class indices 0..C-1 with C <= the "
+                        "number of training rows")
     if int(test_y.max()) >= n_classes:
         raise DataError(f"{path}: test/val labels must be < {n_classes} (max training label + 1), "
                         f"got max {int(test_y.max())}")

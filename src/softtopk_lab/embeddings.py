@@ -90,8 +90,10 @@ def train_embeddings(config: EmbeddingConfig) -> dict[str, Any]:
     run = Run(config)
     torch.manual_seed(config.seed)
     (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = data["train"], data["valid"], data["test"]
-    model = build_model(train_x.shape[1], data["n_classes"], config.hidden_dims, config.apply_relu,
-                        config.apply_dropout, config.normalize_ll)
+    model_args = {"dim": train_x.shape[1], "n_classes": data["n_classes"], "hidden_dims": list(config.hidden_dims),
+                  "apply_relu": config.apply_relu, "apply_dropout": config.apply_dropout,
+                  "normalize_ll": config.normalize_ll}
+    model = build_model(**model_args)
     net = run.wrap_model(model)
     optimizer = torch.optim.Adam(net.parameters(), lr=10 ** -config.nloglr)
     noise = torch.Generator(device=run.device).manual_seed(config.seed * 7919 + run.rank)
@@ -107,11 +109,12 @@ def train_embeddings(config: EmbeddingConfig) -> dict[str, Any]:
     kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
     steps_per_epoch = -(-len(train_y) // config.batch_size)
     total_steps = config.n_epochs * steps_per_epoch
+    run.total_steps = config.n_epochs * steps_per_epoch
 
     def evaluation() -> tuple[dict, dict]:
         valid = evaluate(model, valid_x, valid_y, batch_size=config.batch_size, device=run.device)
         test = evaluate(model, test_x, test_y, batch_size=config.batch_size, device=run.device)
-        best.update(valid, test, step)
+        run.save_best(model, model_args, best.update(valid, test, step), best)
         train_loss = run.mean_loss(losses)
         run.log({"step": step, "epoch": step / steps_per_epoch, "train_loss": train_loss, "valid": valid, "test": test,
                  "elapsed": run.elapsed()})

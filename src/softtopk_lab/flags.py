@@ -87,9 +87,14 @@ def _embedding_flags(parser: argparse.ArgumentParser) -> None:
       help="embedding file in difftopk's format (torch-pickled dict with train_*/test_*, train_*/val_* or "
            "imagenet21k_train_*/imagenet21k_val_* embeddings and labels), or a built-in dataset name "
            "(wordnet148, wordnet-plants150)")
-    p("--n_epochs", type=int, default=20, help="training epochs (default 20)")
-    p("--nloglr", type=float, default=4.5, help="Adam learning rate is 10**-nloglr (default 4.5)")
-    p("--batch_size", type=int, default=500, help="global batch size, split across torchrun ranks (default 500)")
+    p("--n_epochs", type=int, default=None,
+      help="training epochs (default: 20 for an embedding file, as difftopk; 30 for a built-in dataset)")
+    p("--nloglr", type=float, default=None,
+      help="Adam learning rate is 10**-nloglr (default: 4.5 for an embedding file, as difftopk; 2 for a built-in "
+           "dataset, the setting docs/results.md chose)")
+    p("--batch_size", type=int, default=None,
+      help="global batch size, split across torchrun ranks (default: 500 for an embedding file; 256 for a "
+           "built-in dataset)")
     p("--seed", type=int, default=0, help="seed of initialisation, validation split and data order (default 0)")
     p("--device", type=str, default="cpu", help="cpu, cuda or cuda:N (default cpu, as difftopk)")
     _loss_flags(parser, m=16, m_help="default 16; m >= classes: no pre-selection", top1_mode="sm")
@@ -210,6 +215,7 @@ def _sweep_flags(parser: argparse.ArgumentParser) -> None:
     p("--jobs", type=int, default=1, help="runs at a time, one torch thread each (default 1)")
     p("--out", type=Path, default=Path("runs/sweep"), help="output directory (default runs/sweep)")
     p("--dry-run", dest="dry_run", action="store_true", help="print the commands and exit")
+    p("--quiet", action="store_true", help="no line per finished run")
 
 
 
@@ -220,3 +226,26 @@ def _run_flags(parser: argparse.ArgumentParser, command: str) -> None:
     p("--resume", type=Path, default=None,
       help="continue the run in this directory from its last checkpoint (flags must match the stored run)")
     p("--no-progress", dest="no_progress", action="store_true", help="no progress bars (also off without a TTY)")
+    p("--quiet", action="store_true",
+      help="no progress output: neither bars nor, without a TTY, the line printed per evaluation")
+
+
+def resume_target(argv: list[str]) -> str | None:
+    """The directory of ``--resume DIR`` (or ``--resume=DIR``) in ``argv``, if any."""
+    for index, token in enumerate(argv):
+        if token == "--resume" and index + 1 < len(argv):
+            return argv[index + 1]
+        if token.startswith("--resume="):
+            return token.split("=", 1)[1]
+    return None
+
+
+def use_stored_flags(parser: argparse.ArgumentParser, command: str, stored: dict) -> None:
+    """Make a stored run's flags the defaults of ``command`` (flags given again still win, and are
+    then compared with the stored run) and no flag required: ``--resume DIR`` alone continues it."""
+    subcommands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    sub = subcommands.choices[command]
+    known = {action.dest for action in sub._actions}
+    sub.set_defaults(**{name: value for name, value in stored.items() if name in known and name not in ("out", "resume")})
+    for action in sub._actions:
+        action.required = False

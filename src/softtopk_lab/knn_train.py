@@ -175,7 +175,8 @@ def train_knn(config: KnnConfig) -> dict[str, Any]:
     data = load_data(config)
     run = Run(config)
     torch.manual_seed(config.seed)
-    model = build_model(net_name(config))
+    model_args = {"net": net_name(config)}
+    model = build_model(**model_args)
     net = run.wrap_model(model)
     optimizer = torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum,
                                 weight_decay=config.weight_decay)
@@ -192,11 +193,12 @@ def train_knn(config: KnnConfig) -> dict[str, Any]:
     train_x, train_y = data["train"]
     n_train = len(train_y)
     steps_per_epoch = n_train // config.num_queries
+    run.total_steps = config.n_epochs * steps_per_epoch
 
     def evaluation(losses: list[torch.Tensor]) -> tuple[dict, dict]:
         valid_acc, test_acc = knn_accuracy(model, knn, data, config, run.device)
         valid, test = {"top1": valid_acc}, {"top1": test_acc}
-        best.update(valid, test, step)
+        run.save_best(model, model_args, best.update(valid, test, step), best)
         train_loss = run.mean_loss(losses)
         run.log({"step": step, "epoch": step / steps_per_epoch, "train_loss": train_loss,
                  "train_precision": None if train_loss is None else -train_loss / config.k,

@@ -72,11 +72,15 @@ class BestTracker:
     def __init__(self) -> None:
         self.best: dict[str, dict[str, float]] = {}
 
-    def update(self, valid: dict[str, float], test: dict[str, float], step: int) -> None:
-        """Record one evaluation (validation and test metrics with the same keys) at ``step``."""
+    def update(self, valid: dict[str, float], test: dict[str, float], step: int) -> set[str]:
+        """Record one evaluation (validation and test metrics with the same keys) at ``step``;
+        returns the metrics it improved."""
+        improved = set()
         for name, value in valid.items():
             if name not in self.best or value > self.best[name]["valid"]:
                 self.best[name] = {"valid": value, "test": test[name], "step": step}
+                improved.add(name)
+        return improved
 
     def state_dict(self) -> dict:
         """A JSON- and checkpoint-friendly copy of the tracked values."""

@@ -39,7 +39,9 @@ from .errors import UsageError
 from .rundir import RunLock, check_new_run_directory, claim, owned, remove_stale_temporaries, replace_atomic, \
     write_text_atomic
 
-RESUME_IGNORED = ("out", "resume", "no_progress", "device", "experiment_id")
+#: the run of this process, for the line an interruption prints (``softtopk_lab.cli``)
+ACTIVE: "Run | None" = None
+RESUME_IGNORED = ("out", "resume", "no_progress", "quiet", "device", "experiment_id")
 
 
 def resolve_device(text: str, local_rank: int | None = None) -> torch.device:
@@ -87,6 +89,19 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def progress_line(record: dict[str, Any], total_steps: int | None) -> str:
+    """One evaluation as a plain line: step, training loss, validation metrics, elapsed time, ETA."""
+    step, elapsed = record["step"], record["elapsed"]
+    parts = [f"step {step}" + (f"/{total_steps}" if total_steps else "")]
+    if record.get("train_loss") is not None:
+        parts.append(f"loss {record['train_loss']:.4f}")
+    parts += [f"valid {name} {100 * value:.2f}%" for name, value in record["valid"].items()]
+    parts.append(f"elapsed {elapsed:.0f}s")
+    if total_steps and step:
+        parts.append(f"ETA {elapsed / step * (total_steps - step):.0f}s")
+    return ", ".join(parts)
+
+
 class Run:
     """One training run (see the module docstring).
 
@@ -105,7 +120,10 @@ class Run:
         self.distributed = "WORLD_SIZE" in os.environ and "RANK" in os.environ
         self.device = resolve_device(config.device, local_rank if self.distributed else None)
         self.is_main = self.rank == 0
-        self.show_progress = self.is_main and not output.no_progress and sys.stderr.isatty()
+        self.show_progress = self.is_main and not output.no_progress and not output.quiet and sys.stderr.isatty()
+        # without a terminal: one plain line per evaluation on stdout instead of bars
+        self.print_lines = self.is_main and not output.quiet and not sys.stdout.isatty()
+        self.total_steps: int | None = None  # set by the tool, for the ETA of those lines
         flags = {"command": command, **config.flags()}  # the keys of the parsed flags, as before the typed configs
         self.config = {name: _jsonable(value) for name, value in sorted(flags.items())}
         self.resumed: dict[str, Any] | None = None
@@ -137,6 +155,9 @@ class Run:
             write_text_atomic(self.dir / "config.json", json.dumps({"flags": self.config, **meta}, indent=2) + "\n")
             write_text_atomic(self.dir / "metrics.jsonl", "")
         self.started = time.monotonic() - (self.resumed["elapsed"] if self.resumed else 0.0)
+        self.checkpoint_step: int | None = self.resumed["step"] if self.resumed else None
+        global ACTIVE
+        ACTIVE = self
 
     def _default_dir(self) -> Path:
         """``runs/<command>-<YYYYmmdd-HHMMSS>``, with ``-2``, ``-3``, ... when that already exists."""
@@ -214,16 +235,44 @@ class Run:
         return time.monotonic() - self.started
 
     def log(self, record: dict[str, Any]) -> None:
-        """Append one evaluation record to ``metrics.jsonl`` (rank 0 only)."""
-        if self.is_main:
+        """Append one evaluation record to ``metrics.jsonl`` (rank 0 only); without a terminal, print
+        it as one line (step, loss, validation metrics, elapsed, ETA).
+
+        Raises:
+            UsageError: the disk is full (the checkpoint of the last epoch stays intact).
+        """
+        if not self.is_main:
+            return
+        try:
             with open(self.dir / "metrics.jsonl", "a") as stream:
                 stream.write(json.dumps(record) + "\n")
+        except OSError as error:
+            raise UsageError(f"cannot write {self.dir / 'metrics.jsonl'}: {error.strerror or error} (the last "
+                             f"checkpoint is intact; continue with --resume {self.dir})") from None
+        if self.print_lines:
+            print(progress_line(record, self.total_steps), flush=True)
 
     def save_checkpoint(self, state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
         """Write ``checkpoint.pt`` atomically: ``state`` plus every RNG state and the elapsed time."""
         if self.is_main:
             payload = dict(state, rng=rng_state(generators), elapsed=self.elapsed())
             save_atomic(payload, self.dir / "checkpoint.pt")
+            self.checkpoint_step = state["step"]
+
+    def save_best(self, model: torch.nn.Module, model_args: dict[str, Any], improved: set[str],
+                  best: Any, metric: str = "top1") -> None:
+        """Write ``best.pt`` when ``metric`` improved: the weights at its best validation value (the
+        evaluation whose test value the tools report), with the builder's arguments, so that::
+
+            state = torch.load("RUN/best.pt", weights_only=True)
+            model = build_model(**state["model_args"]); model.load_state_dict(state["model"])
+
+        rebuilds it (``build_model`` of the tool's module)."""
+        if self.is_main and metric in improved:
+            entry = best.best[metric]
+            state = {"format": "softtopk-lab-best/1", "model": model.state_dict(), "model_args": model_args,
+                     "metric": metric, **entry}
+            replace_atomic(self.dir / "best.pt", lambda path: torch.save(state, path))
 
     def restore(self, generators: dict[str, torch.Generator], model: torch.nn.Module,
                 optimizer: torch.optim.Optimizer, best: Any) -> dict[str, Any] | None:
