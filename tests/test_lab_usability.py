@@ -166,3 +166,55 @@ def test_the_readme_snippet_of_best_pt_matches_this_file():
     assert 'state = torch.load("RUN/best.pt", weights_only=True)' in readme
     assert 'model = build_model(**state["model_args"]); model.load_state_dict(state["model"])' in readme
 
+
+
+# ---- 9. metrics people can consume ---------------------------------------------------------------
+
+
+def test_metrics_csv_has_the_rows_of_metrics_jsonl_also_after_a_resume(data_file, tmp_path):
+    import csv
+
+    out = tmp_path / "run"
+    assert main([*_flags(data_file), "--out", str(out)]) == 0
+    (out / "results.json").unlink()
+    assert main(["train-embeddings", "--resume", str(out)]) == 0  # replays nothing, trims and rewrites
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    with open(out / "metrics.csv") as stream:
+        rows = list(csv.DictReader(stream))
+    assert [int(row["step"]) for row in rows] == [record["step"] for record in records]
+    assert float(rows[-1]["valid_top5"]) == records[-1]["valid"]["top5"]
+    assert float(rows[-1]["test_macro_top1"]) == records[-1]["test"]["macro_top1"]
+
+
+def test_tensorboard_scalars(data_file, tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed (test extra)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    assert main([*_flags(data_file, "--tensorboard"), "--out", str(out)]) == 0
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    top1 = events.Scalars("valid/top1")
+    assert [event.step for event in top1] == [record["step"] for record in records]
+    assert top1[-1].value == pytest.approx(records[-1]["valid"]["top1"], abs=1e-6)
+    assert {"train/loss", "test/top5", "test/macro_top1"} <= set(events.Tags()["scalars"])
+
+
+def test_topk_accuracy_agrees_with_torchmetrics_including_a_class_missing_from_the_split():
+    torchmetrics = pytest.importorskip("torchmetrics", reason="torchmetrics is not installed (test extra)")
+    from softtopk_lab.metrics import topk_metrics
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(400, 12, generator=generator)
+    labels = torch.randint(0, 12, (400,), generator=generator)
+    labels[labels == 7] = 3  # class 7 is missing from this split
+    ours = topk_metrics(logits, labels)
+    present = torch.bincount(labels, minlength=12) > 0
+    for k in (1, 5, 10):
+        micro = torchmetrics.classification.MulticlassAccuracy(num_classes=12, top_k=k, average="micro")
+        per_class = torchmetrics.classification.MulticlassAccuracy(num_classes=12, top_k=k, average="none")
+        assert ours[f"top{k}"] == pytest.approx(micro(logits, labels).item(), abs=1e-6)
+        # softtopk's macro average is over the classes present in the split (torchmetrics' own "macro"
+        # also counts, as 0, a missing class that was predicted)
+        assert ours[f"macro_top{k}"] == pytest.approx(per_class(logits, labels)[present].mean().item(), abs=1e-6)

@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         stop_with_parent()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    if argv and argv[0] in TRAINING_TOOLS and resume_target(argv) is not None:
+    given_out = any(token == "--out" or token.startswith("--out=") for token in argv)
+    if argv and argv[0] in TRAINING_TOOLS and resume_target(argv) is not None and not given_out:
         try:
             use_stored_flags(parser, argv[0], _stored_flags(argv[0], resume_target(argv)))
         except UsageError as error:

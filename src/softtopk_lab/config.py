@@ -112,6 +112,7 @@ class RunOutput(Config):
     resume: Path | None = None
     no_progress: bool = field(default=False, metadata={"flag": "--no-progress"})
     quiet: bool = False
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         if self.out is not None and self.resume is not None:

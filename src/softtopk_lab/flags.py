@@ -228,6 +228,8 @@ def _run_flags(parser: argparse.ArgumentParser, command: str) -> None:
     p("--no-progress", dest="no_progress", action="store_true", help="no progress bars (also off without a TTY)")
     p("--quiet", action="store_true",
       help="no progress output: neither bars nor, without a TTY, the line printed per evaluation")
+    p("--tensorboard", action="store_true",
+      help="also write TensorBoard scalars to DIR/tensorboard (needs the tensorboard package)")
 
 
 def resume_target(argv: list[str]) -> str | None:

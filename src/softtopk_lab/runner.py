@@ -21,6 +21,8 @@ A :class:`Run` owns one training run:
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import subprocess
@@ -41,7 +43,7 @@ from .rundir import RunLock, check_new_run_directory, claim, owned, remove_stale
 
 #: the run of this process, for the line an interruption prints (``softtopk_lab.cli``)
 ACTIVE: "Run | None" = None
-RESUME_IGNORED = ("out", "resume", "no_progress", "quiet", "device", "experiment_id")
+RESUME_IGNORED = ("out", "resume", "no_progress", "quiet", "tensorboard", "device", "experiment_id")
 
 
 def resolve_device(text: str, local_rank: int | None = None) -> torch.device:
@@ -89,6 +91,24 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def metrics_csv(records: list[dict[str, Any]], header: bool) -> str:
+    """``metrics.jsonl`` records as CSV rows: step, epoch, train_loss, elapsed, then ``valid_<metric>``
+    and ``test_<metric>`` for every metric (with a header row first if ``header``)."""
+    if not records:
+        return ""
+    metrics = list(records[0]["valid"])
+    columns = ["step", "epoch", "train_loss", "elapsed", *(f"{split}_{name}" for split in ("valid", "test")
+                                                          for name in metrics)]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    if header:
+        writer.writerow(columns)
+    for record in records:
+        flat = {**record, **{f"{split}_{name}": record[split][name] for split in ("valid", "test") for name in metrics}}
+        writer.writerow(["" if flat.get(column) is None else flat[column] for column in columns])
+    return buffer.getvalue()
+
+
 def progress_line(record: dict[str, Any], total_steps: int | None) -> str:
     """One evaluation as a plain line: step, training loss, validation metrics, elapsed time, ETA."""
     step, elapsed = record["step"], record["elapsed"]
@@ -124,6 +144,7 @@ class Run:
         # without a terminal: one plain line per evaluation on stdout instead of bars
         self.print_lines = self.is_main and not output.quiet and not sys.stdout.isatty()
         self.total_steps: int | None = None  # set by the tool, for the ETA of those lines
+        self.tensorboard = output.tensorboard
         flags = {"command": command, **config.flags()}  # the keys of the parsed flags, as before the typed configs
         self.config = {name: _jsonable(value) for name, value in sorted(flags.items())}
         self.resumed: dict[str, Any] | None = None
@@ -156,6 +177,7 @@ class Run:
             write_text_atomic(self.dir / "metrics.jsonl", "")
         self.started = time.monotonic() - (self.resumed["elapsed"] if self.resumed else 0.0)
         self.checkpoint_step: int | None = self.resumed["step"] if self.resumed else None
+        self.writer = self._tensorboard_writer() if self.is_main and self.tensorboard else None
         global ACTIVE
         ACTIVE = self
 
@@ -167,6 +189,16 @@ class Run:
             number += 1
             path = base.with_name(f"{base.name}-{number}")
         return path
+
+    def _tensorboard_writer(self) -> Any:
+        """A TensorBoard writer into ``DIR/tensorboard`` (events after the checkpoint of a resumed run
+        are purged: they are replayed)."""
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise UsageError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
+        purge = self.checkpoint_step + 1 if self.checkpoint_step is not None else None
+        return SummaryWriter(log_dir=str(self.dir / "tensorboard"), purge_step=purge)
 
     def _lock(self, flag: str) -> None:
         """Hold the run directory's lock for the rest of the process; drop stale temporary files."""
@@ -246,11 +278,20 @@ class Run:
         try:
             with open(self.dir / "metrics.jsonl", "a") as stream:
                 stream.write(json.dumps(record) + "\n")
+            with open(self.dir / "metrics.csv", "a") as stream:
+                stream.write(metrics_csv([record], header=stream.tell() == 0))
         except OSError as error:
             raise UsageError(f"cannot write {self.dir / 'metrics.jsonl'}: {error.strerror or error} (the last "
                              f"checkpoint is intact; continue with --resume {self.dir})") from None
         if self.print_lines:
             print(progress_line(record, self.total_steps), flush=True)
+        if self.writer is not None:
+            if record.get("train_loss") is not None:
+                self.writer.add_scalar("train/loss", record["train_loss"], record["step"])
+            for split in ("valid", "test"):
+                for name, value in record[split].items():
+                    self.writer.add_scalar(f"{split}/{name}", value, record["step"])
+            self.writer.flush()
 
     def save_checkpoint(self, state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
         """Write ``checkpoint.pt`` atomically: ``state`` plus every RNG state and the elapsed time."""
@@ -290,6 +331,7 @@ class Run:
             kept = [line for line in path.read_text().splitlines()
                     if line and json.loads(line)["step"] <= self.resumed["step"]]
             write_text_atomic(path, "".join(line + "\n" for line in kept))
+            write_text_atomic(self.dir / "metrics.csv", metrics_csv([json.loads(line) for line in kept], header=True))
         return self.resumed
 
     def finish(self, results: dict[str, Any], summary: str) -> None:
@@ -300,6 +342,8 @@ class Run:
             write_text_atomic(self.dir / "results.json", json.dumps(results, indent=2) + "\n")
             print(summary)
             print(f"run directory: {self.dir}")
+            if self.writer is not None:
+                self.writer.close()
             self.lock.release()
         if self.distributed:
             torch.distributed.destroy_process_group()
