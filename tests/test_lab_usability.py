@@ -218,3 +218,57 @@ def test_topk_accuracy_agrees_with_torchmetrics_including_a_class_missing_from_t
         # softtopk's macro average is over the classes present in the split (torchmetrics' own "macro"
         # also counts, as 0, a missing class that was predicted)
         assert ours[f"macro_top{k}"] == pytest.approx(per_class(logits, labels)[present].mean().item(), abs=1e-6)
+
+
+# ---- 11. plots that say something ----------------------------------------------------------------
+
+
+def _captured_figure(monkeypatch, draw):
+    import matplotlib.figure
+
+    captured = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda figure, *args, **kwargs: captured.append(figure))
+    draw()
+    (figure,) = captured
+    figure.canvas.draw()
+    return figure
+
+
+def _overlaps(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_demo_plot_zooms_to_its_values_shows_top1_and_top5_and_its_legend_hides_nothing(monkeypatch, tmp_path):
+    from softtopk_lab.demo import _plot
+
+    runs = {"a": {"curve": [(0, 0.01, 0.05), (50, 0.55, 0.84), (100, 0.58, 0.86)]},
+            "b": {"curve": [(0, 0.02, 0.04), (50, 0.60, 0.87), (100, 0.61, 0.88)]}}
+    figure = _captured_figure(monkeypatch, lambda: _plot(runs, tmp_path / "demo.png"))
+    top1, top5 = figure.axes
+    assert "top-1" in top1.get_title() and "top-5" in top5.get_title()
+    low, high = top1.get_ylim()
+    assert 50 < low <= 55 and 61 <= high < 65  # the untrained evaluation (1-2 %) is left out
+    (legend,) = figure.legends
+    extent = legend.get_window_extent()
+    assert not any(_overlaps(extent, axis.get_window_extent()) for axis in figure.axes)
+
+
+def test_curves_legend_is_beside_the_panel(data_file, tmp_path, monkeypatch):
+    import softtopk_lab.runner as runner
+
+    out = tmp_path / "run"
+    assert main([*_flags(data_file), "--out", str(out)]) == 0
+    run = runner.ACTIVE
+    figure = _captured_figure(monkeypatch, lambda: run._plot(out / "again.png"))
+    right = figure.axes[1]
+    legend = right.get_legend()
+    assert legend is not None and not _overlaps(legend.get_window_extent(), right.get_window_extent())
+
+
+def test_demo_prints_the_parameters_of_its_mask_table(capsys):
+    from softtopk_lab.demo import EXAMPLE_PARAMS, _print_masks
+
+    _print_masks(0)
+    printed = capsys.readouterr().out
+    assert "(tau=0.25)" in printed and "(distribution=logistic, steepness=4.0)" in printed
+    assert len(EXAMPLE_PARAMS) == printed.count("sum=")

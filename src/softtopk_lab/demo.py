@@ -72,7 +72,9 @@ def _print_masks(seed: int) -> dict:
             params["generator"] = torch.Generator().manual_seed(seed)
         mask = soft_topk(EXAMPLE, 3, method=name, **params)
         masks[name] = mask.tolist()
-        print(f"  {name:<19} {' '.join(f'{v:5.2f}' for v in mask.tolist())}   sum={mask.sum().item():.3f}")
+        shown_params = ", ".join(f"{key}={value}" for key, value in EXAMPLE_PARAMS[name].items())
+        print(f"  {name:<19} {' '.join(f'{v:5.2f}' for v in mask.tolist())}   sum={mask.sum().item():.3f}"
+              f"   ({shown_params})")
     return masks
 
 
@@ -137,27 +139,35 @@ def _run(name: str, loss: LossConfig, out: Path, seed: int, n_epochs: int | None
         "top5": results["reported_test_at_best_valid"]["top5"],
         "ms_per_step": results["ms_per_step"],
         "seconds": elapsed,
-        "curve": [(line["step"], line["valid"]["top5"]) for line in lines],
+        "curve": [(line["step"], line["valid"]["top1"], line["valid"]["top5"]) for line in lines],
     }
 
 
 def _plot(runs: dict, path: Path) -> None:
-    """Validation top-5 over steps of every run, as a PNG at ``path``."""
+    """Validation top-1 and top-5 over steps of every run, as a PNG at ``path``: each panel zoomed to
+    the range of its values, the legend below the panels (it hides no line)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for name, run in runs.items():
-        steps, values = zip(*run["curve"])
-        axis.plot(steps, [100 * v for v in values], label=name)
-    axis.set_xlabel("training step")
-    axis.set_ylabel("validation top-5 (%)")
-    axis.set_title("Linear head on wordnet148 (MiniLM embeddings, 148 classes)")
-    axis.legend(fontsize=8)
-    axis.grid(alpha=0.3)
-    figure.tight_layout()
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+    for column, (axis, metric) in enumerate(zip(axes, ("top-1", "top-5")), start=1):
+        values = []
+        for name, run in runs.items():
+            steps = [point[0] for point in run["curve"]]
+            shown = [100 * point[column] for point in run["curve"][1:]]  # after the untrained evaluation
+            axis.plot(steps[1:], shown, label=name)
+            values += shown
+        low, high = min(values), max(values)
+        margin = max(0.05 * (high - low), 0.5)
+        axis.set_ylim(low - margin, high + margin)
+        axis.set(xlabel="training step", ylabel=f"validation {metric} (%)", title=f"validation {metric}")
+        axis.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    figure.suptitle("Linear head on wordnet148 (MiniLM embeddings, 148 classes)")
+    figure.tight_layout(rect=(0, 0.07, 1, 1))
     figure.savefig(path, dpi=120, format="png")
     plt.close(figure)
 

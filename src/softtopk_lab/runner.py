@@ -363,7 +363,8 @@ class Run:
             if records and name in records[0]["valid"]:
                 right.plot([r["step"] for r in records], [r["valid"][name] for r in records], label=name)
         right.set(xlabel="step", ylabel="validation accuracy", title="validation metrics")
-        right.legend()
+        # beside the panel, not on it: a legend never hides a line
+        right.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
         figure.tight_layout()
         figure.savefig(path, dpi=100, format="png")
         plt.close(figure)
