@@ -66,10 +66,16 @@ def test_sweep_runs_summarises_and_keeps_finished_runs(tmp_path, capsys):
     assert summary["total_run_seconds"] == pytest.approx(2 * sum(row["seconds_per_run"] for row in summary["rows"]))
     markdown = (out / "summary.md").read_text()
     assert "| `svm_tau1` | smooth top-k SVM (Berrada) | " in markdown and "--method smooth_topk_svm" in markdown
-    assert markdown in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert markdown in printed
+    finished = [line for line in printed.splitlines() if line.startswith("finished ")]
+    assert len(finished) == 4 and all(line.endswith(" s") for line in finished)  # one line per run
     before = (out / "cross_entropy" / "seed0" / "results.json").stat().st_mtime_ns
-    assert _sweep(tmp_path, "--seeds", "0", "1", "--only", "cross_entropy", "svm_tau1") == 0
+    (out / "svm_tau1" / "seed1" / "results.json").unlink()  # a run to finish (resumed), silently
+    assert _sweep(tmp_path, "--seeds", "0", "1", "--only", "cross_entropy", "svm_tau1", "--quiet") == 0
+    assert (out / "svm_tau1" / "seed1" / "results.json").exists()
     assert (out / "cross_entropy" / "seed0" / "results.json").stat().st_mtime_ns == before  # kept, not rerun
+    assert "finished " not in capsys.readouterr().out
     assert (out / "cross_entropy" / "seed0.command").read_text().endswith("--n_epochs 1 --seed 0")
     capsys.readouterr()
     # the same directories with another epoch count: refused, not mixed into the summary

@@ -68,9 +68,10 @@ def stop_with_parent() -> None:
         sys.exit(1)
 
 
-def _run_one(argv: list[str], run_dir: Path) -> None:
+def _run_one(argv: list[str], run_dir: Path, quiet: bool = False) -> None:
     if (run_dir / "results.json").exists():  # written atomically, last: the run is finished
         return
+    start = time.perf_counter()
     where = ["--resume", str(run_dir)] if (run_dir / "checkpoint.pt").exists() else ["--out", str(run_dir)]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(_recorded(run_dir), shlex.join(argv))
@@ -81,6 +82,8 @@ def _run_one(argv: list[str], run_dir: Path) -> None:
     if done.returncode != 0:
         raise UsageError(f"run failed (exit {done.returncode}): softtopk {shlex.join(argv)}; "
                          f"see {run_dir.parent / f'{run_dir.name}.log'}")
+    if not quiet:
+        print(f"finished {run_dir} in {time.perf_counter() - start:.0f} s", flush=True)
 
 
 def mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -176,7 +179,7 @@ def run_sweep(config: SweepConfig) -> dict[str, Any] | None:
     lock = RunLock(suite_dir, "--out")  # one sweep per suite directory, until this process ends
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=config.jobs) as pool:
-        futures = [pool.submit(_run_one, argv, run_dir) for argv, run_dir in jobs]
+        futures = [pool.submit(_run_one, argv, run_dir, config.quiet) for argv, run_dir in jobs]
         try:
             for future in futures:
                 future.result()
