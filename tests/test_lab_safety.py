@@ -234,3 +234,36 @@ def test_an_unwritable_out_is_a_one_line_error(data_file, tmp_path, capsys):
     blocker.write_text("")
     assert main([*_flags(data_file), "--out", str(blocker / "run")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_full_disk_during_a_run_is_one_line_and_resumable(data_file, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    calls = []
+    real_save = torch.save
+
+    def fills_up(obj, target, *args, **kwargs):
+        if Path(str(target)).name.startswith(".softtopk-tmp-checkpoint.pt"):
+            calls.append(target)
+        if len(calls) == 2 and calls[-1] == target:  # the second epoch's checkpoint
+            Path(target).write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(obj, target, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", fills_up)
+    assert main([*_flags(data_file), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err
+    monkeypatch.undo()
+    assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 0  # the first epoch's checkpoint, intact
+    assert main([*_flags(data_file), "--resume", str(out)]) == 0
+
+
+@pytest.mark.parametrize("damage", ["config", "marker"])
+def test_a_damaged_run_directory_is_a_one_line_error(data_file, tmp_path, capsys, damage):
+    out = tmp_path / "run"
+    assert main([*_flags(data_file), "--out", str(out)]) == 0
+    (out / ("config.json" if damage == "config" else rundir.MARKER)).write_text("{not json")
+    capsys.readouterr()
+    assert main([*_flags(data_file), "--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("config.json is damaged" in err or "not a run directory" in err)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -258,8 +259,8 @@ def test_curves_legend_is_beside_the_panel(data_file, tmp_path, monkeypatch):
 
     out = tmp_path / "run"
     assert main([*_flags(data_file), "--out", str(out)]) == 0
-    run = runner.ACTIVE
-    figure = _captured_figure(monkeypatch, lambda: run._plot(out / "again.png"))
+    run = types.SimpleNamespace(dir=out)  # what the plot reads of a run: its metrics.jsonl
+    figure = _captured_figure(monkeypatch, lambda: runner.Run._plot(run, out / "again.png"))
     right = figure.axes[1]
     legend = right.get_legend()
     assert legend is not None and not _overlaps(legend.get_window_extent(), right.get_window_extent())

@@ -148,7 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as error:
         print(f"softtopk {name}: error: {'' if data_flag is None else data_flag + ' '}{error}", file=sys.stderr)
         return 2
+    finally:
+        _release_run()
     return 0
+
+
+def _release_run() -> None:
+    """Release the lock of this process's run however the command ended (a process exit does this
+    too; a caller of :func:`main` in the same process may resume it next)."""
+    runner = sys.modules.get("softtopk_lab.runner")
+    run = getattr(runner, "ACTIVE", None)
+    if run is not None and run.lock is not None:
+        run.lock.release()
+    if runner is not None:
+        runner.ACTIVE = None
 
 
 if __name__ == "__main__":
