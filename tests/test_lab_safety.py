@@ -267,3 +267,20 @@ def test_a_damaged_run_directory_is_a_one_line_error(data_file, tmp_path, capsys
     assert main([*_flags(data_file), "--resume", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and ("config.json is damaged" in err or "not a run directory" in err)
+
+
+def test_a_second_sweep_on_one_directory_is_refused(tmp_path, capsys):
+    suite_dir = tmp_path / "out" / "wordnet148"
+    suite_dir.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(suite_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        argv = ["sweep", "wordnet148", "--seeds", "0", "--only", "cross_entropy", "--n_epochs", "1",
+                "--out", str(tmp_path / "out")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"in use by another softtopk process (pid {holder.pid})" in err
+        assert not (suite_dir / "cross_entropy").exists()  # nothing ran
+    finally:
+        holder.kill()
+        holder.wait()
