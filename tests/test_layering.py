@@ -1,4 +1,6 @@
-"""The import rule (README, "Architecture"): ops -> conventions -> families -> faces -> compat -> lab.
+"""The import rule (README, "Architecture"): ops -> conventions -> families -> faces -> compat -> lab;
+the JAX front-end ``softtopk.jax`` stands apart: jax and numpy, and of the torch library the shared
+checks of ``softtopk._validation`` only.
 
 Walks the ``ast`` of every module of ``src/softtopk`` and ``src/softtopk_lab`` and fails on an upward
 import, a cycle, a private name imported from another module, a private module imported by compat or
@@ -17,13 +19,15 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 CONVENTIONS = {"softtopk._validation", "softtopk._layout", "softtopk._extended", "softtopk._registry"}
 FACES = {"softtopk", "softtopk.functional", "softtopk.nn", "softtopk.losses"}
-LAYERS = ("ops", "conventions", "families", "faces", "compat", "lab")
+LAYERS = ("ops", "conventions", "families", "faces", "compat", "jax", "lab")
 
 
 def layer(module: str) -> int:
     """The layer of a module of the repository (adding a module outside these places fails here)."""
     if module.startswith("softtopk_lab"):
         return LAYERS.index("lab")
+    if module.startswith("softtopk.jax"):
+        return LAYERS.index("jax")
     if module.startswith("softtopk.ops"):
         return LAYERS.index("ops")
     if module in CONVENTIONS:
@@ -88,9 +92,14 @@ def test_imports_run_one_way(module):
     for target, name, line in EDGES[module]:
         root = target.split(".")[0]
         where = f"{MODULES[module].relative_to(SRC)}:{line}"
+        front_end = module.startswith("softtopk.jax")
         if root not in ("softtopk", "softtopk_lab"):
             allowed = {"torch"} if module.startswith("softtopk.") or module == "softtopk" else None
-            assert allowed is None or root in allowed, f"{where}: the library imports {root} (torch only)"
+            allowed = {"jax", "numpy"} if front_end else allowed
+            assert allowed is None or root in allowed, f"{where}: {module} imports {root} ({sorted(allowed or ())})"
+            continue
+        if front_end and not target.startswith("softtopk.jax"):
+            assert target == "softtopk._validation", f"{where}: softtopk.jax imports {target} (the torch library)"
             continue
         assert layer(target) <= layer(module), f"{where}: upward import of {target} ({LAYERS[layer(target)]})"
         assert name is None or not name.startswith("_"), f"{where}: private name {name} imported from {target}"

@@ -523,10 +523,16 @@ def test_long_rows(k):
                 assert int((out != 0).sum(-1).min()) >= k
 
 
-def _full_sort_threshold(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torch.Tensor:
-    """The threshold from the fully sorted row (what the candidate search must reproduce)."""
+def _full_sort_threshold(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool):
+    """The threshold from the fully sorted row (what the candidate search must reproduce), as
+    :func:`softtopk.ops.sparse.threshold` returns it (the mask's as ``(s_k, (t - s_k)/λ)``)."""
     scores = x.detach().abs() if magnitude else x.detach()
     return sparse_ops._solve_sorted(scores.sort(-1, descending=True).values.to(F64), k, lam, r, magnitude)
+
+
+def _absolute(found, lam: float, magnitude: bool) -> torch.Tensor:
+    """The threshold ``t`` itself."""
+    return found if magnitude else found[0] + found[1] * lam
 
 
 @pytest.mark.parametrize("kind", ["mask", "mag"])
@@ -542,8 +548,8 @@ def test_candidate_doubling_with_many_ties_at_the_threshold(kind, p, monkeypatch
     x = x.scatter(-1, tied, kth.expand(2, 5000))
     r = sparse_ops.exponent(p)
     scores = x.abs() if magnitude else x
-    t = sparse_ops.threshold(x, k, 1.0, r, magnitude)
-    full = _full_sort_threshold(x, k, 1.0, r, magnitude)
+    t = _absolute(sparse_ops.threshold(x, k, 1.0, r, magnitude), 1.0, magnitude)
+    full = _absolute(_full_sort_threshold(x, k, 1.0, r, magnitude), 1.0, magnitude)
     assert int((scores > t).sum(-1).min()) > 2 * k + 8  # the first topk could not have been enough
     torch.testing.assert_close(t, full, rtol=0, atol=1e-12)
     out = OPS[kind](x, k, l=1.0, p=p)
@@ -567,8 +573,9 @@ def test_threshold_equals_full_sort(k, seed, l, p, magnitude):
     if k >= n:
         return
     r = sparse_ops.exponent(p)
-    t = sparse_ops.threshold(x, k, l, r, magnitude)
-    torch.testing.assert_close(t, _full_sort_threshold(x, k, l, r, magnitude), rtol=0, atol=1e-12)
+    t = _absolute(sparse_ops.threshold(x, k, l, r, magnitude), l, magnitude)
+    torch.testing.assert_close(t, _absolute(_full_sort_threshold(x, k, l, r, magnitude), l, magnitude), rtol=0,
+                               atol=1e-12)
 
 
 # --------------------------------------------------------------------------------------------

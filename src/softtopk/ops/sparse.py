@@ -82,31 +82,33 @@ def _window_power(prefix: list[torch.Tensor], lo: torch.Tensor, hi: torch.Tensor
     return m3 - 3 * at * m2 + 3 * at * at * m1 - at * at * at * count
 
 
-def _solve_sorted(s: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torch.Tensor:
-    """Threshold (B, 1) from the sorted (descending, float64) candidates ``s`` (B, K), K > k or K = n."""
+def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnitude: bool):
+    """The threshold from the sorted (descending, float64) candidates ``s`` (B, K), K > k or K = n:
+    ``θ`` (B, 1) for the magnitude; ``(s_k, a)`` for the mask, ``a = (t - s_k)/λ``, solved in units
+    of λ (the mask is ``clip((x - s_k)/λ - a, 0, 1)^r``: exact where ``t`` would round to ``s_k``)."""
     big = s.shape[-1]
     sk = s[:, k - 1 : k]
     if magnitude:
         lower, upper = _saturation_knot(sk, lam, r), sk + lam * sk.pow(1.0 / r)
-    else:
-        lower, upper = sk - lam, sk + lam
-    u = s.clamp(lower, upper) - sk  # statuses unchanged for every threshold in the bracket
+        u, lam_u = s.clamp(lower, upper) - sk, lam  # statuses unchanged for every threshold in the bracket
+    else:  # scaled before clamping, so that the bracket cannot round away
+        u, lam_u = ((s - sk) / lam).clamp(-1.0, 1.0), 1.0
     neg = (-u).contiguous()
     prefix = _power_sums(u, r)
 
     def total(at: torch.Tensor) -> torch.Tensor:  # Σ_i h(.) at thresholds ``at`` (B, M), centred
         if magnitude:
             theta = at + sk
-            edge = theta + lam * theta.clamp_min(0).pow(1.0 / r)
+            reach = -(lam * theta.clamp_min(0).pow(1.0 / r)) - at
             scale = lam**r * theta
         else:
-            edge, scale = at + sk + lam, (lam**r) * torch.ones_like(at)
-        sat = torch.searchsorted(neg, (sk - edge).contiguous(), right=True)
+            reach, scale = -at - 1.0, torch.ones_like(at)
+        sat = torch.searchsorted(neg, reach.contiguous(), right=True)
         above = torch.searchsorted(neg, (-at).contiguous(), right=False).clamp_min(sat)
         window = _window_power(prefix, sat, above, at, r)
         return sat.to(at.dtype) + window / scale.where(scale > 0, torch.ones_like(scale))
 
-    sat_knots = (_saturation_knot(u + sk, lam, r) - sk) if magnitude else u - lam
+    sat_knots = (_saturation_knot(u + sk, lam, r) - sk) if magnitude else u - 1.0
     # a breakpoint within rounding of the root counts as reached: its entry is at 0 (or 1) either way
     slack = 1e-9 * k
     n_above = (total(u) < k - slack).sum(-1, keepdim=True)
@@ -117,34 +119,37 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) 
     safe = count.clamp_min(1)
     if r == 1:
         m1 = window_prefix[0]
-        at = (m1 - lam * deficit) / safe if not magnitude else (m1 + count * sk) / (count + lam * deficit) - sk
+        at = (m1 - deficit) / safe if not magnitude else (m1 + count * sk) / (count + lam * deficit) - sk
     else:
         m1, m2, m3 = window_prefix
         mu = m1 / safe
         v2 = (m2 - m1 * mu).clamp_min(0)
         v3 = m3 - 3 * mu * m2 + 3 * mu * mu * m1 - mu * mu * mu * count
-        load = lam**3 * deficit
+        load = lam_u**3 * deficit
         if magnitude:
             at = mu + _cubic_root((3 * v2 + load) / safe, (load * (mu + sk) - v3) / safe)
         else:
             at = mu + _cubic_root(3 * v2 / safe, (load - v3) / safe)
-    # nothing strictly inside (or only entries at the zero edge, deficit 0): the sum is flat at k
-    # there and any threshold between the groups is exact; solving the degenerate cubic is not
-    # (the middle of the gap, from unclamped values, so that float32 rounding of t keeps the mask hard)
-    nxt = s.gather(-1, n_sat.clamp_max(big - 1))
-    last = s.gather(-1, (n_sat - 1).clamp(0, big - 1))
-    edge = _saturation_knot(last, lam, r) if magnitude else last - lam
-    flat = torch.where(n_sat < big, 0.5 * (nxt + torch.maximum(edge, nxt)), s[:, -1:] - (0.0 if magnitude else lam))
-    t = torch.where((count > 0) & (deficit > 0), at + sk, flat)
-    # the k largest saturate before the (k+1)-th starts: the exact answer is the hard k-hot mask
-    # (decided from the gap itself, not from sums that rounding blurs when λ is tiny)
-    following = s[:, k : k + 1]
-    hard = lower >= following
-    return torch.where(hard, 0.5 * (lower + following), t)
+    solved = (count > 0) & (deficit > 0)
+    # otherwise nothing is strictly inside (or only entries at the zero edge, deficit 0): the sum is
+    # flat at k there and any threshold between the groups is exact (their middle; solving the
+    # degenerate cubic is not); and when the k largest saturate before the (k+1)-th starts, the exact
+    # answer is the hard k-hot mask (decided from the gap, not from sums that rounding blurs)
+    if magnitude:
+        nxt, last = s.gather(-1, n_sat.clamp_max(big - 1)), s.gather(-1, (n_sat - 1).clamp(0, big - 1))
+        flat = torch.where(n_sat < big, 0.5 * (nxt + torch.maximum(_saturation_knot(last, lam, r), nxt)), s[:, -1:])
+        following = s[:, k : k + 1]
+        return torch.where(lower >= following, 0.5 * (lower + following), torch.where(solved, at + sk, flat))
+    limit = torch.finfo(s.dtype).max ** 0.5
+    v = ((s - sk) / lam).clamp(-limit, limit)
+    nxt, last = v.gather(-1, n_sat.clamp_max(big - 1)), v.gather(-1, (n_sat - 1).clamp(0, big - 1))
+    flat = torch.where(n_sat < big, 0.5 * (nxt + torch.maximum(last - 1.0, nxt)), v[:, -1:] - 1.0)
+    following = v[:, k : k + 1]
+    return sk, torch.where(following <= -1.0, 0.5 * (following - 1.0), torch.where(solved, at, flat))
 
 
-def threshold(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> torch.Tensor:
-    """Exact threshold ``t`` (mask) or ``θ`` (magnitude) per row of ``x`` (B, n), float64 (B, 1)."""
+def threshold(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnitude: bool):
+    """Exact threshold per row of ``x`` (B, n), float64, as :func:`_solve_sorted` returns it."""
     n = x.shape[-1]
     scores = x.detach().abs() if magnitude else x.detach()
     branch = can_inspect(x)
@@ -152,21 +157,22 @@ def threshold(x: torch.Tensor, k: int, lam: float, r: int, magnitude: bool) -> t
     while True:
         vals = scores.topk(size, -1).values if size < n else scores.sort(-1, descending=True).values
         vals = vals.to(torch.float64)
-        t = _solve_sorted(vals, k, lam, r, magnitude)
+        found = _solve_sorted(vals, k, lam, r, magnitude)
+        t = found if magnitude else found[0] + found[1] * lam
         # exact once every non-candidate lies at or below the threshold
         if size == n or bool((vals[:, -1:] <= t).all()):
-            return t
+            return found
         size = min(n, 4 * size)
 
 
 class _MaskFn(torch.autograd.Function):
-    """``y = clip((x - t)/λ, 0, 1)^r`` with the threshold ``t`` (solved outside) differentiated
+    """``y = clip((x - s_k)/λ - a, 0, 1)^r`` with the threshold ``t = s_k + a λ`` (solved outside) differentiated
     implicitly through ``Σ y = k``: with ``u = (x - t)/λ`` and ``d = ∂y/∂x = r u^{r-1}/λ`` on the
     interior (0 elsewhere), ``∂t/∂x = d/Σd``, ``∂t/∂λ = -ū`` with ``ū = Σ d u / Σ d``, so
     ``∂L/∂x = d (g - Σ d g / Σ d)`` and, for a tensor ``λ``, ``∂L/∂λ = Σ g d (ū - u)`` (per row),
     evaluated as ``Σ g d (x̄ - x) / λ`` with ``x̄ = Σ d x / Σ d``.
 
-    A tensor ``λ`` comes with the frame of its rows: ``u = (x/scale - t)/unit`` (``scale = λ``,
+    A tensor ``λ`` comes with the frame of its rows: ``u = (x/scale - s_k)/unit - a`` (``scale = λ``,
     ``unit = 1`` on rows with a large ``λ``, whose threshold is that of ``(x/λ, 1)``; ``scale = 1``,
     ``unit = λ`` elsewhere), while ``d`` uses ``λ`` itself: nothing differentiates ``x/λ``, so a
     ``±inf`` entry (``d = 0``) gives no ``0 · inf``."""
@@ -174,17 +180,18 @@ class _MaskFn(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, t: torch.Tensor, lam: float | torch.Tensor, r: int, scale, unit) -> torch.Tensor:
+    def forward(x: torch.Tensor, sk: torch.Tensor, a: torch.Tensor, lam: float | torch.Tensor, r: int, scale,
+                unit) -> torch.Tensor:
         if scale is None:
-            return ((x - t) / lam).clamp(0, 1).pow(r)
-        return ((x / scale - t) / unit).clamp(0, 1).pow(r)
+            return ((x - sk) / lam - a).clamp(0, 1).pow(r)
+        return ((x / scale - sk) / unit - a).clamp(0, 1).pow(r)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, _, lam, r = inputs[:4]
+        x, _, _, lam, r = inputs[:5]
         ctx.tensor_lam = isinstance(lam, torch.Tensor)
         # ū - u = (x̄ - x)/λ from x itself: u's differences cancel when λ is large against x's spread
-        lam_x = ((lam, x) if ctx.needs_input_grad[2] else (lam,)) if ctx.tensor_lam else ()
+        lam_x = ((lam, x) if ctx.needs_input_grad[3] else (lam,)) if ctx.tensor_lam else ()
         ctx.save_for_backward(output, *lam_x)
         ctx.lam_value, ctx.r = (None if ctx.tensor_lam else lam), r
 
@@ -204,7 +211,7 @@ class _MaskFn(torch.autograd.Function):
             x = lam_x[1].where(inside, 0).to(grad.dtype)
             xbar = torch.linalg.vecdot(d, x).unsqueeze(-1) / safe
             grad_lam = (torch.linalg.vecdot(grad * d, xbar - x).unsqueeze(-1) / lam).sum_to_size(lam.shape)
-        return d * (grad - gbar), None, grad_lam, None, None, None
+        return d * (grad - gbar), None, None, grad_lam, None, None, None
 
 
 class _MagFn(torch.autograd.Function):
@@ -256,12 +263,12 @@ def _exact(x: torch.Tensor, k: int, lam, r: int, magnitude: bool, frame=None) ->
         return x * 1 if magnitude else x * 0 + 1
     if frame is not None:
         scale, unit, unit64 = frame
-        t = threshold(x.detach() / scale, k, unit64, r, magnitude).to(x.dtype)
-        return _MaskFn.apply(x, t, lam, r, scale, unit)
-    t = threshold(x, k, lam, r, magnitude).to(x.dtype)
+        sk, a = (v.to(x.dtype) for v in threshold(x.detach() / scale, k, unit64, r, magnitude))
+        return _MaskFn.apply(x, sk, a, lam, r, scale, unit)
     if magnitude:
-        return _MagFn.apply(x, t, lam, r)[0]
-    return _MaskFn.apply(x, t, lam, r, None, None)
+        return _MagFn.apply(x, threshold(x, k, lam, r, magnitude).to(x.dtype), lam, r)[0]
+    sk, a = (v.to(x.dtype) for v in threshold(x, k, lam, r, magnitude))
+    return _MaskFn.apply(x, sk, a, lam, r, None, None)
 
 
 def _tensor_frame(x: torch.Tensor, lam: torch.Tensor, r: int):

@@ -1,0 +1,29 @@
+"""softtopk for JAX: sparse soft top-k (Sander et al., ICML 2023) exact and jit-able on any backend,
+the closed-form Laplace soft top-k, and the hard top-k, in pure JAX (no callbacks, no numba).
+
+Install with ``pip install "softtopk[jax]"``; ``import softtopk`` never imports JAX. The functions
+mirror the torch API (``axis`` for ``dim``) and agree with it to rounding::
+
+    >>> import jax, jax.numpy as jnp
+    >>> from softtopk.jax import sparse_topk_mask
+    >>> x = jnp.array([[0.0, 3.0, 1.0, 2.0]])
+    >>> print(sparse_topk_mask(x, 2, l=2.0, p=2))
+    [[0.   1.   0.25 0.75]]
+    >>> print(jax.grad(lambda x: sparse_topk_mask(x, 2, l=2.0, p=2)[0, 3])(x))
+    [[ 0.    0.   -0.25  0.25]]
+
+Every function works under ``jax.jit``, ``jax.vmap``, ``jax.grad`` and ``jax.jvp`` (derivatives are
+``custom_jvp`` rules from the implicit function theorem, O(n)). The original package's names are in
+:mod:`softtopk.jax.compat.sparse_soft_topk`.
+"""
+
+from __future__ import annotations
+
+try:
+    import jax  # noqa: F401
+except ImportError as error:  # pragma: no cover - the jax extra is missing
+    raise ImportError('softtopk.jax needs JAX: pip install "softtopk[jax]"') from error
+
+from .operators import hard_topk_mag, hard_topk_mask, soft_topk, sparse_topk_mag, sparse_topk_mask
+
+__all__ = ["hard_topk_mag", "hard_topk_mask", "soft_topk", "sparse_topk_mag", "sparse_topk_mask"]

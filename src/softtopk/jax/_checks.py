@@ -1,0 +1,111 @@
+"""The argument checks of :mod:`softtopk.jax`: the torch API's messages (scalars through
+:mod:`softtopk._validation` itself), with ``axis`` for ``dim`` and JAX arrays for tensors. Values
+are checked where they are concrete; a traced ``l``/``tau``/``k`` (under ``jit``) is not inspected."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._validation import check_bool, check_choice, check_int, check_real
+
+__all__ = ["check_bool", "check_choice", "check_int", "check_real"]
+
+FLOATS = "float16/bfloat16/float32/float64"
+
+
+def compute_dtype(dtype: Any) -> Any:
+    """float64 stays float64; every other float is computed in float32 (as in the torch API)."""
+    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
+def is_concrete(value: Any) -> bool:
+    """Whether an array's values may be read here (not a tracer under ``jit``/``vmap``/``grad``)."""
+    return not isinstance(value, jax.core.Tracer)
+
+
+def check_x(x: Any) -> jax.Array:
+    """Scores: a floating JAX (or NumPy) array with at least one dimension."""
+    if not isinstance(x, (jax.Array, np.ndarray)):
+        raise TypeError(f"x must be a JAX array, got {type(x).__name__}")
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"x must have a floating dtype ({FLOATS}), got {x.dtype}")
+    if x.ndim == 0:
+        raise ValueError("x must have at least one dimension, got a 0-d array")
+    return jnp.asarray(x)
+
+
+def check_axis(x: jax.Array, axis: Any) -> int:
+    """``axis`` as a non-negative axis of ``x``."""
+    axis = check_int("axis", axis)
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis must be in [{-x.ndim}, {x.ndim - 1}] for a {x.ndim}-d input, got {axis}")
+    return axis % x.ndim
+
+
+def check_k(k: Any, n: int, axis: int) -> int:
+    """An int ``k`` with ``1 <= k <= n`` (``n`` the size of ``axis``)."""
+    k = check_int("k", k)
+    if not 1 <= k <= n:
+        raise ValueError(f"k must satisfy 1 <= k <= n = {n} (the size of axis {axis}), got {k}")
+    return k
+
+
+def check_k_array(k: Any, n: int) -> jax.Array:
+    """A floating array ``k`` of per-row values in ``(0, n]`` (values unchecked when traced)."""
+    if not jnp.issubdtype(k.dtype, jnp.floating):
+        raise TypeError(f"k must be an int or a floating tensor, got a tensor of dtype {k.dtype}")
+    if is_concrete(k) and k.size and not bool(jnp.all((k > 0) & (k <= n))):
+        bad = k[~((k > 0) & (k <= n))].ravel()[0]
+        raise ValueError(f"k must lie in (0, n = {n}] in every row, got {float(bad)}")
+    return k
+
+
+def check_scale(name: str, value: Any, dtype: Any) -> Any:
+    """A positive scale (``l``, ``tau``): a finite float or a floating array of positive values, with
+    every concrete value in ``[tiny, 1/tiny]`` of the compute dtype of ``dtype`` scores."""
+    if isinstance(value, (jax.Array, np.ndarray)):
+        if not jnp.issubdtype(value.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating tensor when given as a tensor, got {value.dtype}")
+        if not (is_concrete(value) and value.size):
+            return value
+        if not bool(jnp.all((value > 0) & jnp.isfinite(value))):
+            raise ValueError(f"{name} must be positive and finite, got a tensor with min {float(value.min())!r}")
+        worst = float(value.min()) if float(value.min()) < _bounds(dtype)[0] else float(value.max())
+    else:
+        worst = value = check_real(name, value, positive=True)
+    low, high = _bounds(dtype)
+    if not low <= worst <= high:
+        raise ValueError(f"{name} must lie in [{low:.3g}, {high:.3g}] for {jnp.dtype(dtype).name} scores "
+                         f"(computed in {jnp.dtype(compute_dtype(dtype)).name}), got {worst!r}")
+    return value
+
+
+def _bounds(dtype: Any) -> tuple[float, float]:
+    tiny = float(jnp.finfo(compute_dtype(dtype)).tiny)
+    return tiny, 1.0 / tiny
+
+
+def per_row(name: str, value: Any, batch: tuple[int, ...]) -> jax.Array:
+    """A scalar or per-row array argument as ``(B, 1)``, aligned with the rows of ``x``."""
+    try:
+        return jnp.broadcast_to(value, batch).reshape(-1, 1)
+    except ValueError:
+        raise ValueError(f"{name} must be a scalar or broadcastable to the batch shape {batch} (x without "
+                         f"axis), got shape {tuple(jnp.shape(value))}") from None
+
+
+def rows_of(x: jax.Array, axis: int) -> jax.Array:
+    """The rows ``(B, n)`` of ``x`` along ``axis``, in the compute dtype."""
+    moved = jnp.moveaxis(x, axis, -1)
+    return moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1]).astype(compute_dtype(x.dtype))
+
+
+def from_rows(rows: jax.Array, x: jax.Array, axis: int) -> jax.Array:
+    """Rows ``(B, n)`` back in ``x``'s shape (``axis`` in place) and dtype."""
+    moved = jnp.moveaxis(x, axis, -1).shape
+    return jnp.moveaxis(rows.astype(x.dtype).reshape(moved), -1, axis)

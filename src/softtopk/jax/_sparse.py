@@ -1,0 +1,261 @@
+"""Sparse soft top-k in JAX (Sander et al., ICML 2023): the exact threshold solver of the torch
+kernel (:mod:`softtopk.ops.sparse`, whose docstring has the derivation), with static shapes.
+
+Mask ``y = clip(((x - t)_+ / λ)^r, 0, 1)``, ``r = 1/(p-1)``, ``Σ y = k``; magnitude
+``o = sign(x)(θ u + (|x| - θ)_+)``, ``u = clip(((|x| - θ)_+ / (λ θ^{1/r}))^r, 0, 1)``, ``Σ u = k``.
+The threshold is solved on the ``2k + 8`` largest scores (``lax.top_k``), from float64 prefix
+moments (float32 without ``jax_enable_x64``, then polished by Newton steps on the candidates);
+when a row's threshold lies below its last candidate, a ``lax.cond`` solves every row again on the
+fully sorted scores: exact, no host round trip. O(n) memory.
+
+The derivatives are ``custom_jvp`` rules written from the implicit function theorem (linear in the
+tangents, so reverse mode is their transpose): mask
+``ẏ = d (ẋ - Σ d ẋ / Σ d) - d (x - x̄)/λ · λ̇``, ``d = r u^{r-1}/λ`` on ``0 < y < 1``,
+``x̄ = Σ d x / Σ d``; magnitude ``ṁ = w ṡ - w_I (Σ e ṡ) / Σ e β`` (``ṡ = sign(x) ẋ``; ``w``, ``e``,
+``β`` as in the torch backward). O(n), finite everywhere.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+def exponent(p: float) -> int:
+    """``r = 1/(p-1)``: 1 for p = 2, 3 for p = 4/3."""
+    return 1 if abs(p - 2.0) < 1e-9 else 3
+
+
+def wide_dtype():
+    """The threshold's dtype: float64 when ``jax_enable_x64`` is on, else float32."""
+    return jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
+
+
+def _cubic_root(p, q):
+    """The real root of ``y³ + p y + q = 0`` for ``p >= 0`` (Cardano, two Newton steps)."""
+    half = 0.5 * q
+    disc = jnp.sqrt(half * half + p * p * p / 27.0)
+    big = jnp.cbrt(-half - jnp.where(q >= 0, disc, -disc))
+    y = jnp.where(big == 0, 0.0, big - p / jnp.where(big != 0, 3.0 * big, 1.0))
+    for _ in range(2):
+        slope = 3.0 * y * y + p
+        step = (y * y * y + p * y + q) / jnp.where(slope > 0, slope, 1.0)
+        y = y - jnp.where(slope > 0, step, 0.0)
+    return y
+
+
+def _saturation_knot(s, lam, r):
+    """Magnitude: the θ at which an entry of size ``s`` saturates, ``θ + λ θ^{1/r} = s``."""
+    return s / (1.0 + lam) if r == 1 else _cubic_root(jnp.broadcast_to(lam, s.shape), -s) ** 3
+
+
+def _search(sorted_rows, queries, side):
+    return jax.vmap(partial(jnp.searchsorted, side=side))(sorted_rows, queries)
+
+
+def _take(rows, index):
+    return jnp.take_along_axis(rows, index, -1)
+
+
+def _window_power(prefix, lo, hi, at, r):
+    """``Σ_{lo < i <= hi} (u_i - at)^r`` from the prefix sums of ``u^m``."""
+    count = (hi - lo).astype(at.dtype)
+    moments = [_take(p, hi) - _take(p, lo) for p in prefix]
+    if r == 1:
+        return moments[0] - at * count
+    m1, m2, m3 = moments
+    return m3 - 3 * at * m2 + 3 * at * at * m1 - at * at * at * count
+
+
+def _solve_sorted(s, k, lam, r, magnitude):
+    """The threshold from the descending candidates ``s`` (B, K) (K > k or K = n), ``lam`` (B, 1):
+    ``θ`` (B, 1) for the magnitude, ``(s_k, (t - s_k)/λ)`` for the mask, which is solved in units of
+    λ (moments of size 1: no ``λ⁶`` over- or underflow)."""
+    big = s.shape[-1]
+    sk = s[:, k - 1 : k]
+    if magnitude:
+        lower, upper = _saturation_knot(sk, lam, r), sk + lam * sk ** (1.0 / r)
+        lam_u = lam
+    else:
+        lower, upper = sk - lam, sk + lam
+        lam_u = jnp.ones_like(lam)
+    # clamped to the bracket (statuses unchanged for every threshold in it); the mask's after scaling
+    # by λ, where the bracket cannot round away
+    u = jnp.clip(s, lower, upper) - sk if magnitude else jnp.clip((s - sk) / lam, -1.0, 1.0)
+    neg = -u
+    zero = jnp.zeros_like(sk)
+    prefix = [jnp.concatenate([zero, jnp.cumsum(u**m, -1)], -1) for m in range(1, r + 1)]
+    lam_r = lam_u**r
+
+    def total(at):  # Σ_i h(.) at centred thresholds ``at`` (B, M); entries before ``sat`` saturate
+        if magnitude:
+            theta = at + sk
+            sat = _search(neg, -lam * jnp.maximum(theta, 0) ** (1.0 / r) - at, "right")
+            scale = lam_r * theta
+        else:
+            sat, scale = _search(neg, -at - 1.0, "right"), jnp.ones_like(at)
+        above = jnp.maximum(_search(neg, -at, "left"), sat)
+        window = _window_power(prefix, sat, above, at, r)
+        return sat.astype(at.dtype) + window / jnp.where(scale > 0, scale, 1.0)
+
+    sat_knots = (_saturation_knot(u + sk, lam_u, r) - sk) if magnitude else u - 1.0
+    slack = 1e-9 * k if s.dtype == jnp.float64 else 1e-5 * k
+    n_above = jnp.sum(total(u) < k - slack, -1, keepdims=True)
+    n_sat = jnp.minimum(jnp.sum(total(sat_knots) <= k + slack, -1, keepdims=True), n_above)
+    deficit = k - n_sat.astype(s.dtype)
+    window_prefix = [_take(p, n_above) - _take(p, n_sat) for p in prefix]
+    count = (n_above - n_sat).astype(s.dtype)
+    safe = jnp.maximum(count, 1)
+    if r == 1:
+        m1 = window_prefix[0]
+        at = (m1 - deficit) / safe if not magnitude else (m1 + count * sk) / (count + lam_u * deficit) - sk
+    else:
+        m1, m2, m3 = window_prefix
+        mu = m1 / safe
+        v2 = jnp.maximum(m2 - m1 * mu, 0)
+        v3 = m3 - 3 * mu * m2 + 3 * mu * mu * m1 - mu * mu * mu * count
+        load = lam_r * deficit
+        if magnitude:
+            at = mu + _cubic_root((3 * v2 + load) / safe, (load * (mu + sk) - v3) / safe)
+        else:
+            at = mu + _cubic_root(3 * v2 / safe, (load - v3) / safe)
+    if s.dtype != jnp.float64:  # float32 moments cancel: Newton on the candidates themselves
+        at = _polish(u, at, k, lam_u, r, magnitude, sk)
+    solved = (count > 0) & (deficit > 0)
+    # otherwise the sum is flat at k: any threshold between the groups is exact (their middle); and
+    # when the k largest saturate before the (k+1)-th starts, the mask is the hard k-hot one
+    if magnitude:
+        nxt, last = _take(s, jnp.minimum(n_sat, big - 1)), _take(s, jnp.clip(n_sat - 1, 0, big - 1))
+        flat = jnp.where(n_sat < big, 0.5 * (nxt + jnp.maximum(_saturation_knot(last, lam, r), nxt)), s[:, -1:])
+        following = s[:, k : k + 1]
+        return jnp.where(lower >= following, 0.5 * (lower + following), jnp.where(solved, at + sk, flat))
+    # the mask's threshold as (s_k, a = (t - s_k)/λ), all in units of λ: the mask is then
+    # clip((x - s_k)/λ - a, 0, 1)^r, exact where t itself would round to s_k (ties with a tiny λ)
+    limit = float(jnp.finfo(s.dtype).max) ** 0.5
+    v = jnp.clip((s - sk) / lam, -limit, limit)
+    nxt, last = _take(v, jnp.minimum(n_sat, big - 1)), _take(v, jnp.clip(n_sat - 1, 0, big - 1))
+    flat = jnp.where(n_sat < big, 0.5 * (nxt + jnp.maximum(last - 1.0, nxt)), v[:, -1:] - 1.0)
+    following = v[:, k : k + 1]
+    return sk, jnp.where(following <= -1.0, 0.5 * (following - 1.0), jnp.where(solved, at, flat))
+
+
+def _polish(u, at, k, lam, r, magnitude, sk):
+    """Newton steps on ``Σ h(u - at) = k`` over the candidates (float32 without x64)."""
+    for _ in range(3):
+        if magnitude:
+            theta = jnp.maximum(at + sk, 1e-30)
+            scale = lam * theta ** (1.0 / r)
+            z = (u - at) / scale
+            inside = (z > 0) & (z < 1)
+            value = jnp.sum(jnp.where(z >= 1, 1.0, jnp.clip(z, 0, 1) ** r), -1, keepdims=True)
+            slope = jnp.sum(jnp.where(inside, r * z ** (r - 1) * (1 + z * scale / (r * theta)) / scale, 0), -1,
+                            keepdims=True)
+        else:
+            z = (u - at) / lam
+            inside = (z > 0) & (z < 1)
+            value = jnp.sum(jnp.clip(z, 0, 1) ** r, -1, keepdims=True)
+            slope = jnp.sum(jnp.where(inside, r * z ** (r - 1), 0), -1, keepdims=True) / lam
+        at = at + jnp.where(slope > 0, (value - k) / jnp.where(slope > 0, slope, 1.0), 0.0)
+    return at
+
+
+def _sorted_desc(scores, size):
+    n = scores.shape[-1]
+    return lax.top_k(scores, size)[0] if size < n else -jnp.sort(-scores, axis=-1)
+
+
+def _solve(vals, k, lam, r, magnitude):
+    """:func:`_solve_sorted`; in float32, the magnitude in units of its ``s_k``
+    (``θ(c s, c^{1-1/r} λ) = c θ(s, λ)``), so that the cubic's coefficients stay of size 1 at any scale."""
+    if not magnitude or vals.dtype == jnp.float64:  # float64: the torch kernel's arithmetic
+        return _solve_sorted(vals, k, lam, r, magnitude)
+    sk = vals[:, k - 1 : k]
+    c = jnp.where((sk > 0) & jnp.isfinite(sk), sk, 1.0)
+    return c * _solve_sorted(vals / c, k, lam * c ** (1.0 / r - 1.0), r, True)
+
+
+def threshold(scores, k, lam, r, magnitude):
+    """The exact threshold per row of ``scores`` (B, n) (``|x|`` for the magnitude) in the wide
+    dtype, as :func:`_solve_sorted` returns it."""
+    n = scores.shape[-1]
+    wide = wide_dtype()
+    lam = lam.astype(wide)
+    size = min(n, 2 * k + 8)
+    vals = _sorted_desc(scores, size).astype(wide)
+    found = _solve(vals, k, lam, r, magnitude)
+    if size == n:
+        return found
+    t = found if magnitude else found[0] + found[1] * lam
+    fits = jnp.all(vals[:, -1:] <= t)  # every non-candidate lies at or below the threshold
+
+    def full():
+        return _solve(_sorted_desc(scores, n).astype(wide), k, lam, r, magnitude)
+
+    return lax.cond(fits, lambda: found, full)
+
+
+def exact_mask(x, lam, k, r):
+    """The exact mask of rows ``x`` (B, n) with per-row ``lam`` (B, 1) (no derivative rule)."""
+    xs, ls = lax.stop_gradient(x), lax.stop_gradient(lam)
+    sk, a = (v.astype(x.dtype) for v in threshold(xs, k, ls, r, False))
+    return jnp.clip((xs - sk) / ls - a, 0, 1) ** r
+
+
+def mask_tangent(x, lam, y, dx, dlam, r):
+    """``ẏ`` of the exact mask ``y`` at ``(x, lam)`` for tangents ``(dx, dlam)``."""
+    inside = (y > 0) & (y < 1)
+    d = jnp.where(inside, 1.0 / lam if r == 1 else 3.0 * y ** (2.0 / 3.0) / lam, 0.0)
+    total = jnp.sum(d, -1, keepdims=True)
+    safe = jnp.where(total > 0, total, 1.0)
+    xi = jnp.where(inside, x, 0.0)
+    xbar = jnp.sum(d * xi, -1, keepdims=True) / safe
+    dbar = jnp.sum(d * dx, -1, keepdims=True) / safe
+    return d * (dx - dbar) - d * (xi - xbar) / lam * dlam
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def mask_rows(x, lam, k, r):
+    """Exact sparse mask of rows ``x`` (B, n), ``lam`` (B, 1), int ``k < n``, ``r`` in {1, 3}."""
+    return exact_mask(x, lam, k, r)
+
+
+@mask_rows.defjvp
+def _mask_jvp(k, r, primals, tangents):
+    x, lam = primals
+    y = exact_mask(x, lam, k, r)
+    return y, mask_tangent(x, lam, y, *tangents, r)
+
+
+def _mag_parts(x, lam, k, r):
+    s = jnp.abs(x)
+    theta = threshold(lax.stop_gradient(s), k, jnp.full((x.shape[0], 1), lam), r, True).astype(x.dtype)
+    positive = theta > 0
+    scale = lam * jnp.maximum(theta, 0) ** (1.0 / r)
+    z = jnp.where(positive, (s - theta) / jnp.where(positive, scale, 1.0), jnp.inf)
+    kept = theta * jnp.clip(z, 0, 1) ** r + jnp.maximum(s - theta, 0)
+    return jnp.sign(x) * jnp.where(z >= 1, s, kept), theta, z
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+def mag_rows(x, lam, k, r):
+    """Exact sparse top-k in magnitude of rows ``x`` (B, n), float ``lam``, int ``k < n``."""
+    return _mag_parts(x, lam, k, r)[0]
+
+
+@mag_rows.defjvp
+def _mag_jvp(lam, k, r, primals, tangents):
+    (x,), (dx,) = primals, tangents
+    out, theta, z = _mag_parts(x, lam, k, r)
+    sign = jnp.sign(x)
+    ds = sign * dx
+    inside = (z > 0) & (z < 1)
+    safe_theta = jnp.where(theta > 0, theta, 1.0)
+    scale = lam * safe_theta ** (1.0 / r)
+    zc = jnp.where(inside, z, 0.0)
+    e = jnp.where(inside, 1.0 / scale if r == 1 else r * zc * zc / scale, 0.0)
+    eb = jnp.sum(e, -1, keepdims=True) + scale / (r * safe_theta) * jnp.sum(e * zc, -1, keepdims=True)
+    weight = (z > 0).astype(x.dtype) + theta * e
+    shared = jnp.sum(e * ds, -1, keepdims=True) / jnp.where(eb > 0, eb, 1.0)
+    return out, sign * (weight * ds - jnp.where(inside, weight, 0.0) * shared)

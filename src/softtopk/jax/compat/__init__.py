@@ -1,0 +1,1 @@
+"""Drop-in replacements, on JAX arrays, for the JAX packages softtopk supersedes."""
