@@ -150,3 +150,16 @@ def test_compiles_fullgraph(rows):
     x = _rows(8, 3, 6, torch.float32)
     compiled = torch.compile(rows, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x, 2, 0.1, 8), rows(x, 2, 0.1, 8))
+
+
+def test_infinite_entries_are_exact_and_the_rest_converges_as_without_them():
+    """-inf entries have mask 0 and +inf entries 1 at every iteration (finite stand-ins beyond the
+    row's spread), and the finite entries converge to the exact mask of the row (no NaN)."""
+    x = torch.tensor([[0.3, -torch.inf, 1.2, 0.5, -torch.inf, 0.9], [torch.inf, 0.1, -0.2, 0.4, 0.0, -1.0]],
+                     dtype=torch.float64)
+    for n_iter in (1, 7, 2000):
+        out = dykstra_mask_rows(x, 3, 0.5, n_iter)
+        assert torch.isfinite(out).all() and (out[0, [1, 4]] == 0).all() and out[1, 0] == 1
+        torch.testing.assert_close(out.sum(-1), torch.full((2,), 3.0, dtype=torch.float64), atol=1e-12, rtol=0)
+    finite = dykstra_mask_rows(x[:1, [0, 2, 3, 5]], 3, 0.5, 2000)
+    torch.testing.assert_close(out[0, [0, 2, 3, 5]], finite[0], atol=1e-9, rtol=0)

@@ -71,8 +71,19 @@ def _unsort(values, order):
 
 def dykstra_mask(x, lam, k, n_iter):
     """Dykstra's mask of rows ``x`` (B, n) with ``lam`` (B, 1): ``(s - iso(s - λ w)) / λ``, un-sorted."""
-    s, order, w = _sorted(x, k)
-    return _unsort((s - isotonic(s - lam * w, n_iter)) / lam, order)
+    s, order, w = _sorted(_stand_ins(x, lam), k)
+    return jnp.where(jnp.isinf(x), (x > 0).astype(x.dtype), _unsort((s - isotonic(s - lam * w, n_iter)) / lam, order))
+
+
+def _stand_ins(x, lam):
+    """``±inf`` entries as finite values beyond every finite one by more than the row's spread plus
+    λ + 1 (at convergence exactly 0 or 1; their iterates are replaced by that value)."""
+    finite = jnp.isfinite(x)
+    low = jnp.min(jnp.where(finite, x, jnp.inf), -1, keepdims=True)
+    high = jnp.max(jnp.where(finite, x, -jnp.inf), -1, keepdims=True)
+    low, high = jnp.where(jnp.isfinite(low), low, 0.0), jnp.where(jnp.isfinite(high), high, 0.0)
+    span = high - low + lam + 1.0
+    return jnp.where(x == -jnp.inf, low - span, jnp.where(x == jnp.inf, high + span, x))
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(2, 3))

@@ -34,7 +34,11 @@ def wide_dtype():
 
 
 def _cubic_root(p, q):
-    """The real root of ``y³ + p y + q = 0`` for ``p >= 0`` (Cardano, two Newton steps)."""
+    """The real root of ``y³ + p y + q = 0`` for ``p >= 0`` (Cardano, two Newton steps), solved for
+    ``w = y/σ``, ``σ = max(√p, ∛|q|)``: coefficients of size 1, no overflow of ``p³`` or ``q²``."""
+    sigma = jnp.maximum(jnp.sqrt(p), jnp.cbrt(jnp.abs(q)))
+    sigma = jnp.where(sigma > 0, sigma, 1.0)
+    p, q = p / sigma**2, q / sigma**3
     half = 0.5 * q
     disc = jnp.sqrt(half * half + p * p * p / 27.0)
     big = jnp.cbrt(-half - jnp.where(q >= 0, disc, -disc))
@@ -43,7 +47,7 @@ def _cubic_root(p, q):
         slope = 3.0 * y * y + p
         step = (y * y * y + p * y + q) / jnp.where(slope > 0, slope, 1.0)
         y = y - jnp.where(slope > 0, step, 0.0)
-    return y
+    return sigma * y
 
 
 def _saturation_knot(s, lam, r):
@@ -173,7 +177,9 @@ def _solve(vals, k, lam, r, magnitude):
         return _solve_sorted(vals, k, lam, r, magnitude)
     sk = vals[:, k - 1 : k]
     c = jnp.where((sk > 0) & jnp.isfinite(sk), sk, 1.0)
-    return c * _solve_sorted(vals / c, k, lam * c ** (1.0 / r - 1.0), r, True)
+    theta = c * _solve_sorted(vals / c, k, lam * c ** (1.0 / r - 1.0), r, True)
+    # a λ so large that λ³ leaves float32: θ underflows to its limit 0 (every entry kept)
+    return jnp.where(jnp.isfinite(theta), theta, 0.0)
 
 
 def threshold(scores, k, lam, r, magnitude):

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import _dykstra, _sparse
@@ -197,7 +198,7 @@ def soft_topk(
     tau = check_scale("tau", tau, x.dtype)
     hard = check_bool("hard", hard)
     check_bool("largest", largest)
-    if isinstance(k, (jax.Array,)):
+    if isinstance(k, (jax.Array, np.ndarray)):
         if hard:
             raise ValueError("hard=True needs an int k (its forward is the k-hot mask), got a tensor k")
         k = per_row("k", check_k_array(k, n), batch)

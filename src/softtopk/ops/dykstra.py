@@ -119,9 +119,20 @@ def dykstra_mask_rows(x: torch.Tensor, k: int, l, n_iter: int) -> torch.Tensor:
         >>> dykstra_mask_rows(torch.tensor([[-5.0, -2.0, 3.0, 1.0]]), 2, 1e-2, 500)
         tensor([[0.0000, 0.0000, 1.0000, 1.0000]])
     """
-    s, perm, w = _sorted_rows(x, k)
+    s, perm, w = _sorted_rows(_stand_ins(x, l), k)
     v = dykstra_isotonic(s - l * w, n_iter)
-    return _unsort((s - v) / l, perm)
+    return torch.where(x.isinf(), (x > 0).to(x.dtype), _unsort((s - v) / l, perm))
+
+
+def _stand_ins(x: torch.Tensor, l) -> torch.Tensor:
+    """``±inf`` entries as finite values beyond every finite one by more than the row's spread plus
+    ``l`` + 1 (at convergence exactly 0 or 1; their iterates are replaced by that value)."""
+    finite = x.isfinite()
+    low = torch.where(finite, x, torch.inf).amin(-1, keepdim=True)
+    high = torch.where(finite, x, -torch.inf).amax(-1, keepdim=True)
+    low, high = low.where(low.isfinite(), 0.0), high.where(high.isfinite(), 0.0)
+    span = high - low + l + 1.0
+    return torch.where(x == -torch.inf, low - span, torch.where(x == torch.inf, high + span, x))
 
 
 def dykstra_mag_rows(x: torch.Tensor, k: int, l, n_iter: int) -> torch.Tensor:

@@ -1,0 +1,283 @@
+"""softtopk.jax on its own: the float64 oracle, ``check_grads``, jit/vmap/jvp, axes and dtypes, the
+invariants (hypothesis), ``±inf`` scores, the exact fallback of the candidate search, extreme
+scales, and every error message. The agreement with the torch operators is tests/test_jax_torch.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+jax = pytest.importorskip("jax", reason="the jax extra is not installed: pip install 'softtopk[jax]'")
+import jax.numpy as jnp  # noqa: E402
+from jax.test_util import check_grads  # noqa: E402
+from pav_reference import pav_mag, pav_mask  # noqa: E402
+
+import softtopk.jax as sj  # noqa: E402
+from softtopk.jax import _sparse  # noqa: E402
+
+P_VALUES = (2.0, 4.0 / 3.0)
+PROPERTY = settings(max_examples=25, deadline=None)
+
+
+def _x(shape, seed=0, scale=1.0):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape) * scale)
+
+
+def test_import_softtopk_does_not_import_jax():
+    code = "import sys, softtopk; softtopk.soft_topk; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ----------------------------------------------------------------------------------- oracle, grads
+
+
+@pytest.mark.parametrize("p", P_VALUES)
+def test_float64_equals_the_pav_oracle(p):
+    with jax.enable_x64(True):
+        x = np.array(_x((6, 11), seed=1))
+        x[1, 3] = x[1, 7]  # a tie
+        for k, lam in ((1, 0.3), (4, 1.0), (10, 0.05), (5, 5.0)):
+            np.testing.assert_allclose(np.asarray(sj.sparse_topk_mask(jnp.asarray(x), k, l=lam, p=p)),
+                                       pav_mask(x, k, lam, p), rtol=0, atol=1e-10)
+            np.testing.assert_allclose(np.asarray(sj.sparse_topk_mag(jnp.asarray(x), k, l=lam, p=p)),
+                                       pav_mag(x, k, lam, p), rtol=0, atol=1e-10)
+
+
+def _grads_cases():
+    yield "mask", lambda x, l: sj.sparse_topk_mask(x, 3, l=l, p=4 / 3), 0.7
+    yield "mask p2", lambda x, l: sj.sparse_topk_mask(x, 3, l=l, p=2), 0.7
+    yield "mag", lambda x: sj.sparse_topk_mag(x, 3, l=0.7, p=4 / 3), None
+    yield "mag p2", lambda x: sj.sparse_topk_mag(x, 3, l=0.7, p=2), None
+    yield "laplace", lambda x, t: sj.soft_topk(x, 3, tau=t), 0.8
+    yield "laplace k>n/2", lambda x, t: sj.soft_topk(x, 6, tau=t), 0.8
+    yield "dykstra", lambda x: sj.sparse_topk_mask(x, 3, l=0.7, p=2, solver="dykstra", n_iter=4000), None
+    yield "dykstra mag", lambda x: sj.sparse_topk_mag(x, 3, l=0.7, p=2, solver="dykstra", n_iter=4000), None
+
+
+@pytest.mark.parametrize("case", list(_grads_cases()), ids=lambda c: c[0])
+def test_check_grads_float64(case):
+    """Order 1, forward and reverse mode, in x and in the scale parameter (l, tau)."""
+    _, fn, scale = case
+    with jax.enable_x64(True):
+        x = jnp.asarray([[0.3, -1.2, 2.0, 0.9, 1.4, -0.1, 0.75, 1.1], [1.0, 0.2, -0.4, 2.2, 0.5, 0.6, 1.9, -2.0]])
+        args = (x,) if scale is None else (x, jnp.asarray([[scale], [scale * 1.3]])[:, 0])
+        check_grads(fn, args, order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
+
+
+def test_check_grads_per_row_k():
+    with jax.enable_x64(True):
+        x = _x((3, 7), seed=2)
+        check_grads(lambda x, k: sj.soft_topk(x, k, tau=0.5), (x, jnp.asarray([1.5, 3.0, 6.2])), order=1,
+                    modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
+
+
+def test_hard_has_zero_gradient_and_hard_true_has_the_soft_one():
+    x = _x((2, 9), seed=3)
+    assert not np.asarray(jax.grad(lambda v: (sj.hard_topk_mask(v, 3) * v).sum())(x) - jnp.where(
+        sj.hard_topk_mask(x, 3) > 0, 1.0, 0.0)).any()
+    for fn in (lambda v, **kw: sj.soft_topk(v, 3, tau=0.5, **kw), lambda v, **kw: sj.sparse_topk_mask(v, 3, **kw)):
+        hard = fn(x, hard=True)
+        assert np.array_equal(np.asarray(hard), np.asarray(sj.hard_topk_mask(x, 3)))
+        g = _x((2, 9), seed=4)
+        np.testing.assert_allclose(np.asarray(jax.grad(lambda v: (fn(v, hard=True) * g).sum())(x)),
+                                   np.asarray(jax.grad(lambda v: (fn(v) * g).sum())(x)), atol=1e-6)
+
+
+# ------------------------------------------------------------------------- transforms, axes, dtypes
+
+FUNCTIONS = {
+    "mask": lambda v, **kw: sj.sparse_topk_mask(v, 3, l=0.5, **kw),
+    "mag": lambda v, **kw: sj.sparse_topk_mag(v, 3, l=0.5, **kw),
+    "laplace": lambda v, **kw: sj.soft_topk(v, 3, tau=0.5, **kw),
+    "dykstra": lambda v, **kw: sj.sparse_topk_mask(v, 3, l=0.5, p=2, solver="dykstra", **kw),
+    "hard": lambda v, **kw: sj.hard_topk_mask(v, 3, **kw),
+}
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_jit_vmap_and_any_axis(name):
+    fn = FUNCTIONS[name]
+    x = _x((4, 2, 10), seed=5)
+    eager = fn(x)
+    np.testing.assert_allclose(np.asarray(jax.jit(fn)(x)), np.asarray(eager), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.vmap(fn)(x)), np.asarray(eager), atol=1e-6)
+    moved = fn(jnp.moveaxis(x, -1, 0), axis=0)
+    np.testing.assert_allclose(np.asarray(jnp.moveaxis(moved, 0, -1)), np.asarray(eager), atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["mask", "mag", "laplace", "dykstra"])
+def test_jvp_is_the_transpose_of_the_vjp(name):
+    """<u, J v> = <J^T u, v>, and the jvp under vmap equals the batched one."""
+    fn = FUNCTIONS[name]
+    with jax.enable_x64(True):
+        x, v, u = _x((3, 10), 6), _x((3, 10), 7), _x((3, 10), 8)
+        out, jv = jax.jvp(fn, (x,), (v,))
+        jtu = jax.vjp(fn, x)[1](u)[0]
+        assert abs(float((u * jv).sum() - (jtu * v).sum())) < 1e-10
+        batched = jax.vmap(lambda a, b: jax.jvp(fn, (a,), (b,))[1])(x, v)
+        np.testing.assert_allclose(np.asarray(batched), np.asarray(jv), atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_dtypes(name, dtype):
+    """Shape and dtype kept; half types computed in float32 and rounded once."""
+    x = _x((2, 3, 12), seed=9).astype(dtype)
+    out = FUNCTIONS[name](x)
+    assert out.shape == x.shape and out.dtype == dtype
+    ref = FUNCTIONS[name](x.astype(jnp.float32)).astype(dtype)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=1e-6)
+
+
+def test_largest_false_is_the_mask_of_minus_x():
+    x = _x((2, 9), seed=10)
+    for name in ("mask", "laplace", "hard"):
+        np.testing.assert_allclose(np.asarray(FUNCTIONS[name](x, largest=False)), np.asarray(FUNCTIONS[name](-x)))
+
+
+# ----------------------------------------------------------------------------------- invariants
+
+
+@PROPERTY
+@given(st.lists(st.floats(-50, 50, width=32), min_size=9, max_size=9), st.sampled_from([1e-2, 0.3, 3.0]),
+       st.sampled_from(P_VALUES))
+def test_sparse_mask_invariants(values, lam, p):
+    """In [0, 1], sums to k, exact zeros below the threshold, permutation equivariant."""
+    x = jnp.asarray([values], jnp.float32)
+    mask = np.asarray(sj.sparse_topk_mask(x, 3, l=lam, p=p))
+    assert mask.min() >= 0 and mask.max() <= 1 and abs(mask.sum() - 3) < 1e-4
+    order = np.random.default_rng(int(abs(values[0]) * 100)).permutation(9)
+    permuted = np.asarray(sj.sparse_topk_mask(x[:, order], 3, l=lam, p=p))
+    np.testing.assert_allclose(permuted, mask[:, order], atol=1e-5)
+    assert (mask[np.asarray(x) < np.sort(np.asarray(x))[0, -3] - lam] == 0).all()
+
+
+@PROPERTY
+@given(st.lists(st.floats(-50, 50, width=32), min_size=9, max_size=9), st.sampled_from([1e-2, 0.3, 3.0]))
+def test_laplace_and_magnitude_invariants(values, tau):
+    x = jnp.asarray([values], jnp.float32)
+    mask = np.asarray(sj.soft_topk(x, 3, tau=tau))
+    assert mask.min() >= 0 and mask.max() <= 1 and abs(mask.sum() - 3) < 1e-4
+    mag = np.asarray(sj.sparse_topk_mag(x, 3, l=tau))
+    assert (np.abs(mag) <= np.abs(np.asarray(x)) + 1e-5).all() and (np.sign(mag) * np.sign(x) >= 0).all()
+    assert (mag != 0).sum() >= min(3, int((np.asarray(x) != 0).sum()))
+
+
+# ----------------------------------------------------------------------------- ±inf, fallback, scales
+
+
+@pytest.mark.parametrize("name", ["mask", "laplace", "dykstra"])
+def test_infinite_scores(name):
+    """-inf never selected while more than k entries lie above it (mask and gradient 0); +inf always;
+    a row with at most k entries above -inf selects them all and shares the rest of k."""
+    fn = FUNCTIONS[name]
+    x = jnp.asarray([[0.3, -jnp.inf, 1.2, 0.5, -jnp.inf, 0.9],
+                     [jnp.inf, 0.1, -0.2, 0.4, 0.0, -1.0],
+                     [1.0, -jnp.inf, -jnp.inf, 2.0, -jnp.inf, -jnp.inf],
+                     [jnp.inf, jnp.inf, jnp.inf, jnp.inf, 0.0, 1.0]])
+    mask = np.asarray(fn(x))
+    assert mask[0, 1] == 0 and mask[0, 4] == 0 and abs(mask[0].sum() - 3) < 1e-5
+    assert mask[1, 0] == 1 and abs(mask[1].sum() - 3) < 1e-5
+    np.testing.assert_allclose(mask[2], [1, 0.25, 0.25, 1, 0.25, 0.25], atol=1e-6)
+    np.testing.assert_allclose(mask[3], [0.75, 0.75, 0.75, 0.75, 0, 0], atol=1e-6)
+    grad = np.asarray(jax.grad(lambda v: (fn(v) * jnp.arange(6.0)).sum())(x))
+    assert np.isfinite(grad).all() and grad[0, 1] == 0 and grad[1, 0] == 0 and not grad[2:].any()
+
+
+def test_candidate_fallback_equals_the_full_sort():
+    """5000 entries tied at the k-th value with l = 1: the 2k + 8 candidates are not enough; the
+    lax.cond fallback gives the threshold of the fully sorted row."""
+    with jax.enable_x64(True):
+        x = np.array(_x((2, 20000), seed=11))
+        kth = np.sort(x, -1)[:, -100:-99]
+        rng = np.random.default_rng(12)
+        for row in range(2):
+            x[row, rng.permutation(20000)[:5000]] = kth[row]
+        for magnitude in (False, True):
+            scores = jnp.abs(jnp.asarray(x)) if magnitude else jnp.asarray(x)
+            lam = jnp.ones((2, 1))
+            found = _sparse.threshold(scores, 100, lam, 3, magnitude)
+            full = _sparse._solve(-jnp.sort(-scores, -1), 100, lam, 3, magnitude)
+            for a, b in zip(jax.tree.leaves(found), jax.tree.leaves(full)):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-12)
+        mask = sj.sparse_topk_mask(jnp.asarray(x), 100, l=1.0)
+        np.testing.assert_allclose(np.asarray(mask.sum(-1)), [100.0, 100.0], atol=1e-8)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
+@pytest.mark.parametrize("temperature", [1e-6, 1.0, 1e6])
+def test_extreme_scales_and_temperatures_are_finite(dtype, scale, temperature):
+    with jax.enable_x64(dtype == jnp.float64):
+        x = _x((3, 12), seed=13, scale=scale).astype(dtype)
+        x = x.at[1, 4].set(x[1, 7])
+        g = _x((3, 12), seed=14).astype(dtype)
+        for name, fn in (("mask", lambda v: sj.sparse_topk_mask(v, 4, l=temperature)),
+                         ("mask p2", lambda v: sj.sparse_topk_mask(v, 4, l=temperature, p=2)),
+                         ("mag", lambda v: sj.sparse_topk_mag(v, 4, l=temperature)),
+                         ("laplace", lambda v: sj.soft_topk(v, 4, tau=temperature))):
+            out, vjp = jax.vjp(fn, x)
+            assert np.isfinite(np.asarray(out)).all() and np.isfinite(np.asarray(vjp(g)[0])).all(), name
+            if name != "mag":
+                assert abs(float(out.sum(-1).max()) - 4) < 1e-3 and abs(float(out.sum(-1).min()) - 4) < 1e-3, name
+
+
+def test_ties_with_a_tiny_l_share_exactly():
+    """Two tied maxima, l far below their spacing to the rest: each gets 1/2 (not 0: t is kept as
+    (s_k, (t - s_k)/l), which does not round to s_k)."""
+    for scale in (1.0, 1e6):
+        x = jnp.asarray([[1.0, 1.0, 0.0, 0.5]]) * scale
+        for p in P_VALUES:
+            np.testing.assert_array_equal(np.asarray(sj.sparse_topk_mask(x, 1, l=1e-30, p=p)), [[0.5, 0.5, 0, 0]])
+
+
+# ----------------------------------------------------------------------------------------- errors
+
+ERRORS = [
+    (lambda: sj.sparse_topk_mask([1.0, 2.0], 1), TypeError, "x must be a JAX array, got list"),
+    (lambda: sj.soft_topk(jnp.arange(3), 1), TypeError, r"x must have a floating dtype \(float16/bfloat16/float32/float64\), got int32"),
+    (lambda: sj.hard_topk_mask(jnp.asarray(1.0), 1), ValueError, "x must have at least one dimension, got a 0-d array"),
+    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, axis=1.0), TypeError, "axis must be an int, got float 1.0"),
+    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, axis=2), ValueError, r"axis must be in \[-1, 0\] for a 1-d input, got 2"),
+    (lambda: sj.sparse_topk_mag(jnp.ones(3), 2.0), TypeError, "k must be an int, got float 2.0"),
+    (lambda: sj.soft_topk(jnp.ones((2, 3)), 4), ValueError, r"k must satisfy 1 <= k <= n = 3 \(the size of axis 1\), got 4"),
+    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, l=-1.0), ValueError, "l must be a positive finite number, got -1.0"),
+    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, l=1e-40), ValueError, r"l must lie in \[1.18e-38, 8.51e\+37\] for float32 scores \(computed in float32\), got 1e-40"),
+    (lambda: sj.sparse_topk_mask(jnp.ones((2, 3)), 1, l=jnp.asarray([1, 2])), TypeError, "l must be a floating tensor when given as a tensor, got int32"),
+    (lambda: sj.sparse_topk_mask(jnp.ones((2, 3)), 1, l=jnp.asarray([1.0, -2.0])), ValueError, "l must be positive and finite, got a tensor with min -2.0"),
+    (lambda: sj.sparse_topk_mask(jnp.ones((2, 3)), 1, l=jnp.ones(3)), ValueError, r"l must be a scalar or broadcastable to the batch shape \(2,\) \(x without axis\), got shape \(3,\)"),
+    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, p=3), ValueError, r"p must be one of \(2.0, 1.3333333333333333\), got 3"),
+    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, solver="bisect"), ValueError, r"solver must be one of \('exact', 'pav', 'dykstra'\), got 'bisect'"),
+    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, n_iter=0), ValueError, "n_iter must be >= 1, got 0"),
+    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, solver="dykstra"), ValueError, r"solver='dykstra' solves p=2 only, got p=1.3333333333333333; use solver='pav' for p=4/3"),
+    (lambda: sj.sparse_topk_mag(jnp.ones(3), 1, l=jnp.asarray(0.5)), TypeError, r"l must be a float for sparse_topk_mag \(a per-row tensor l is the mask's\), got a tensor"),
+    (lambda: sj.sparse_topk_mag(jnp.ones(3), 1, l=1e31), ValueError, r"l must be at most 1e\+30 for sparse_topk_mag with p=4/3, got 1e\+31"),
+    (lambda: sj.soft_topk(jnp.ones(3), 1, tau=0.0), ValueError, "tau must be a positive finite number, got 0.0"),
+    (lambda: sj.soft_topk(jnp.ones((2, 3)), jnp.asarray([1, 2])), TypeError, "k must be an int or a floating tensor, got a tensor of dtype int32"),
+    (lambda: sj.soft_topk(jnp.ones((2, 3)), jnp.asarray([1.0, 3.5])), ValueError, r"k must lie in \(0, n = 3\] in every row, got 3.5"),
+    (lambda: sj.soft_topk(jnp.ones((2, 3)), jnp.asarray([1.0, 2.0]), hard=True), ValueError, r"hard=True needs an int k \(its forward is the k-hot mask\), got a tensor k"),
+    (lambda: sj.soft_topk(jnp.ones(3), 1, hard=1), TypeError, "hard must be a bool, got int 1"),
+    (lambda: sj.hard_topk_mask(jnp.ones(3), 1, largest="yes"), TypeError, "largest must be a bool, got str 'yes'"),
+]
+
+
+@pytest.mark.parametrize("call, error, message", ERRORS, ids=[e[2][:40] for e in ERRORS])
+def test_error_messages(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_traced_l_and_tau_are_not_inspected_and_need_no_recompile():
+    x = _x((2, 8), seed=15)
+    f = jax.jit(lambda v, lam: sj.sparse_topk_mask(v, 3, l=lam))
+    g = jax.jit(lambda v, t: sj.soft_topk(v, 3, tau=t))
+    for value in (0.1, 0.5, 2.0):
+        np.testing.assert_allclose(np.asarray(f(x, value)), np.asarray(sj.sparse_topk_mask(x, 3, l=value)), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(g(x, value)), np.asarray(sj.soft_topk(x, 3, tau=value)), atol=1e-6)
+    assert f._cache_size() == 1 and g._cache_size() == 1
