@@ -1,33 +1,37 @@
 """softtopk.jax against ``jax.lax.top_k``, the original google-research sparse_soft_topk, ott-jax and
 SoftJAX: jitted forward and forward+backward on CPU, one thread.
 
-Usage (in a venv holding jax, numba, ott-jax and softjax; see benchmarks/README.md)::
+Usage (in a venv with jax, numba, ott-jax and softjax beside softtopk; see benchmarks/README.md)::
 
-    python benchmarks/bench_jax.py                    # ~12 min on a 2-core VM
-    python benchmarks/bench_jax.py --quick            # n = 100 and 1000, 3 repeats (< 1 min)
+    python benchmarks/bench_jax.py                    # ~13 min on a 2-core VM
+    python benchmarks/bench_jax.py --quick            # n = 100 only, 3 repeats, no RSS (< 1 min)
     python benchmarks/bench_jax.py --out benchmarks/results/jax.json   # also writes jax.md
     python benchmarks/bench_jax.py --original /tmp/benchjax/src        # folder holding sparse_soft_topk/
 
-Inputs: ``x = randn(64, n)`` float32, ``n`` in {1e2, 1e3, 1e4, 1e5}, ``k`` in {10, n/10}, ``g``
-a fixed ``randn(64, n)``. Forward is ``jit(op)(x)``; forward+backward is ``jit(grad(sum(op(x) * g)))``
-(``g[:, :k]`` for ops returning the ``k`` top values). Each repeat times the op and the baseline
-``lax.top_k(x, k)`` (its values; grad of ``sum(values * g[:, :k])``) back to back, in an order that
-alternates; the ratio is op / baseline per repeat, the table gives its median with the
-interquartile range, and the op's median time. Two warm-up calls each (the first compiles); then
-as many repeats as fit in ``--budget`` seconds per cell, at least 3 and at most ``--repeats``.
+Inputs: ``x = randn(64, n)`` float32, ``n`` in {1e2, 1e3, 1e4, 1e5}, ``k`` in {10, n/10}, ``g`` a
+fixed ``randn(64, n)``, λ = 0.1. Forward: ``jit(op)(x)``. Forward+backward: ``jit(value_and_grad)``
+of ``L = sum(op(x) * g)`` (``g[:, :k]`` for ops returning the ``k`` top values); the value is kept
+because under a bare ``grad`` XLA drops any forward work the derivative rule does not read (our
+Dykstra's iterations: its derivative is the exact problem's). Baseline: ``lax.top_k(x, k)``, its
+values (``L = sum(values * g[:, :k])``). Each op and the baseline are compiled ahead, called once
+to warm up, then timed back to back for as many repeats as fit in ``--budget`` seconds (at least
+3, at most ``--repeats``; one repeat for a call over 5 s), in an order that alternates. The ratio
+is op / baseline per repeat; the tables give its median with the interquartile range, and the
+op's median time. After each call the script sleeps as long as the call took (at most 0.25 s):
+the runtime frees a call's buffers on a background thread, which on one CPU would otherwise land
+on the next timing (up to 60 ms after the original's Dykstra at n = 1e3).
 
 One thread: the process is pinned to one CPU and XLA, numba and OpenMP are told to use one thread.
 
 The original (``--original PATH`` or ``SPARSE_SOFT_TOPK_SRC``, a folder holding the
 ``sparse_soft_topk`` package of github.com/google-research/google-research) fails on current JAX:
 ``jax.pure_callback(vectorized=...)`` is gone and callbacks receive ``jax.Array``, which numba
-rejects. This script wraps ``jax.pure_callback`` while it runs the original: ``vectorized=False``
+rejects. This script wraps ``jax.pure_callback`` once the original is imported: ``vectorized=False``
 becomes ``vmap_method="sequential"`` (``True``: ``"expand_dims"``) and the callback's arguments pass
 through ``np.asarray``; the original's code is unchanged. Its wrappers permute with a dense one-hot
-``(B, n, n)`` float32 matrix, so sizes where that exceeds 4 GB are skipped, as is its Dykstra above
-n = 1e3 (and ours: O(n_iter n) and, for the original, an n x n Jacobian). SoftJAX's ``top_k``
-(default NeuralSort) sums ``|x_i - x_j|`` over all pairs: skipped where ``B n^2 > 1e10`` or its
-dense ``(B, k, n)`` soft index exceeds 1 GB.
+``(B, n, n)`` float32 matrix, so sizes where that exceeds 4 GB are skipped, as is Dykstra (its and
+ours) above n = 1e3. SoftJAX's ``top_k`` (default NeuralSort) sums ``|x_i - x_j|`` over all pairs:
+skipped where ``B n^2 > 1e10`` or its dense ``(B, k, n)`` soft index exceeds 1 GB.
 
 Memory: a fresh subprocess runs one fwd+bwd of ``sparse_topk_mask`` (p = 4/3) at 64 x 1e5,
 k = 1e4 and reports its peak RSS (``ru_maxrss``) next to a subprocess doing the same with
@@ -44,7 +48,6 @@ for _name in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "M
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 import argparse  # noqa: E402
-import functools  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
@@ -62,6 +65,8 @@ import softtopk.jax as stj  # noqa: E402
 from _machine import machine_info  # noqa: E402
 
 B, L = 64, 0.1
+SLOW = 5.0  # seconds: a call this slow is timed once after its warm-up
+MIN_TIMED = 5e-3  # seconds: faster calls are timed in runs of several
 BASELINE = "lax.top_k"
 GB = 1e9
 
@@ -132,9 +137,8 @@ def our_ops() -> dict:
     }
 
 
-@functools.lru_cache(maxsize=None)
-def compiled(fn, k: int, backward: bool):
-    """The jitted forward ``x -> fn(x, k)`` or gradient ``(x, g) -> d sum(fn(x, k) * g) / dx``."""
+def jitted(fn, k: int, backward: bool):
+    """The jitted forward ``(x, g) -> fn(x, k)`` or step ``(x, g) -> (L, dL/dx)``, ``L = sum(fn(x, k) * g)``."""
     if not backward:
         return jax.jit(lambda x, g: fn(x, k))
 
@@ -145,31 +149,37 @@ def compiled(fn, k: int, backward: bool):
     return jax.jit(jax.value_and_grad(loss))
 
 
-def seconds(f, x, g) -> float:
+def seconds(f, x, g, number: int = 1) -> float:
+    """Seconds per call of ``number`` calls in a row (after an untimed one when ``number > 1``: the
+    first call after another op's runs cold)."""
+    if number > 1:
+        jax.block_until_ready(f(x, g))
     start = time.perf_counter()
-    jax.block_until_ready(f(x, g))
+    for _ in range(number):
+        out = f(x, g)
+    jax.block_until_ready(out)
     spent = time.perf_counter() - start
     time.sleep(min(spent, 0.25))  # the runtime frees the call's buffers asynchronously: off the clock
-    return spent
+    return spent / number
 
 
 def measure(fn, base, n: int, k: int, backward: bool, repeats: int, budget: float) -> dict:
     rng = np.random.default_rng(n + k)
     x = jnp.asarray(rng.standard_normal((B, n), dtype=np.float32))
     g = jnp.asarray(rng.standard_normal((B, n), dtype=np.float32))
-    f, b = compiled(fn, k, backward), compiled(base, k, backward)
-    for _ in range(2):
-        op_s, base_s = seconds(f, x, g), seconds(b, x, g)
-    repeats = max(3, min(repeats, int(budget / (op_s + base_s))))
+    f, b = (jitted(h, k, backward).lower(x, g).compile() for h in (fn, base))
+    op_s, base_s = seconds(f, x, g), seconds(b, x, g)  # warm-up
+    op_n, base_n = (max(1, round(MIN_TIMED / t)) for t in (op_s, base_s))
+    repeats = max(1 if op_s > SLOW else 3, min(repeats, int(budget / (op_n * op_s + base_n * base_s))))
     times, ratios = [], []
     for repeat in range(repeats):
         if repeat % 2:
-            base_s, op_s = seconds(b, x, g), seconds(f, x, g)
+            base_s, op_s = seconds(b, x, g, base_n), seconds(f, x, g, op_n)
         else:
-            op_s, base_s = seconds(f, x, g), seconds(b, x, g)
+            op_s, base_s = seconds(f, x, g, op_n), seconds(b, x, g, base_n)
         times.append(op_s)
         ratios.append(op_s / base_s)
-    q = statistics.quantiles(ratios, n=4)
+    q = statistics.quantiles(ratios, n=4) if repeats > 1 else ratios * 3
     return {"ms": 1e3 * statistics.median(times), "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2],
             "repeats": repeats}
 
@@ -178,7 +188,7 @@ def peak_rss(which: str) -> None:
     """Child process: one fwd+bwd at 64 x 1e5, k = 1e4; prints the peak RSS in MB."""
     fn = our_ops()["sparse_topk_mask p=4/3"][0] if which == "sparse" else lambda x, k: lax.top_k(x, k)[0]
     x = jnp.asarray(np.random.default_rng(0).standard_normal((B, 100_000), dtype=np.float32))
-    jax.block_until_ready(compiled(fn, 10_000, True)(x, x))
+    jax.block_until_ready(jitted(fn, 10_000, True)(x, x))
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
@@ -187,7 +197,8 @@ def cell(r: dict | None) -> str:
         return "|"
     if "skipped" in r:
         return f"skipped: {r['skipped']} |"
-    return f"{r['ms']:.3g} | {r['ratio']:.3g}× ({r['q1']:.3g}–{r['q3']:.3g}) |"
+    spread = f"{r['q1']:.3g}–{r['q3']:.3g}" if r["repeats"] > 1 else "1 run"
+    return f"{r['ms']:.4g} | {r['ratio']:.3g}× ({spread}) |"
 
 
 def tables(rows: list[dict], names: list[str]) -> list[str]:
@@ -208,7 +219,7 @@ def tables(rows: list[dict], names: list[str]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="n = 100 and 1000, 3 repeats, no RSS")
+    parser.add_argument("--quick", action="store_true", help="n = 100 only, 3 repeats, no RSS")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of repeats per cell")
     parser.add_argument("--original", default=os.environ.get("SPARSE_SOFT_TOPK_SRC"))
@@ -227,7 +238,7 @@ def main() -> None:
     device = jax.devices()[0]
     print(f"jax {jax.__version__}, backend {jax.default_backend()}, device {device}, 1 thread")
     print("\n".join(notes))
-    sizes, repeats = ((100, 1000), 3) if args.quick else ((100, 1000, 10_000, 100_000), args.repeats)
+    sizes, repeats = ((100,), 3) if args.quick else ((100, 1000, 10_000, 100_000), args.repeats)
     rows = []
     for n in sizes:
         for k in sorted({10, n // 10}):

@@ -92,7 +92,7 @@ def mask_rows(x, lam, k, n_iter):
     return dykstra_mask(lax.stop_gradient(x), lax.stop_gradient(lam), k, n_iter)
 
 
-@mask_rows.defjvp
+@partial(mask_rows.defjvp, symbolic_zeros=True)
 def _mask_jvp(k, n_iter, primals, tangents):
     x, lam = primals
     y = exact_mask(x, lam, k, 1)

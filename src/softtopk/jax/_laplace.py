@@ -21,8 +21,9 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
-from ._sparse import wide_dtype
+from ._sparse import sorted_desc, wide_dtype
 
 SATURATED = 2.0**20
 
@@ -31,8 +32,9 @@ def _log_threshold(a, log_rest, k):
     """``t/τ`` (B, 1) from the descending scaled candidates ``a`` (B, K) and ``log Σ_rest e^a``."""
     big = a.shape[-1]
     ninf = jnp.full_like(a[:, :1], -jnp.inf)
-    log_a = jnp.concatenate([ninf, lax.cumlogsumexp(-a[:, :-1], axis=1)], -1)
-    log_b = jnp.logaddexp(lax.cumlogsumexp(a, axis=1, reverse=True), log_rest)
+    # prefix log-sum-exps by a parallel scan: lax.cumlogsumexp is ~30x slower on CPU
+    log_a = jnp.concatenate([ninf, lax.associative_scan(jnp.logaddexp, -a[:, :-1], axis=1)], -1)
+    log_b = jnp.logaddexp(lax.associative_scan(jnp.logaddexp, a, axis=1, reverse=True), log_rest)
     c = k - jnp.arange(big, dtype=a.dtype)
     log_c = jnp.log(jnp.abs(c))
     log_root = 0.5 * jnp.logaddexp(2 * log_c, log_a + log_b)
@@ -52,7 +54,7 @@ def _parts(x, tau, k, full):
     wide = wide_dtype()
     xs, ts = lax.stop_gradient(x), lax.stop_gradient(tau)
     big = n if full else min(n, 2 * k)
-    vals = -jnp.sort(-xs, axis=-1) if big == n else lax.top_k(xs, big)[0]
+    vals = sorted_desc(xs, big)
     kth = jnp.clip(jnp.ceil(k).astype(jnp.int32) - 1, 0, big - 1) if full else jnp.full((x.shape[0], 1), k - 1)
     ref = jnp.take_along_axis(vals, jnp.broadcast_to(kth, (x.shape[0], 1)), -1)
     a = jnp.clip(((vals - ref) / ts).astype(wide), -SATURATED, SATURATED)
@@ -77,11 +79,11 @@ def _mask_int_k(x, tau, k):
     return _parts(x, tau, k, False)[0]
 
 
-@_mask_int_k.defjvp
+@partial(_mask_int_k.defjvp, symbolic_zeros=True)
 def _int_jvp(k, primals, tangents):
     (x, tau), (dx, dtau) = primals, tangents
     m, d, z = _parts(x, tau, k, False)
-    return m, _tangent(d, z, dx, dtau, 0.0)
+    return m, _tangent(d, z, dx, dtau, None)
 
 
 @jax.custom_jvp
@@ -89,7 +91,7 @@ def _mask_array_k(x, tau, k):
     return _parts(x, tau, k, True)[0]
 
 
-@_mask_array_k.defjvp
+@partial(_mask_array_k.defjvp, symbolic_zeros=True)
 def _array_jvp(primals, tangents):
     (x, tau, k), (dx, dtau, dk) = primals, tangents
     m, d, z = _parts(x, tau, k, True)
@@ -97,12 +99,22 @@ def _array_jvp(primals, tangents):
 
 
 def _tangent(d, z, dx, dtau, dk):
+    """``d (ẋ - Σ w ẋ) - d (z - Σ w z) τ̇ + w k̇``; a symbolic-zero (or None) tangent adds nothing."""
     total = jnp.sum(d, -1, keepdims=True)
     safe = jnp.where(total > 0, total, 1.0)
-    zd = jnp.where(d > 0, z, 0.0)
-    zbar = jnp.sum(d * zd, -1, keepdims=True) / safe
-    xbar = jnp.sum(d * dx, -1, keepdims=True) / safe
-    return d * (dx - xbar) - d * (zd - zbar) * dtau + d / safe * dk
+    out = jnp.zeros_like(d)
+    if not _zero(dx):
+        out = d * (dx - jnp.sum(d * dx, -1, keepdims=True) / safe)
+    if not _zero(dtau):
+        zd = jnp.where(d > 0, z, 0.0)
+        out = out - d * (zd - jnp.sum(d * zd, -1, keepdims=True) / safe) * dtau
+    if not _zero(dk):
+        out = out + d / safe * dk
+    return out
+
+
+def _zero(tangent) -> bool:
+    return tangent is None or isinstance(tangent, SymbolicZero)
 
 
 def laplace_mask(x, tau, k):
