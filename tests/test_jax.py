@@ -58,6 +58,8 @@ def _grads_cases():
     yield "laplace k>n/2", lambda x, t: sj.soft_topk(x, 6, tau=t), 0.8
     yield "dykstra", lambda x: sj.sparse_topk_mask(x, 3, l=0.7, p=2, solver="dykstra", n_iter=4000), None
     yield "dykstra mag", lambda x: sj.sparse_topk_mag(x, 3, l=0.7, p=2, solver="dykstra", n_iter=4000), None
+    yield "hard", lambda x: sj.hard_topk_mask(x, 3), None
+    yield "hard mag", lambda x: sj.hard_topk_mag(x, 3), None
 
 
 @pytest.mark.parametrize("case", list(_grads_cases()), ids=lambda c: c[0])
