@@ -61,13 +61,14 @@ def _parts(x, tau, k, full):
     if big == n:  # a -inf sentinel adds the segment "all n above t"
         a = jnp.concatenate([a, jnp.full_like(a[:, :1], -jnp.inf)], -1)
         log_rest = jnp.full_like(a[:, :1], -jnp.inf)
-    else:  # Σ over the entries below the K-th largest of e^{(x - s_K)/τ}, ties at s_K counted apart
+    else:  # Σ of e^{(x - s_K)/τ} over the entries not among the K largest, in one pass: every entry
+        # at or below s_K, minus the candidates at s_K (each term exactly 1: exp(0) - exp(floor) rounds
+        # to 1); exp(max(z, floor)) - exp(floor) is exactly 0 at -inf
         last = jnp.maximum(vals[:, -1:], jnp.finfo(x.dtype).min)
         floor = math.log(float(jnp.finfo(x.dtype).tiny)) + 8.0
-        below = jnp.exp(jnp.clip((xs - last) / ts, floor, 0.0)) - math.exp(floor)
-        below = jnp.sum(jnp.where(xs < last, jnp.maximum(below, 0.0), 0.0), -1, keepdims=True)
-        ties = jnp.sum(xs == last, -1, keepdims=True) - jnp.sum(vals == last, -1, keepdims=True)
-        log_rest = jnp.log((below + ties).astype(wide)) + a[:, big - 1 : big]
+        terms = jnp.exp(jnp.clip((xs - last) / ts, floor, 0.0)) - math.exp(floor)
+        rest = jnp.sum(jnp.where(xs <= last, terms, 0.0), -1, keepdims=True) - jnp.sum(vals == last, -1, keepdims=True)
+        log_rest = jnp.log(jnp.maximum(rest, 0.0).astype(wide)) + a[:, big - 1 : big]
     tt = _log_threshold(a, log_rest, jnp.asarray(k, wide)).astype(x.dtype)
     z = jnp.clip((x - ref) / tau, -SATURATED, SATURATED) - tt
     half = 0.5 * jnp.exp(-jnp.abs(z))
