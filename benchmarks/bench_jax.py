@@ -1,9 +1,16 @@
 """softtopk.jax against ``jax.lax.top_k``, the original google-research sparse_soft_topk, ott-jax and
 SoftJAX: jitted forward and forward+backward on CPU, one thread.
 
-Usage (in a venv with jax, numba, ott-jax and softjax beside softtopk; see benchmarks/README.md)::
+Usage, in a venv of its own (numba, ott-jax and softjax stay out of the project's)::
 
-    python benchmarks/bench_jax.py                    # ~13 min on a 2-core VM
+    python3 -m venv /tmp/benchjax/venv && . /tmp/benchjax/venv/bin/activate
+    pip install torch==2.13.0                         # first: the local CPU wheel (no CUDA)
+    pip install -e . -c constraints.txt
+    pip install jax numba ott-jax
+    pip install --ignore-requires-python softjax      # 0.1.1 declares Python >= 3.12; runs on 3.11
+    # the original, from a google-research checkout: git archive HEAD sparse_soft_topk | tar -x -C /tmp/benchjax/src
+
+    python benchmarks/bench_jax.py                    # ~10 min on a 2-core VM
     python benchmarks/bench_jax.py --quick            # n = 100 only, 3 repeats, no RSS (< 1 min)
     python benchmarks/bench_jax.py --out benchmarks/results/jax.json   # also writes jax.md
     python benchmarks/bench_jax.py --original /tmp/benchjax/src        # folder holding sparse_soft_topk/
@@ -15,11 +22,13 @@ because under a bare ``grad`` XLA drops any forward work the derivative rule doe
 Dykstra's iterations: its derivative is the exact problem's). Baseline: ``lax.top_k(x, k)``, its
 values (``L = sum(values * g[:, :k])``). Each op and the baseline are compiled ahead, called once
 to warm up, then timed back to back for as many repeats as fit in ``--budget`` seconds (at least
-3, at most ``--repeats``; one repeat for a call over 5 s), in an order that alternates. The ratio
-is op / baseline per repeat; the tables give its median with the interquartile range, and the
-op's median time. After each call the script sleeps as long as the call took (at most 0.25 s):
-the runtime frees a call's buffers on a background thread, which on one CPU would otherwise land
-on the next timing (up to 60 ms after the original's Dykstra at n = 1e3).
+3, at most ``--repeats``; one repeat for a call over 5 s), in an order that alternates; a call
+under 10 ms is timed as a run of calls lasting about 10 ms, after an untimed one (the first call
+after another op's runs cold). The ratio is op / baseline per repeat; the tables give its median
+with the interquartile range, and the op's median time per call. After each timing the script
+sleeps as long as it took (at most 0.25 s): the runtime frees a call's buffers on a background
+thread, which on one CPU would otherwise land on the next timing (60 ms after the original's
+Dykstra at n = 1e3).
 
 One thread: the process is pinned to one CPU and XLA, numba and OpenMP are told to use one thread.
 
@@ -34,8 +43,9 @@ ours) above n = 1e3. SoftJAX's ``top_k`` (default NeuralSort) sums ``|x_i - x_j|
 skipped where ``B n^2 > 1e10`` or its dense ``(B, k, n)`` soft index exceeds 1 GB.
 
 Memory: a fresh subprocess runs one fwd+bwd of ``sparse_topk_mask`` (p = 4/3) at 64 x 1e5,
-k = 1e4 and reports its peak RSS (``ru_maxrss``) next to a subprocess doing the same with
-``lax.top_k``; the target is below 1 GB.
+k = 1e4 and reports its peak RSS next to a subprocess doing the same with ``lax.top_k`` (both
+include Python and JAX); the target is below 1 GB. The peak is ``VmHWM`` of /proc/self/status:
+``ru_maxrss`` would report this script's own peak, which Linux carries across fork and exec.
 """
 
 from __future__ import annotations
@@ -49,11 +59,11 @@ os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from importlib.metadata import version  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
@@ -62,11 +72,10 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import softtopk.jax as stj  # noqa: E402
-from _machine import machine_info  # noqa: E402
 
 B, L = 64, 0.1
 SLOW = 5.0  # seconds: a call this slow is timed once after its warm-up
-MIN_TIMED = 5e-3  # seconds: faster calls are timed in runs of several
+MIN_TIMED = 1e-2  # seconds: faster calls are timed in runs of several
 BASELINE = "lax.top_k"
 GB = 1e9
 
@@ -108,6 +117,8 @@ def other_ops() -> tuple[dict, list[str]]:
     try:
         from ott.tools import soft_sort
         ops["ott topk_mask (eps 1e-2)"] = (lambda x, k: soft_sort.topk_mask(x, axis=-1, k=k), lambda n, k: None)
+        notes.append(f"ott-jax {version('ott-jax')}: `soft_sort.topk_mask(x, axis=-1, k=k)`, defaults "
+                     "(epsilon 1e-2, Sinkhorn's defaults)")
     except ImportError:
         notes.append("ott-jax: not installed")
     try:
@@ -119,8 +130,11 @@ def other_ops() -> tuple[dict, list[str]]:
             return f"soft index (B, k, n) = {B * k * n * 4 / GB:.1f} GB" if B * k * n * 4 > GB else None
 
         ops["softjax top_k (neuralsort)"] = (lambda x, k: softjax.top_k(x, k)[0], softjax_skip)
+        notes.append(f"SoftJAX {version('softjax')}: the values of `softjax.top_k(x, k)`, defaults "
+                     "(method 'neuralsort', mode 'smooth', softness 0.1)")
     except ImportError:
-        notes.append("SoftJAX: not on the package index here (or not installed)")
+        notes.append("SoftJAX: not installed (PyPI's softjax 0.1.1 declares Python >= 3.12; "
+                     "pip install --ignore-requires-python softjax)")
     return ops, notes
 
 
@@ -168,7 +182,12 @@ def measure(fn, base, n: int, k: int, backward: bool, repeats: int, budget: floa
     x = jnp.asarray(rng.standard_normal((B, n), dtype=np.float32))
     g = jnp.asarray(rng.standard_normal((B, n), dtype=np.float32))
     f, b = (jitted(h, k, backward).lower(x, g).compile() for h in (fn, base))
-    op_s, base_s = seconds(f, x, g), seconds(b, x, g)  # warm-up
+
+    def per_call(h) -> float:  # warm-up; a fast call is timed again, warm, to size its runs
+        spent = seconds(h, x, g)
+        return spent if spent > MIN_TIMED else seconds(h, x, g, 10)
+
+    op_s, base_s = per_call(f), per_call(b)
     op_n, base_n = (max(1, round(MIN_TIMED / t)) for t in (op_s, base_s))
     repeats = max(1 if op_s > SLOW else 3, min(repeats, int(budget / (op_n * op_s + base_n * base_s))))
     times, ratios = [], []
@@ -185,11 +204,17 @@ def measure(fn, base, n: int, k: int, backward: bool, repeats: int, budget: floa
 
 
 def peak_rss(which: str) -> None:
-    """Child process: one fwd+bwd at 64 x 1e5, k = 1e4; prints the peak RSS in MB."""
+    """Child process: one fwd+bwd at 64 x 1e5, k = 1e4; prints its peak RSS in MB (VmHWM: Linux's
+    ru_maxrss keeps the parent's peak across fork and exec)."""
     fn = our_ops()["sparse_topk_mask p=4/3"][0] if which == "sparse" else lambda x, k: lax.top_k(x, k)[0]
     x = jnp.asarray(np.random.default_rng(0).standard_normal((B, 100_000), dtype=np.float32))
     jax.block_until_ready(jitted(fn, 10_000, True)(x, x))
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    status = Path("/proc/self/status").read_text()
+    print(int(status.split("VmHWM:")[1].split()[0]) / 1024)
+
+
+def num(v: float) -> str:
+    return f"{v:.3g}" if v < 1000 else f"{v:.0f}"
 
 
 def cell(r: dict | None) -> str:
@@ -197,8 +222,8 @@ def cell(r: dict | None) -> str:
         return "|"
     if "skipped" in r:
         return f"skipped: {r['skipped']} |"
-    spread = f"{r['q1']:.3g}–{r['q3']:.3g}" if r["repeats"] > 1 else "1 run"
-    return f"{r['ms']:.4g} | {r['ratio']:.3g}× ({spread}) |"
+    spread = f"{num(r['q1'])}–{num(r['q3'])}" if r["repeats"] > 1 else "1 run"
+    return f"{num(r['ms'])} | {num(r['ratio'])}× ({spread}) |"
 
 
 def tables(rows: list[dict], names: list[str]) -> list[str]:
@@ -257,6 +282,8 @@ def main() -> None:
             out = subprocess.run([sys.executable, __file__, "--rss-child", which], capture_output=True, text=True,
                                  check=True)
             rss[which] = float(out.stdout.split()[-1])
+    from _machine import machine_info  # imports torch (kept out of the RSS children)
+
     info = machine_info("jax", "jaxlib", "numba", "ott-jax", "softjax")
     info.update(backend=jax.default_backend(), device=str(device), threads=1, notes=notes)
     header = [f"jitted forward and forward+backward ÷ `lax.top_k` (B = {B}, float32, λ = {L}), "
