@@ -15,6 +15,7 @@ from .operators import (
     sparse_topk_mask,
     topk,
 )
+from .routing import load_balancing_loss
 from .stochastic import gumbel_topk, noised_kth_value, perturbed_topk
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "hard_topk_mag",
     "hard_topk_mask",
     "imbal_noised_topk",
+    "load_balancing_loss",
     "methods",
     "noised_kth_value",
     "perturbed_topk",

@@ -7,12 +7,14 @@ from .losses.noised import BalNoisedTopK, ImbalNoisedTopK
 from .losses.smooth_svm import SmoothTop1SVM, SmoothTopKSVM, Top1SVM, TopKSVM
 from .losses.topk_ce import TopKCrossEntropyLoss
 from .operators import SoftTopK, SoftTopKRanks
+from .routing import Routing, TopKRouter
 
 __all__ = [
     "BalNoisedTopK",
     "DifferentiableKNN",
     "ImbalNoisedTopK",
     "KNNOutput",
+    "Routing",
     "SmoothTop1SVM",
     "SmoothTopKSVM",
     "SmoothTopkSVM",
@@ -20,6 +22,7 @@ __all__ = [
     "SoftTopKRanks",
     "Top1SVM",
     "TopKCrossEntropyLoss",
+    "TopKRouter",
     "TopKSVM",
     "TopkSVM",
 ]
