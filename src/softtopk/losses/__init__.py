@@ -1,7 +1,9 @@
 """Loss face: the top-k classification losses, functions and Modules (re-exported from the family
 files :mod:`~softtopk.losses.topk_ce`, :mod:`~softtopk.losses.smooth_svm` and
-:mod:`~softtopk.losses.noised`), and the LDAM margins of the imbalanced noised loss."""
+:mod:`~softtopk.losses.noised`), the LDAM margins of the imbalanced noised loss, and the ranking
+loss of :mod:`~softtopk.losses.ndcg`."""
 
+from .ndcg import NDCGLoss, ndcg_loss
 from .noised import BalNoisedTopK, ImbalNoisedTopK, bal_noised_topk, imbal_noised_topk, ldam_margins
 from .smooth_svm import (
     SmoothTop1SVM,
@@ -18,6 +20,7 @@ from .topk_ce import TopKCrossEntropyLoss, topk_cross_entropy
 __all__ = [
     "BalNoisedTopK",
     "ImbalNoisedTopK",
+    "NDCGLoss",
     "SmoothTop1SVM",
     "SmoothTopKSVM",
     "Top1SVM",
@@ -26,6 +29,7 @@ __all__ = [
     "bal_noised_topk",
     "imbal_noised_topk",
     "ldam_margins",
+    "ndcg_loss",
     "smooth_top1_svm",
     "smooth_topk_svm",
     "top1_svm",
