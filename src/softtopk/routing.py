@@ -58,9 +58,7 @@ def load_balancing_loss(logits: torch.Tensor, indices: torch.Tensor) -> torch.Te
         raise ValueError(f"indices must be an integer tensor of shape {tuple(logits.shape[:-1])} + (k,), got "
                          f"{getattr(indices, 'dtype', type(indices).__name__)} {tuple(getattr(indices, 'shape', ()))}")
     experts = logits.shape[-1]
-    counts = torch.zeros(experts, dtype=logits.dtype, device=logits.device)
-    counts = counts.index_add(0, indices.reshape(-1), torch.ones(indices.numel(), dtype=logits.dtype, device=logits.device))
-    fraction = counts / indices.numel()
+    fraction = torch.bincount(indices.reshape(-1), minlength=experts).to(logits.dtype) / indices.numel()
     probability = logits.float().softmax(-1).reshape(-1, experts).mean(0).to(logits.dtype)
     return experts * (fraction * probability).sum()
 

@@ -73,9 +73,10 @@ def check_scale(name: str, value: Any, dtype: Any) -> Any:
             raise TypeError(f"{name} must be a floating tensor when given as a tensor, got {value.dtype}")
         if not (is_concrete(value) and value.size):
             return value
-        if not bool(jnp.all((value > 0) & jnp.isfinite(value))):
-            raise ValueError(f"{name} must be positive and finite, got a tensor with min {float(value.min())!r}")
-        worst = float(value.min()) if float(value.min()) < _bounds(dtype)[0] else float(value.max())
+        lowest, highest = float(value.min()), float(value.max())
+        if not (lowest > 0 and math.isfinite(highest)):
+            raise ValueError(f"{name} must be positive and finite, got a tensor with min {lowest!r}")
+        worst = lowest if lowest < _bounds(dtype)[0] else highest
     else:
         worst = value = check_real(name, value, positive=True)
     low, high = _bounds(dtype)

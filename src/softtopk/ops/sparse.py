@@ -18,7 +18,7 @@ plus two Newton steps). O(n) memory; never an ``n × n`` matrix.
 **Backward** (implicit function theorem; the Jacobian is PAV's block structure). Mask:
 ``∂L/∂x = d ⊙ (g - Σ d g / Σ d)``, ``d_i = r z_i^{r-1} / λ`` on ``0 < z_i < 1`` (0 elsewhere); a
 per-row tensor ``λ`` (B, 1) gets ``∂L/∂λ = Σ d g (x̄ - x) / λ``, ``x̄ = Σ d x / Σ d`` (from
-``∂t/∂λ = -Σ d z / Σ d``; rows with ``λ > 1e100``, 1e50 for p = 4/3, are solved as ``(x/λ, 1)``).
+``∂t/∂λ = -Σ d z / Σ d``; the mask is solved in units of λ, so no power of λ can overflow).
 Magnitude: identity on saturated entries, 0 below ``θ``, and on the interior ``I``
 ``∂L/∂s_j = g_j (1 + θ e_j) + e_j Σ_I g (u - 1 - θ e β) / Σ_I e β`` with ``e = r z^{r-1} / (λ θ^{1/r})``,
 ``β = 1 + (s - θ)/(r θ)``. Finite everywhere, including at ``x = 0``.
@@ -32,8 +32,6 @@ from .compute import can_inspect
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
 P_VALUES = (2.0, 4.0 / 3.0)
-_LARGE = 1e100  # above it, the mask of (x, λ) is taken as that of (x/λ, 1); p = 4/3: _LARGE_CUBIC
-_LARGE_CUBIC = 1e50  # the cubic's coefficients reach λ⁶ (NaN from λ ≈ 5e51 before this bound)
 SOLVERS = ("pav", "dykstra")
 
 
@@ -170,25 +168,17 @@ class _MaskFn(torch.autograd.Function):
     implicitly through ``Σ y = k``: with ``u = (x - t)/λ`` and ``d = ∂y/∂x = r u^{r-1}/λ`` on the
     interior (0 elsewhere), ``∂t/∂x = d/Σd``, ``∂t/∂λ = -ū`` with ``ū = Σ d u / Σ d``, so
     ``∂L/∂x = d (g - Σ d g / Σ d)`` and, for a tensor ``λ``, ``∂L/∂λ = Σ g d (ū - u)`` (per row),
-    evaluated as ``Σ g d (x̄ - x) / λ`` with ``x̄ = Σ d x / Σ d``.
-
-    A tensor ``λ`` comes with the frame of its rows: ``u = (x/scale - s_k)/unit - a`` (``scale = λ``,
-    ``unit = 1`` on rows with a large ``λ``, whose threshold is that of ``(x/λ, 1)``; ``scale = 1``,
-    ``unit = λ`` elsewhere), while ``d`` uses ``λ`` itself: nothing differentiates ``x/λ``, so a
-    ``±inf`` entry (``d = 0``) gives no ``0 · inf``."""
+    evaluated as ``Σ g d (x̄ - x) / λ`` with ``x̄ = Σ d x / Σ d`` (interior ``x`` only: no ``0 · inf``)."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, sk: torch.Tensor, a: torch.Tensor, lam: float | torch.Tensor, r: int, scale,
-                unit) -> torch.Tensor:
-        if scale is None:
-            return ((x - sk) / lam - a).clamp(0, 1).pow(r)
-        return ((x / scale - sk) / unit - a).clamp(0, 1).pow(r)
+    def forward(x: torch.Tensor, sk: torch.Tensor, a: torch.Tensor, lam: float | torch.Tensor, r: int) -> torch.Tensor:
+        return ((x - sk) / lam - a).clamp(0, 1).pow(r)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, _, _, lam, r = inputs[:5]
+        x, _, _, lam, r = inputs
         ctx.tensor_lam = isinstance(lam, torch.Tensor)
         # ū - u = (x̄ - x)/λ from x itself: u's differences cancel when λ is large against x's spread
         lam_x = ((lam, x) if ctx.needs_input_grad[3] else (lam,)) if ctx.tensor_lam else ()
@@ -211,7 +201,7 @@ class _MaskFn(torch.autograd.Function):
             x = lam_x[1].where(inside, 0).to(grad.dtype)
             xbar = torch.linalg.vecdot(d, x).unsqueeze(-1) / safe
             grad_lam = (torch.linalg.vecdot(grad * d, xbar - x).unsqueeze(-1) / lam).sum_to_size(lam.shape)
-        return d * (grad - gbar), None, None, grad_lam, None, None, None
+        return d * (grad - gbar), None, None, grad_lam, None
 
 
 class _MagFn(torch.autograd.Function):
@@ -257,52 +247,30 @@ class _MagFn(torch.autograd.Function):
         return grad_s.mul_(sign), None, None, None
 
 
-def _exact(x: torch.Tensor, k: int, lam, r: int, magnitude: bool, frame=None) -> torch.Tensor:
-    """``frame``: ``(scale, unit, unit64)`` of a tensor ``lam`` (see :class:`_MaskFn`), None for a float."""
+def _exact(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnitude: bool) -> torch.Tensor:
     if k >= x.shape[-1]:
         return x * 1 if magnitude else x * 0 + 1
-    if frame is not None:
-        scale, unit, unit64 = frame
-        sk, a = (v.to(x.dtype) for v in threshold(x.detach() / scale, k, unit64, r, magnitude))
-        return _MaskFn.apply(x, sk, a, lam, r, scale, unit)
     if magnitude:
         return _MagFn.apply(x, threshold(x, k, lam, r, magnitude).to(x.dtype), lam, r)[0]
-    sk, a = (v.to(x.dtype) for v in threshold(x, k, lam, r, magnitude))
-    return _MaskFn.apply(x, sk, a, lam, r, None, None)
-
-
-def _tensor_frame(x: torch.Tensor, lam: torch.Tensor, r: int):
-    """A per-row ``λ`` (B, 1) in ``x``'s dtype and its frame: rows with a large ``λ`` are solved as
-    ``(x/λ, 1)`` (``λ³``, ``λ⁶`` would overflow), the others as ``(x, λ)``; ``unit64`` (float64, for the
-    threshold) is taken before rounding to ``x``'s dtype, as a float ``l`` is."""
-    large = lam.detach() > (_LARGE if r == 1 else _LARGE_CUBIC)
-    unit64 = torch.where(large, 1.0, lam.detach()).to(torch.float64)
-    big = torch.finfo(x.dtype).max  # NaN-free (not exact) where λ overflows x's dtype
-    scale = torch.where(large, lam.detach(), 1.0).to(x.dtype).clamp_max(big)
-    return lam.to(x.dtype), (scale, unit64.to(x.dtype), unit64)
+    # a tensor λ: the threshold from its float64 values, taken before rounding to x's dtype (as a float l is)
+    wide = lam.detach().to(torch.float64) if isinstance(lam, torch.Tensor) else lam
+    sk, a = (v.to(x.dtype) for v in threshold(x, k, wide, r, magnitude))
+    return _MaskFn.apply(x, sk, a, lam.to(x.dtype) if isinstance(lam, torch.Tensor) else lam, r)
 
 
 def _rows(x: torch.Tensor, k: int, lam: float | torch.Tensor, p: float, solver: str, n_iter: int, magnitude: bool):
     r = exponent(p)
-    frame = None
-    if isinstance(lam, torch.Tensor):  # per row (B, 1), the mask's only (sparse_mag_rows refuses one)
-        lam, frame = _tensor_frame(x, lam, r)
-    elif lam > (_LARGE if r == 1 else _LARGE_CUBIC) and not magnitude:  # mask of (x/λ, 1): no λ⁶ overflow
-        x, lam = x / lam, 1.0
     if solver == "pav":
-        return _exact(x, k, lam, r, magnitude, frame)
+        return _exact(x, k, lam, r, magnitude)
     # not clamped: every iterate sums to k, and before convergence it may leave [0, 1] (the
-    # original's README prints 1.0000229 after 100 projections)
-    rows, scaled = (dykstra_mag_rows if magnitude else dykstra_mask_rows), x.detach()
-    if frame is None:
-        approx = rows(scaled, k, lam, n_iter)
-    else:  # Dykstra in the rows' frame, (B, 1) λ; no graph through its iterations
-        approx = rows(scaled / frame[0], k, frame[1], n_iter)
-    wanted = x.requires_grad or (frame is not None and lam.requires_grad)
+    # original's README prints 1.0000229 after 100 projections); no graph through its iterations
+    rows = dykstra_mag_rows if magnitude else dykstra_mask_rows
+    approx = rows(x.detach(), k, lam.detach().to(x.dtype) if isinstance(lam, torch.Tensor) else lam, n_iter)
+    wanted = x.requires_grad or (isinstance(lam, torch.Tensor) and lam.requires_grad)
     if not (torch.is_grad_enabled() and wanted):
         return approx
     # Dykstra's value, the exact problem's Jacobian: the truncation error stays out of the gradient
-    exact = _exact(x, k, lam, r, magnitude, frame)
+    exact = _exact(x, k, lam, r, magnitude)
     return exact + (approx - exact).detach()
 
 
