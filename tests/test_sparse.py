@@ -757,3 +757,14 @@ def test_soft_topk_sparse_method_matches_and_validates():
         softtopk.soft_topk(x, 3, method="sparse", tau=1.0)
     with pytest.raises(ValueError, match=_match("l must be a positive finite number", "got -1.0")):
         softtopk.soft_topk(x, 3, method="sparse", l=-1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("p", P_VALUES, ids=["p2", "p4_3"])
+def test_ties_with_a_tiny_l_share_exactly(p, dtype):
+    """Two tied maxima and an l below their float resolution: each gets 1/2 to rounding (the threshold is
+    kept as (s_k, (t - s_k)/l), which cannot round to s_k)."""
+    for scale, lam in ((1.0, 1e-30), (1.0, 1e-3), (1e6, 1e-2)):
+        x = torch.tensor([[1.0, 1.0, 0.0, 0.5]], dtype=dtype) * scale
+        torch.testing.assert_close(softtopk.sparse_topk_mask(x, 1, l=lam, p=p),
+                                   torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=dtype), atol=1e-12, rtol=0)
