@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -225,21 +226,35 @@ def test_resume_refuses_a_changed_flag(data_file, tmp_path, capsys):
     assert err.count("\n") == 1 and "flag --nloglr differs from the stored run (stored 2.0, given 3.0)" in err
 
 
+def _torchrun(flags: list[str], out: Path, logs: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """Two gloo ranks under torchrun; returns the run and every rank's stderr (each rank logs to a file)."""
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "--log-dir", str(logs), "--redirects", "3", "-m", "softtopk_lab.cli", *flags, "--out", str(out)],
+                         capture_output=True, text=True, check=False, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ranks = "".join(f"--- {path.relative_to(logs)}\n{path.read_text()[-3000:]}" for path in sorted(logs.rglob("stderr.log")))
+    return run, ranks
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo is tested on Linux")
 def test_torchrun_two_processes_match_one_process(data_file, tmp_path):
     flags = ["train-embeddings", "-d", str(data_file), "--method", "neuralsort", "--p_k", ".5", "0", "0", "0", ".5",
              "--n_epochs", "2", "--batch_size", "70", "--eval_freq", "2", "--nloglr", "2", "--no-progress"]
-    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "softtopk_lab.cli", *flags, "--out", str(tmp_path / "ddp")],
-                         capture_output=True, text=True, check=False, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    ddp_dir = tmp_path / "ddp"
+    ddp, ranks = _torchrun(flags, ddp_dir, tmp_path / "logs")
+    if ddp.returncode != 0 and "Signal 6 (SIGABRT)" in ddp.stderr:
+        # A rank aborted inside gloo's C++ transport (seen once in CI, never reproduced here in 40 loaded runs):
+        # one more attempt, with the crash shown as a warning; a Python error or a wrong result still fails.
+        warnings.warn(f"torchrun: a rank aborted in the first attempt; its logs:\n{ranks}", stacklevel=1)
+        ddp_dir = tmp_path / "ddp_again"
+        ddp, ranks = _torchrun(flags, ddp_dir, tmp_path / "logs_again")
+    assert ddp.returncode == 0, f"{ddp.stderr[-1500:]}\n{ranks}"
     assert main([*flags, "--out", str(tmp_path / "single")]) == 0
-    assert json.loads((tmp_path / "ddp" / "config.json").read_text())["world_size"] == 2
-    weights = [torch.load(tmp_path / d / "checkpoint.pt", weights_only=True)["model"] for d in ("ddp", "single")]
+    assert json.loads((ddp_dir / "config.json").read_text())["world_size"] == 2
+    weights = [torch.load(d / "checkpoint.pt", weights_only=True)["model"] for d in (ddp_dir, tmp_path / "single")]
     for name in weights[0]:
         # the only difference is float32 summation order of the two ranks' gradient parts (allreduce)
         torch.testing.assert_close(weights[0][name], weights[1][name], rtol=0, atol=1e-5)
-    ddp_results, single_results = _results(tmp_path / "ddp"), _results(tmp_path / "single")
+    ddp_results, single_results = _results(ddp_dir), _results(tmp_path / "single")
     for split in ("final_valid", "final_test"):
         for name, value in single_results[split].items():
             assert abs(ddp_results[split][name] - value) <= 0.011  # at most one sample of 100 test rows

@@ -346,6 +346,7 @@ class Run:
                 self.writer.close()
             self.lock.release()
         if self.distributed:
+            torch.distributed.barrier()  # no rank closes its connections while a peer still uses them
             torch.distributed.destroy_process_group()
 
     def _plot(self, path: Path) -> None:
