@@ -384,16 +384,6 @@ def run_timing(specs: list[dict], repeats: int, warmup: int, min_time: float | N
 # Machine info and report
 
 
-TARGET_CONFIG = (1000, 512)  # (n, b) of the TopKCrossEntropyLoss targets
-TARGETS = {
-    # (suite, softtopk method, n, b) -> max x CE
-    ("topk_ce", "bitonic", 1000, 512): 4.0,
-    ("topk_ce", "splitter_selection", 1000, 512): 4.0,
-    ("topk_ce", "neuralsort", 1000, 512): 3.0,
-    ("topk_ce", "softsort", 1000, 512): 3.0,
-}
-
-
 def summarise(specs: list[dict], timing: dict, saved: dict, peaks: dict) -> list[dict]:
     records = []
     ce_times = {
@@ -431,34 +421,6 @@ def summarise(specs: list[dict], timing: dict, saved: dict, peaks: dict) -> list
         theirs_t, mine_t = timing[record["key"]]["times"], timing[mine["key"]]["times"]
         record["speedup_vs_softtopk"] = quantiles([theirs_t[r] / mine_t[r] for r in theirs_t if r in mine_t])
     return records
-
-
-def check_targets(records: list[dict]) -> list[dict]:
-    out = []
-    index = {(r["suite"], r["library"], r["method"], r["n"], r["b"]): r for r in records}
-    for (suite, method, n, b), limit in TARGETS.items():
-        r = index.get((suite, "softtopk", method, n, b))
-        if r:
-            value = r["x_ce"]["median"]
-            out.append({"target": f"{method} TopKCE n={n} b={b} <= {limit}x CE", "value": value, "met": value <= limit})
-    for r in records:
-        if (r["library"] == "difftopk" and r["suite"] == "topk_ce" and "speedup_vs_softtopk" in r
-                and (r["n"], r["b"]) == TARGET_CONFIG):
-            value = r["speedup_vs_softtopk"]["median"]
-            out.append({
-                "target": f"{r['compare_to']} TopKCE n={r['n']} b={r['b']} >= 10x faster than difftopk {r['method']}",
-                "value": value,
-                "met": value >= 10.0,
-            })
-    r = index.get(("ranks", "softtopk", "bitonic", 256, RANKS_B))
-    if r:
-        out.append({"target": "bitonic ranks n=256 k=5 b=128 <= 60 ms", "value": r["ms"]["median"],
-                    "met": r["ms"]["median"] <= 60.0})
-        for name in ("peak_mib", "peak_live_mib", "peak_cold_mib"):
-            if name in r:
-                out.append({"target": f"bitonic ranks n=256 k=5 b=128 <= 50 MiB {name}", "value": r[name],
-                            "met": r[name] <= 50.0})
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -520,7 +482,6 @@ def main(argv: list[str] | None = None) -> None:
         log("peak RSS: one forked child per candidate/config")
         peaks = measure_peaks(specs, log, PEAK_KINDS[:2] if args.quick else PEAK_KINDS)
     records = summarise(specs, timing, saved, peaks)
-    targets = check_targets(records)
     result = {
         "machine": {**machine_info("difftopk"), "malloc": malloc, "torch_threads": args.threads,
                     "loadavg_before": load_before,
@@ -533,7 +494,6 @@ def main(argv: list[str] | None = None) -> None:
                      "torch_sparse_shim": TORCH_SPARSE_SHIM, "difftopk_available": difftopk is not None},
         "notes": notes,
         "records": records,
-        "targets": targets,
         "wall_s": time.perf_counter() - started,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -549,9 +509,6 @@ def main(argv: list[str] | None = None) -> None:
               f"{r.get('peak_mib', float('nan')):8.1f} {r.get('peak_live_mib', float('nan')):8.1f} "
               f"{r.get('peak_cold_mib', float('nan')):8.1f} "
               f"{'' if speed is None else f'{speed:9.1f}'}")
-    print()
-    for t in targets:
-        print(f"{'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']:.2f}")
     log(f"wrote {args.out}")
 
 

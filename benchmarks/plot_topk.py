@@ -87,9 +87,6 @@ def plot(data: dict, out: Path) -> None:
         ce = idx.get(("topk_ce", "torch", "cross_entropy", n, b))
         ce_ms = f", CE {ce['ms']['median']:.2f} ms" if ce else ""
         ax.set_title(f"TopKCrossEntropyLoss, n={n}, b={b}{ce_ms}", fontsize=10)
-        if (n, b) == (1000, 512):
-            ax.axhline(4, color="k", ls="--", lw=0.8, label="target 4x (networks)")
-            ax.axhline(3, color="k", ls=":", lw=0.8, label="target 3x (NeuralSort/SoftSort)")
         ax.set_ylim(top=ax.get_ylim()[1] * 3)  # room for the legend on the log axis
         handles, labels = ax.get_legend_handles_labels()
         unique = dict(zip(labels, handles))
@@ -128,8 +125,6 @@ def plot(data: dict, out: Path) -> None:
                         label=f"{label}: saved for backward")
     k = data["settings"]["ranks"]["k"]
     b_r = data["settings"]["ranks"]["b"]
-    ax_ms.axhline(60, color="k", ls="--", lw=0.8, label="target 60 ms (bitonic, n=256)")
-    ax_mem.axhline(50, color="k", ls="--", lw=0.8, label="target 50 MiB (bitonic, n=256)")
     for ax, ylabel in ((ax_ms, "fwd+bwd ms"), (ax_mem, "MiB")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -150,9 +145,6 @@ def plot(data: dict, out: Path) -> None:
             f"warm-up {s['warmup']}",
             f"m={s['m']}, P_K={s['p_k']}, top1_mode {s['top1_mode']}",
             f"networks {s['network_params']}; NeuralSort/SoftSort tau {s['tau']}", ""]
-    for t in data["targets"]:
-        line = ("MET    " if t["met"] else "MISSED ") + f"{t['target'].replace('TopKCE ', '')}: {t['value']:.2f}"
-        text.append("\n         ".join(textwrap.wrap(line, 70)))
     text += [""] + ["note: " + "\n  ".join(textwrap.wrap(n, 80)) for n in data["notes"]]
     ax_txt.text(0, 1, "\n".join(text), va="top", ha="left", fontsize=7, family="monospace", wrap=True)
     fig.suptitle("softtopk vs difftopk 0.2.0 (CPU)")
@@ -233,9 +225,6 @@ def markdown(data: dict) -> str:
             live = f"{rec['peak_live_mib']:.1f}" if "peak_live_mib" in rec else "—"
             lines.append(f"| {n} | {library} {method} | {fmt_ms(rec)} | {fmt_x(rec)} | {rec['saved_mib']:.2f} | "
                          f"{peak} | {live} | {cold} | {speed} |")
-    lines += ["", "**Targets**", ""]
-    lines += [f"- {'met' if t['met'] else '**missed**'}: {t['target']} — measured {t['value']:.2f}"
-              for t in data["targets"]]
     if data["notes"]:
         lines += ["", *[f"Note: {note}." for note in data["notes"]]]
     return "\n".join(lines) + "\n"

@@ -264,7 +264,11 @@ class ImbalNoisedTopK(ClassLoss):
         cls_num_list: per-class training counts, ``C`` positive numbers (a zero count is an error).
         scale: positive multiplier of the hinge. Default 50, which assumes normalised features and
             last layer (cosine logits); use 1 for raw logits.
-        n_samples, generator, weight, ignore_index, reduction: as in :class:`BalNoisedTopK`.
+        n_samples: as in :class:`BalNoisedTopK`.
+        generator: as in :class:`BalNoisedTopK`.
+        weight: as in :class:`BalNoisedTopK`.
+        ignore_index: as in :class:`BalNoisedTopK`.
+        reduction: as in :class:`BalNoisedTopK`.
 
     Shape:
         As :class:`BalNoisedTopK`.

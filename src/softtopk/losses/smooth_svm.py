@@ -229,7 +229,9 @@ class SmoothTop1SVM(ClassLoss):
     Args:
         tau: temperature :math:`\tau > 0`. Default 1.
         alpha: margin :math:`\alpha \ge 0`. Default 1.
-        weight, ignore_index, reduction: as in :class:`SmoothTopKSVM`.
+        weight: as in :class:`SmoothTopKSVM`.
+        ignore_index: as in :class:`SmoothTopKSVM`.
+        reduction: as in :class:`SmoothTopKSVM`.
 
     Shape:
         As :class:`SmoothTopKSVM` (``C >= 2``).
@@ -267,7 +269,9 @@ class TopKSVM(ClassLoss):
     Args:
         k: the ``k`` of top-k, ``1 <= k < C``. Default 5.
         alpha: margin :math:`\alpha \ge 0`. Default 1.
-        weight, ignore_index, reduction: as in :class:`SmoothTopKSVM`.
+        weight: as in :class:`SmoothTopKSVM`.
+        ignore_index: as in :class:`SmoothTopKSVM`.
+        reduction: as in :class:`SmoothTopKSVM`.
 
     Shape:
         As :class:`SmoothTopKSVM`.
@@ -303,7 +307,9 @@ class Top1SVM(ClassLoss):
 
     Args:
         alpha: margin :math:`\alpha \ge 0`. Default 1.
-        weight, ignore_index, reduction: as in :class:`SmoothTopKSVM`.
+        weight: as in :class:`SmoothTopKSVM`.
+        ignore_index: as in :class:`SmoothTopKSVM`.
+        reduction: as in :class:`SmoothTopKSVM`.
 
     Shape:
         As :class:`SmoothTopKSVM` (``C >= 2``).
