@@ -166,7 +166,9 @@ def markdown(data: dict, json_path: Path, plot_command: str) -> str:
         f"fwd+bwd). **max \\|Σ−k\\|** = max over the {s['batch']} rows of |sum(mask) − k|; **min/max** = range of "
         f"the mask over the batch; **nnz/row** = range over rows of the number of non-zero entries (all from one "
         f"forward on the benchmark batch; for sparse_topk_mag, whose output is x-valued, |Σ−k| is shown in "
-        f"parentheses for reference only). Figure: `{json_path.with_suffix('.png').name}`."),
+        f"parentheses for reference only)."),
+        "",
+        f"![fwd+bwd time against n, log-log]({json_path.with_suffix('.png').name})",
         "",
     ]
     by_name = {c["name"]: c for c in data["candidates"]}

@@ -163,7 +163,7 @@ def fmt_x(r: dict | None) -> str:
     return f"{q['median']:.1f}× ({q['q1']:.1f}–{q['q3']:.1f})"
 
 
-def markdown(data: dict) -> str:
+def markdown(data: dict, figure: str) -> str:
     idx = data["index"]
     s = data["settings"]
     m = data["machine"]
@@ -175,6 +175,8 @@ def markdown(data: dict) -> str:
         f"Timing: {s.get('timing_mode', 'steady-state loops')}, median of up to {s['repeats']} repeats in which "
         "all candidates of a config are interleaved (IQR in brackets); ×CE = time ÷ `nn.CrossEntropyLoss` "
         "fwd+bwd on the same logits in the same repeat; speed-up = difftopk ÷ softtopk, paired per repeat.",
+        "",
+        f"![×CE per method and config; top-k ranks time and memory against n]({figure})",
         "",
         f"**TopKCrossEntropyLoss**, m = {s['m']}, P_K = [.2]*5, top1_mode 'sm'; networks "
         f"{s['network_params']['distribution']}, steepness {s['network_params']['steepness']:g}, "
@@ -237,7 +239,7 @@ def main() -> None:
     data = load(args.json)
     png, md = args.json.with_suffix(".png"), args.json.with_suffix(".md")
     plot(data, png)
-    md.write_text(markdown(data))
+    md.write_text(markdown(data, png.name))
     print(f"wrote {png} and {md}")
 
 
