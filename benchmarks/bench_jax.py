@@ -44,8 +44,8 @@ skipped where ``B n^2 > 1e10`` or its dense ``(B, k, n)`` soft index exceeds 1 G
 
 Memory: a fresh subprocess runs one fwd+bwd of ``sparse_topk_mask`` (p = 4/3) at 64 x 1e5,
 k = 1e4 and reports its peak RSS next to a subprocess doing the same with ``lax.top_k`` (both
-include Python and JAX); the target is below 1 GB. The peak is ``VmHWM`` of /proc/self/status:
-``ru_maxrss`` would report this script's own peak, which Linux carries across fork and exec.
+include Python and JAX). The peak is ``VmHWM`` of /proc/self/status: ``ru_maxrss`` would report
+this script's own peak, which Linux carries across fork and exec.
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def main() -> None:
     header += [f"* {note}" for note in notes]
     if rss:
         header.append(f"* peak RSS, one fwd+bwd at 64 × 1e5, k = 1e4 in a fresh process: sparse_topk_mask p=4/3 "
-                      f"{rss['sparse']:.0f} MB, lax.top_k {rss['top_k']:.0f} MB (target < 1 GB)")
+                      f"{rss['sparse']:.0f} MB, lax.top_k {rss['top_k']:.0f} MB (both include Python and JAX)")
     lines = header + [""] + tables(rows, list(ops))
     print("\n".join(lines))
     if args.out is not None:
