@@ -210,7 +210,7 @@ _REGISTRY["sparse"] = _Method(
         "threshold); 'dykstra': O(n_iter n) after a sort",
         params={"l": 0.1, "p": 4.0 / 3.0, "solver": "pav", "n_iter": 500, "hard": False},
         summary="sparse soft top-k (Sander et al. 2023): p-norm regularised, exact zeros, in [0, 1], "
-        "sums to k; p = 2 piecewise linear, p = 4/3 continuously differentiable; l may be a per-row "
+        "sums to k; p = 2 piecewise linear, p = 4/3 smooth where entries leave 0; l may be a per-row "
         "tensor (with gradients)",
     ),
     None,

@@ -140,7 +140,8 @@ def sparse_topk_mask(
         \;=\; \mathrm{clip}\big(((x - t)_+ / \lambda)^{1/(p-1)}, 0, 1\big)
 
     ``p = 2`` is the Euclidean projection of ``x/λ`` onto the capped simplex (piecewise linear);
-    ``p = 4/3`` is continuously differentiable. Both are exactly 0 below the threshold ``t``, lie in
+    ``p = 4/3`` is smooth where an entry leaves 0 (its derivative still jumps where an entry reaches
+    1). Both are exactly 0 below the threshold ``t``, lie in
     ``[0, 1]`` and sum to ``k``; ``λ → 0`` gives the hard top-k, ``λ → ∞`` gives ``k/n``.
 
     Args:

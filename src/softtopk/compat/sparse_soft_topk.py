@@ -56,7 +56,8 @@ def sparse_soft_topk_mask_pav(x, k: int, l: float = 1e-1, p: float = 4 / 3, bise
     """Relaxed top-k mask of ``x`` along the last axis, exact (the original's PAV).
 
     ``y = argmax_{y in [0,1]^n, sum y = k} <x, y> - (l/p) ||y||_p^p``: sparse (exact zeros outside
-    the soft support), continuously differentiable for p = 4/3, piecewise linear for p = 2.
+    the soft support), smooth where entries leave 0 for p = 4/3 (not where they reach 1), piecewise
+    linear for p = 2.
 
     Args:
         x: tensor (or array-like) of shape (..., n).

@@ -71,7 +71,8 @@ def sparse_topk_mask(
         = \mathrm{clip}\big(((x - t)_+ / \lambda)^{1/(p-1)}, 0, 1\big)
 
     ``p = 2``: the Euclidean projection of ``x/λ`` onto the capped simplex (piecewise linear);
-    ``p = 4/3``: continuously differentiable. In ``[0, 1]``, summing to ``k``, exactly 0 below ``t``.
+    ``p = 4/3``: smooth where an entry leaves 0 (not where one reaches 1). In ``[0, 1]``, summing to
+    ``k``, exactly 0 below ``t``.
 
     Args:
         x: scores, a floating array of any shape (float16/bfloat16 computed in float32; the

@@ -1,0 +1,25 @@
+"""mkdocs hook: publish the benchmark write-ups, their plots and the changelog from where the
+scripts write them (``benchmarks/``, ``CHANGELOG.md``), so the site never holds a stale copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mkdocs.structure.files import File, Files
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _published() -> dict[str, Path]:
+    """Site path -> source file."""
+    pages = {"benchmarks/index.md": ROOT / "benchmarks" / "README.md", "changelog.md": ROOT / "CHANGELOG.md"}
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*")):
+        if path.suffix in (".md", ".png"):
+            pages[f"benchmarks/results/{path.name}"] = path
+    return pages
+
+
+def on_files(files: Files, config) -> Files:
+    for uri, source in _published().items():
+        files.append(File.generated(config, uri, abs_src_path=str(source)))
+    return files
