@@ -9,6 +9,7 @@ import os
 import platform
 import statistics
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,3 +62,17 @@ def write_results(path: Path, args: argparse.Namespace, results: dict[str, Any],
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"flags": flags, "machine": machine, "results": results, "table": markdown}, indent=2)
     write_text_atomic(path, text + "\n")
+
+
+def compare(args: argparse.Namespace, run: Callable[[str, int], dict[str, float]],
+            columns: list[tuple[str, str, str]]) -> None:
+    """Run ``run(setting, seed)`` for every ``args.settings`` and ``args.seeds``, print one line per
+    setting as it finishes, then write the results JSON and print the Markdown table."""
+    results = {}
+    for setting in args.settings:
+        results[setting] = summarise([run(setting, seed) for seed in args.seeds])
+        print(f"{setting}: " + ", ".join(f"{key} {results[setting][key]['mean']:{fmt}}" for key, _, fmt in columns),
+              flush=True)
+    markdown = table(results, columns)
+    write_results(args.out, args, results, markdown)
+    print(markdown)

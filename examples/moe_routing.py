@@ -55,7 +55,7 @@ import time
 from typing import Any
 
 import torch
-from _common import parser, seeded, summarise, table, write_results
+from _common import compare, parser, seeded
 
 import softtopk
 from softtopk_lab.wordnet import load_builtin
@@ -182,15 +182,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     data = load()
-    results = {}
-    for setting in args.settings:
-        runs = [run(setting, seed, data, args) for seed in args.seeds]
-        results[setting] = summarise(runs)
-        print(f"{setting}: " + ", ".join(f"{key} {results[setting][key]['mean']:{fmt}}" for key, _, fmt in COLUMNS),
-              flush=True)
-    markdown = table(results, COLUMNS)
-    write_results(args.out, args, results, markdown)
-    print(markdown)
+    compare(args, lambda setting, seed: run(setting, seed, data, args), COLUMNS)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 :mod:`softtopk.operators`, :mod:`softtopk.stochastic` and :mod:`softtopk.losses`)."""
 
 from ._registry import methods
+from .losses.ndcg import ndcg_loss
 from .losses.noised import bal_noised_topk, imbal_noised_topk
 from .losses.smooth_svm import smooth_top1_svm, smooth_topk_svm, top1_svm, topk_svm
 from .losses.topk_ce import topk_cross_entropy
@@ -26,6 +27,7 @@ __all__ = [
     "imbal_noised_topk",
     "load_balancing_loss",
     "methods",
+    "ndcg_loss",
     "noised_kth_value",
     "perturbed_topk",
     "smooth_top1_svm",

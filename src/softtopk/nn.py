@@ -3,6 +3,7 @@ next to the function each one twins)."""
 
 from ._deprecated import SmoothTopkSVM, TopkSVM
 from .knn import DifferentiableKNN, KNNOutput
+from .losses.ndcg import NDCGLoss
 from .losses.noised import BalNoisedTopK, ImbalNoisedTopK
 from .losses.smooth_svm import SmoothTop1SVM, SmoothTopKSVM, Top1SVM, TopKSVM
 from .losses.topk_ce import TopKCrossEntropyLoss
@@ -14,6 +15,7 @@ __all__ = [
     "DifferentiableKNN",
     "ImbalNoisedTopK",
     "KNNOutput",
+    "NDCGLoss",
     "Routing",
     "SmoothTop1SVM",
     "SmoothTopKSVM",
