@@ -253,6 +253,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rss_child:
         return peak_rss(args.rss_child)
+    load_before = os.getloadavg()[0]
     base = lambda x, k: lax.top_k(x, k)[0]  # noqa: E731
     ops = {BASELINE: (base, lambda n, k: None), **our_ops()}
     original, original_note = original_ops(args.original)
@@ -285,10 +286,12 @@ def main() -> None:
     from _machine import machine_info  # imports torch (kept out of the RSS children)
 
     info = machine_info("jax", "jaxlib", "numba", "ott-jax", "softjax")
-    info.update(backend=jax.default_backend(), device=str(device), threads=1, notes=notes)
+    info.update(backend=jax.default_backend(), device=str(device), threads=1, notes=notes,
+                loadavg_before=load_before, loadavg_after=os.getloadavg()[0])
     header = [f"jitted forward and forward+backward ÷ `lax.top_k` (B = {B}, float32, λ = {L}), "
               f"`python benchmarks/bench_jax.py{' --quick' if args.quick else ''}`; jax {jax.__version__}, "
-              f"backend {jax.default_backend()} ({device}), {info['cpu_model']}, 1 thread, {info['date']}. "
+              f"backend {jax.default_backend()} ({device}), {info['cpu_model']}, 1 thread, {info['date']}, load average "
+              f"{info['loadavg_before']:.1f} → {info['loadavg_after']:.1f}. "
               "The original runs through this script's pure_callback shim (see its docstring).", ""]
     header += [f"* {note}" for note in notes]
     if rss:
