@@ -242,7 +242,7 @@ def test_torchrun_two_processes_match_one_process(data_file, tmp_path):
     ddp_dir = tmp_path / "ddp"
     ddp, ranks = _torchrun(flags, ddp_dir, tmp_path / "logs")
     if ddp.returncode != 0 and "Signal 6 (SIGABRT)" in ddp.stderr:
-        # A rank aborted inside gloo's C++ transport (seen once in CI, never reproduced here in 40 loaded runs):
+        # A rank aborted inside gloo's C++ transport (seen once in CI, never reproduced here in 32 runs on a loaded machine):
         # one more attempt, with the crash shown as a warning; a Python error or a wrong result still fails.
         warnings.warn(f"torchrun: a rank aborted in the first attempt; its logs:\n{ranks}", stacklevel=1)
         ddp_dir = tmp_path / "ddp_again"
