@@ -228,10 +228,12 @@ def test_resume_refuses_a_changed_flag(data_file, tmp_path, capsys):
 
 def _torchrun(flags: list[str], out: Path, logs: Path) -> tuple[subprocess.CompletedProcess, str]:
     """Two gloo ranks under torchrun; returns the run and every rank's stderr (each rank logs to a file)."""
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "--log-dir", str(logs), "--redirects", "3", "-m", "softtopk_lab.cli", *flags, "--out", str(out)],
-                         capture_output=True, text=True, check=False, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    ranks = "".join(f"--- {path.relative_to(logs)}\n{path.read_text()[-3000:]}" for path in sorted(logs.rglob("stderr.log")))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "--log-dir", str(logs), "--redirects", "3", "-m", "softtopk_lab.cli", *flags, "--out", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, check=False, timeout=180,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ranks = "".join(f"--- {path.relative_to(logs)}\n{path.read_text()[-3000:]}"
+                    for path in sorted(logs.rglob("stderr.log")))
     return run, ranks
 
 
@@ -242,8 +244,8 @@ def test_torchrun_two_processes_match_one_process(data_file, tmp_path):
     ddp_dir = tmp_path / "ddp"
     ddp, ranks = _torchrun(flags, ddp_dir, tmp_path / "logs")
     if ddp.returncode != 0 and "Signal 6 (SIGABRT)" in ddp.stderr:
-        # A rank aborted inside gloo's C++ transport (seen once in CI, never reproduced here in 32 runs on a loaded machine):
-        # one more attempt, with the crash shown as a warning; a Python error or a wrong result still fails.
+        # A rank aborted inside gloo's C++ transport (seen once in CI, never in 32 runs on a loaded machine
+        # here): one more attempt, with the crash shown as a warning; a Python error or a wrong result still fails.
         warnings.warn(f"torchrun: a rank aborted in the first attempt; its logs:\n{ranks}", stacklevel=1)
         ddp_dir = tmp_path / "ddp_again"
         ddp, ranks = _torchrun(flags, ddp_dir, tmp_path / "logs_again")
