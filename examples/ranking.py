@@ -34,7 +34,7 @@ discounts 1 / log2(rank + 2), scores sorted descending with ties broken by list 
 ``ms_step``, the median wall-clock time of a training step in milliseconds.
 
 References:
-    P. Pobrotyn, R. Łukasik. NeuralNDCG: Direct Optimisation of a Ranking Metric via Differentiable
+    P. Pobrotyn, R. Białobrzeski. NeuralNDCG: Direct Optimisation of a Ranking Metric via Differentiable
     Relaxation of Sorting. arXiv:2102.07831, 2021.
     A. Grover, E. Wang, A. Zweig, S. Ermon. Stochastic Optimization of Sorting Networks via Continuous
     Relaxations (NeuralSort). ICLR 2019.

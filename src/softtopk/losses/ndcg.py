@@ -7,7 +7,7 @@ r"""A differentiable NDCG@k loss for ranking and retrieval, from soft top-k rank
 where ``P[i, r]`` is the weight of item ``i`` at rank ``r`` (0 = highest score) from
 :func:`softtopk.soft_topk_ranks` and ``IDCG@k`` the DCG of the ideal order of the relevances ``y``.
 With hard ranks (``P`` a 0/1 assignment) it is exactly ``1 - NDCG@k``; with ``method="neuralsort"``
-it is the NeuralNDCG surrogate of Pobrotyn & Łukasik (2021) truncated at ``k`` (their Sinkhorn
+it is the NeuralNDCG surrogate of Pobrotyn & Białobrzeski (2021) truncated at ``k`` (their Sinkhorn
 scaling of the NeuralSort matrix left out: each rank's weights already sum to 1).
 """
 
@@ -51,7 +51,7 @@ def ndcg_loss(
         tensor(0.)
 
     References:
-        Pobrotyn, Łukasik. "NeuralNDCG: Direct Optimisation of a Ranking Metric via Differentiable
+        Pobrotyn, Białobrzeski. "NeuralNDCG: Direct Optimisation of a Ranking Metric via Differentiable
         Relaxation of Sorting", arXiv:2102.07831 (2021). Järvelin, Kekäläinen. "Cumulated gain-based
         evaluation of IR techniques", TOIS 2002.
     """
