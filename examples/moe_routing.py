@@ -128,8 +128,8 @@ def train(model: Classifier, x: torch.Tensor, y: torch.Tensor, args: argparse.Na
             loss.backward()
             optimiser.step()
             steps_ms.append(1e3 * (time.perf_counter() - start))
-            aux.append(router_loss.item())
-    return statistics.fmean(aux), statistics.median(steps_ms)
+            aux.append(router_loss.detach())
+    return torch.stack(aux).double().mean().item(), statistics.median(steps_ms)
 
 
 @torch.no_grad()

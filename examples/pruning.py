@@ -100,9 +100,8 @@ def train(model: nn.ModuleList, weight_fn: WeightFn, data: Data, args: argparse.
 
 
 @torch.no_grad()
-def evaluate(model: nn.ModuleList, weight_fn: WeightFn, data: Data) -> dict[str, float]:
-    """Test accuracy (%) with the effective weights ``weight_fn(i, W_i)`` and their fraction (%) of nonzeros."""
-    weights = effective(model, weight_fn)
+def evaluate(model: nn.ModuleList, weights: list[torch.Tensor], data: Data) -> dict[str, float]:
+    """Test accuracy (%) with the given effective weight matrices and their fraction (%) of nonzeros."""
     correct = (logits(model, data["test_x"], weights).argmax(1) == data["test_labels"]).float().mean()
     nonzero = sum(int(w.count_nonzero()) for w in weights) / sum(w.numel() for w in weights)
     return {"accuracy": 100 * correct.item(), "nonzero": 100 * nonzero}
@@ -123,11 +122,6 @@ def soft_mag(ks: list[int], l: float) -> WeightFn:  # noqa: E741
     return lambda i, w: softtopk.sparse_topk_mag(w.flatten(), ks[i], l=l, p=4 / 3).view_as(w)
 
 
-def hard_of(weight_fn: WeightFn, ks: list[int]) -> WeightFn:
-    """The ``k`` largest entries in magnitude of ``weight_fn``'s output, per layer (others 0)."""
-    return lambda i, w: softtopk.hard_topk_mag(weight_fn(i, w).flatten(), ks[i]).view_as(w)
-
-
 def masked(masks: list[torch.Tensor]) -> WeightFn:
     """Weights times fixed 0/1 masks."""
     return lambda i, w: w * masks[i]
@@ -139,11 +133,11 @@ def pruned_baselines(dense: nn.ModuleList, ks: list[int], data: Data, args: argp
     with that mask fixed, ``magnitude_after_finetune``."""
     masks = [softtopk.hard_topk_mask(layer.weight.detach().abs().flatten(), k).view_as(layer.weight)
              for layer, k in zip(dense, ks)]
-    after = evaluate(dense, masked(masks), data) | {"ms_per_step": dense_ms}
+    after = evaluate(dense, effective(dense, masked(masks)), data) | {"ms_per_step": dense_ms}
     model = make_model()
     model.load_state_dict(dense.state_dict())
     ms = train(model, masked(masks), data, args, seeded(seed), epochs=1)
-    finetuned = evaluate(model, masked(masks), data) | {"ms_per_step": ms}
+    finetuned = evaluate(model, effective(model, masked(masks)), data) | {"ms_per_step": ms}
     return {"magnitude_after": after, "magnitude_after_finetune": finetuned}
 
 
@@ -156,9 +150,10 @@ def sparse_runs(ks: list[int], data: Data, args: argparse.Namespace, seed: int) 
     ms = train(model, soft_mag(ks, args.l), data, args, generator, args.epochs)
     with torch.no_grad():
         soft = effective(model, soft_mag(ks, args.l))
+        hard = [softtopk.hard_topk_mag(w.flatten(), k).view_as(w) for w, k in zip(soft, ks)]
     counts = {f"soft_nnz_over_k_layer{i}": int(w.count_nonzero()) / k for i, (w, k) in enumerate(zip(soft, ks))}
-    return {"sparse_mag": evaluate(model, hard_of(soft_mag(ks, args.l), ks), data) | {"ms_per_step": ms},
-            "sparse_mag_soft_eval": evaluate(model, soft_mag(ks, args.l), data) | {"ms_per_step": ms} | counts}
+    return {"sparse_mag": evaluate(model, hard, data) | {"ms_per_step": ms},
+            "sparse_mag_soft_eval": evaluate(model, soft, data) | {"ms_per_step": ms} | counts}
 
 
 def run_seed(seed: int, data: Data, args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -166,7 +161,7 @@ def run_seed(seed: int, data: Data, args: argparse.Namespace) -> dict[str, dict[
     generator = seeded(seed)
     dense = make_model()
     dense_ms = train(dense, identity, data, args, generator, args.epochs)
-    rows = {"dense": evaluate(dense, identity, data) | {"ms_per_step": dense_ms}}
+    rows = {"dense": evaluate(dense, effective(dense, identity), data) | {"ms_per_step": dense_ms}}
     for density in args.densities:
         ks = keep_counts(dense, density)
         pruned = pruned_baselines(dense, ks, data, args, seed, dense_ms) | sparse_runs(ks, data, args, seed)

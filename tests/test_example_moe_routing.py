@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from example_scripts import run_example
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = "examples/moe_routing.py"
 SETTINGS = ("hard", "lapsum", "sparse", "straight_through")
-
-
-def run_script(*flags: str) -> subprocess.CompletedProcess[str]:
-    """Run the example from the repository root with ``flags``."""
-    return subprocess.run([sys.executable, SCRIPT, *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def run_json(out: Path, *flags: str) -> dict[str, Any]:
     """Run the example on seed 0 for one epoch, check it succeeded and return its results JSON."""
-    done = run_script("--seeds", "0", "--epochs", "1", "--out", str(out), *flags)
+    done = run_example("moe_routing.py", "--seeds", "0", "--epochs", "1", "--out", str(out), *flags)
     assert done.returncode == 0, done.stderr
     return json.loads(out.read_text())
 
@@ -35,7 +27,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_help() -> None:
-    done = run_script("--help")
+    done = run_example("moe_routing.py", "--help")
     assert done.returncode == 0, done.stderr
     assert "--tau" in done.stdout and "--settings" in done.stdout
 

@@ -4,17 +4,14 @@ setting at every density, with accuracies in [0, 100] and exactly the requested 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from example_scripts import run_example
 
 from softtopk_lab.errors import DataError
 from softtopk_lab.mnist_data import load_mnist
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "examples" / "pruning.py"
 DENSITIES = {"10%": 0.10, "1%": 0.01}
 
 
@@ -27,22 +24,16 @@ def mnist_available() -> None:
         pytest.skip(str(error))
 
 
-def run_script(*flags: str) -> subprocess.CompletedProcess[str]:
-    """Run the example with ``flags`` from the repository root."""
-    return subprocess.run([sys.executable, str(SCRIPT), *flags], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-
-
 def test_help() -> None:
-    result = run_script("--help")
+    result = run_example("pruning.py", "--help")
     assert result.returncode == 0, result.stderr
     assert "--densities" in result.stdout and "--l " in result.stdout
 
 
 def test_tiny_run(mnist_available: None, tmp_path: Path) -> None:
     out = tmp_path / "pruning.json"
-    result = run_script("--seeds", "0", "--epochs", "1", "--train_size", "1000", "--densities", "0.1", "0.01",
-                        "--out", str(out))
+    result = run_example("pruning.py", "--seeds", "0", "--epochs", "1", "--train_size", "1000",
+                         "--densities", "0.1", "0.01", "--out", str(out))
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     results = report["results"]

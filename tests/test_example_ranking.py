@@ -7,16 +7,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from example_scripts import EXAMPLES, run_example
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "examples" / "ranking.py"
+SCRIPT = EXAMPLES / "ranking.py"
 SETTINGS = {"cosine", "ndcg", "ndcg_softsort", "pairwise", "cross_entropy"}
 
 
@@ -33,21 +32,15 @@ def ranking() -> ModuleType:
     return module
 
 
-def run_script(*flags: str) -> subprocess.CompletedProcess[str]:
-    """Run the example with ``flags`` from the repository root."""
-    return subprocess.run([sys.executable, str(SCRIPT), *flags], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-
-
 def test_help() -> None:
-    done = run_script("--help")
+    done = run_example("ranking.py", "--help")
     assert done.returncode == 0, done.stderr
     assert "--tau_softsort" in done.stdout and "--min_size" in done.stdout
 
 
 def test_runs_and_writes_every_setting(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    done = run_script("--seeds", "0", "1", "--epochs", "1", "--out", str(out))
+    done = run_example("ranking.py", "--seeds", "0", "1", "--epochs", "1", "--out", str(out))
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert report["table"] in done.stdout
