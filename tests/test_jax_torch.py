@@ -127,3 +127,25 @@ def test_per_row_l_and_tau_and_k_agree():
         grads = jax.grad(lambda a, b, c: (sj.soft_topk(a, c, tau=b) * g).sum(), (0, 1, 2))(x, lam, kk)
         for mine, theirs in zip(grads, (tx.grad, tt.grad, tk.grad)):
             np.testing.assert_allclose(np.asarray(mine), theirs.numpy(), rtol=0, atol=1e-9)
+
+
+def _infinite_rows() -> np.ndarray:
+    """Rows of 12 for k = 2 (4 candidates): more +inf entries than candidates; +inf between k and the
+    candidates; one +inf and two -inf; one entry above -inf; all at -inf but two; finite."""
+    inf = np.inf
+    rows = np.random.default_rng(7).standard_normal((6, 12))
+    rows[0, [0, 2, 3, 5, 7, 11]] = inf
+    rows[1, [1, 4, 9]] = inf
+    rows[2, 3], rows[2, [0, 8]] = inf, -inf
+    rows[3, :] = -inf
+    rows[3, 6] = 0.5
+    rows[4, 2:] = -inf
+    return rows
+
+
+@pytest.mark.parametrize("k", [2, 5, 6, 10])
+@pytest.mark.parametrize("name", ["laplace", "mask"])
+def test_infinite_rows_agree(name, k):
+    """±inf rows, degenerate or not, for k below, at and above n/2: the same values and gradients."""
+    with jax.enable_x64(True):
+        _compare(name, _infinite_rows(), k, 0.5, 4 / 3, 1e-9, 1.0)

@@ -209,7 +209,7 @@ def soft_topk(
     def mask(rows: jax.Array) -> jax.Array:
         t = per_row("tau", jnp.asarray(tau, rows.dtype), batch)
         kk = k if isinstance(k, int) else k.astype(rows.dtype)
-        soft = extended_mask(rows, kk, lambda clean: laplace_mask(clean, t, kk))
+        soft = laplace_mask(rows, t, kk)
         return soft + lax.stop_gradient(_hard_rows(rows, k) - soft) if hard else soft
 
     return _along(x, axis, mask, largest)
