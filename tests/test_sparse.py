@@ -437,6 +437,21 @@ def test_dykstra_gradient_is_the_exact_jacobian(kind, n_iter):
     assert grads[1].abs().sum() > 0
 
 
+@pytest.mark.parametrize("kind", ["mask", "mag"])
+def test_exact_is_the_pav_solver(kind):
+    """``solver='exact'`` (softtopk.jax's name) is ``'pav'``: the same values and gradients."""
+    x = torch.randn(3, 25, generator=_gen(13), dtype=F64)
+    w = torch.randn(3, 25, generator=_gen(14), dtype=F64)
+    outs = []
+    for solver in ("exact", "pav"):
+        leaf = x.clone().requires_grad_()
+        out = OPS[kind](leaf, 4, l=0.3, solver=solver)
+        (out * w).sum().backward()
+        outs.append((out.detach(), leaf.grad))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert outs[0][1].abs().sum() > 0
+
+
 def test_dykstra_without_grad_is_the_plain_iteration():
     """No autograd: the returned value is Dykstra's, not the exact one (different at n_iter = 2)."""
     x = torch.randn(2, 30, generator=_gen(12), dtype=F64)
@@ -685,7 +700,7 @@ def test_p_not_allowed(kind, p):
 @pytest.mark.parametrize("kind", ["mask", "mag"])
 @pytest.mark.parametrize("solver", ["PAV", "bisect", "", None])
 def test_solver_unknown(kind, solver):
-    with pytest.raises(ValueError, match=_match("solver must be one of ('pav', 'dykstra')", f"got {solver!r}")):
+    with pytest.raises(ValueError, match=_match("solver must be one of ('exact', 'pav', 'dykstra')", f"got {solver!r}")):
         OPS[kind](X, 2, solver=solver)
 
 

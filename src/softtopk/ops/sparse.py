@@ -32,7 +32,7 @@ from .compute import can_inspect
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
 P_VALUES = (2.0, 4.0 / 3.0)
-SOLVERS = ("pav", "dykstra")
+SOLVERS = ("exact", "pav", "dykstra")  # "exact" and "pav" name one solver (softtopk.jax says "exact")
 
 
 def exponent(p: float) -> int:
@@ -260,7 +260,7 @@ def _exact(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnitude
 
 def _rows(x: torch.Tensor, k: int, lam: float | torch.Tensor, p: float, solver: str, n_iter: int, magnitude: bool):
     r = exponent(p)
-    if solver == "pav":
+    if solver != "dykstra":
         return _exact(x, k, lam, r, magnitude)
     # not clamped: every iterate sums to k, and before convergence it may leave [0, 1] (the
     # original's README prints 1.0000229 after 100 projections); no graph through its iterations
