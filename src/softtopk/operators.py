@@ -150,13 +150,12 @@ def sparse_topk_mask(
         l: the regularisation strength λ > 0 (the original's ``l``), a float or a per-row tensor
             (with gradients). Default 0.1.
         p: 4/3 (default) or 2.
-        solver: ``'pav'`` (default) or its alias ``'exact'`` (:mod:`softtopk.jax`'s name): the exact
-            solution (the minimiser PAV returns), found by a threshold search on the sorted top
-            candidates with float64 prefix moments, O(n) memory;
-            ``'dykstra'``: the original's approximate alternating projections (p = 2 only,
-            ``n_iter`` projections, a fixed count). Every iterate sums to ``k``, but before
-            convergence it may leave [0, 1] slightly (``docs/compat.md``); its gradient is the exact
-            Jacobian of the problem, not that of the truncated iteration.
+        solver: ``'pav'`` (default; alias ``'exact'``, :mod:`softtopk.jax`'s name): the exact
+            solution (the minimiser PAV returns) by a threshold search on the sorted top candidates
+            with float64 prefix moments, O(n) memory; ``'dykstra'``: the original's approximate
+            alternating projections (p = 2 only, ``n_iter`` of them). Every iterate sums to ``k``,
+            but before convergence it may leave [0, 1] slightly (``docs/compat.md``); its gradient
+            is the exact Jacobian of the problem, not that of the truncated iteration.
         dim: the axis to select along.
         n_iter: Dykstra's number of projections (ignored by the exact solver). Default 500.
         largest: ``False`` selects the ``k`` smallest entries (the mask of ``-x``). Default ``True``.
