@@ -8,8 +8,8 @@ import json
 import os
 import platform
 import statistics
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch

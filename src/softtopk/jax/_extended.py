@@ -15,16 +15,19 @@ import jax.numpy as jnp
 
 def extended_mask(rows: jax.Array, k, kernel: Callable) -> jax.Array:
     """``kernel(rows)`` (B, n) with the degenerate rows' closed form; ``k`` an int or (B, 1)."""
-    pos, neg = rows == jnp.inf, rows == -jnp.inf
-    p = jnp.sum(pos, -1, keepdims=True).astype(rows.dtype)
-    q = jnp.sum(neg, -1, keepdims=True).astype(rows.dtype)
-    f = rows.shape[-1] - p - q
+    n = rows.shape[-1]
+    p = jnp.sum(rows == jnp.inf, -1, keepdims=True).astype(rows.dtype)
+    above = n - jnp.sum(rows == -jnp.inf, -1, keepdims=True).astype(rows.dtype)  # p + f
     full = p >= k
-    short = (p + f <= k) & ~full
-    degenerate = full | short
+    degenerate = full | (above <= k)
     body = kernel(jnp.where(degenerate, 0.0, rows))
-    share_pos = k / jnp.maximum(p, 1)
-    share_neg = (k - p - f) / jnp.maximum(q, 1)
-    above = jnp.where(pos, jnp.where(full, share_pos, 1.0), jnp.where(full, 0.0, 1.0))
-    closed = jnp.where(neg, jnp.where(full, 0.0, share_neg), above)
-    return jnp.where(degenerate, closed.astype(body.dtype), body)
+    return jnp.where(degenerate, closed_form(rows, k, full, p, above).astype(body.dtype), body)
+
+
+def closed_form(rows: jax.Array, k, full: jax.Array, p: jax.Array, above: jax.Array) -> jax.Array:
+    """The mask of degenerate rows: ``full`` ones (``p >= k`` entries at ``+inf``) share ``k`` among
+    those; the others (``above <= k`` entries above ``-inf``) select them and share the rest of
+    ``k`` among the ``-inf`` entries."""
+    share_pos, share_neg = k / jnp.maximum(p, 1), (k - above) / jnp.maximum(rows.shape[-1] - above, 1)
+    return jnp.where(rows == jnp.inf, jnp.where(full, share_pos, 1.0),
+                     jnp.where(full, 0.0, jnp.where(rows == -jnp.inf, share_neg, 1.0)))

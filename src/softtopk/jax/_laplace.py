@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from ._extended import extended_mask
+from ._extended import closed_form, extended_mask
 from ._sparse import sorted_desc, wide_dtype
 
 SATURATED = 2.0**20
@@ -121,10 +121,7 @@ def _int_forward(x, tau, k):
     p = lax.cond(jnp.any(raw[:, -1] == jnp.inf), lambda: jnp.sum(xs == jnp.inf, -1, keepdims=True),
                  lambda: jnp.sum(raw == jnp.inf, -1, keepdims=True))
     above = jnp.sum(raw > -jnp.inf, -1, keepdims=True)  # p + f, all among the candidates in the short rows
-    share_pos, share_neg = k / jnp.maximum(p, 1), (k - above) / jnp.maximum(n - above, 1)
-    closed = jnp.where(xs == jnp.inf, jnp.where(full, share_pos, 1.0),
-                       jnp.where(full, 0.0, jnp.where(xs == -jnp.inf, share_neg, 1.0)))
-    return jnp.where(keep, mask, closed.astype(x.dtype)), (ref, tt, total, keep)
+    return jnp.where(keep, mask, closed_form(xs, k, full, p, above).astype(x.dtype)), (ref, tt, total, keep)
 
 
 def _array_forward(x, tau, k):

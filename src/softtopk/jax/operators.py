@@ -82,8 +82,9 @@ def sparse_topk_mask(
             traced or not, with a gradient. Default 0.1.
         p: 4/3 (default) or 2.
         solver: ``'exact'`` (default; ``'pav'``, the torch default, names the same solver, and both
-            frameworks take both names): the threshold search, O(n) memory; ``'dykstra'``: the original's ``n_iter`` alternating projections (p = 2), whose
-            derivative is the exact problem's.
+            frameworks take both names): the threshold search, O(n) memory; ``'dykstra'``: the
+            original's ``n_iter`` alternating projections (p = 2), whose derivative is the exact
+            problem's.
         axis: the axis to select along. Default -1.
         n_iter: Dykstra's number of projections. Default 500.
         largest: ``False`` selects the ``k`` smallest entries. Default ``True``.

@@ -195,7 +195,8 @@ class TopKCrossEntropyLoss(ClassLoss):
             ``None`` (default) relaxes all ``C`` classes, which warns above 100 classes: its cost
             grows with ``C`` (at ``C = 1000``, batch 256, splitter network: 153 ms per step against
             4.8 ms with ``m=16``, difftopk's setting). The selected scores enter in sorted
-            (ascending) order, so the loss does not depend on class order (difftopk put the label on wire 0).
+            (ascending) order, so the loss does not depend on class order (difftopk put the label
+            on wire 0).
         top1_mode: ``'sm'`` (default), ``'smce'`` or ``'sort'``.
         weight: optional per-class weights ``(C,)`` (a buffer), as in ``nn.CrossEntropyLoss``.
         ignore_index: target value that contributes nothing (default -100).
