@@ -160,6 +160,16 @@ def test_sparse_mask_invariants(values, lam, p):
     assert (mask[np.asarray(x) < np.sort(np.asarray(x))[0, -3] - lam] == 0).all()
 
 
+def test_float32_mask_at_a_saturation_knot():
+    """Found by hypothesis: the top entries saturate exactly where the zeros start (3 - λ = 0), and
+    the sum there exceeds k by 7e-6, inside the float32 search's slack; the threshold is the
+    solved one (the zeros at 1.13e-6, as in float64), not the flat one (they were 0, the sum 2.969)."""
+    x = jnp.asarray([[0.0] * 6 + [3.0, 3.0, 2.96875]], jnp.float32)
+    mask = np.asarray(sj.sparse_topk_mask(x, 3, l=3.0))
+    assert abs(mask.sum() - 3) < 1e-5
+    np.testing.assert_allclose(mask[0, :6], 1.1295e-6, rtol=1e-2)
+
+
 @PROPERTY
 @given(st.lists(st.floats(-50, 50, width=32), min_size=9, max_size=9), st.sampled_from([1e-2, 0.3, 3.0]))
 def test_laplace_and_magnitude_invariants(values, tau):
