@@ -1,0 +1,64 @@
+"""Count what one call dispatches: aten ops that launch work, value reads, and views.
+
+On a GPU every dispatched op that computes something is a kernel launch, and every
+``aten._local_scalar_dense`` (``.item()``, ``bool(t)``, ``.tolist()``, ``nonzero``) is a host
+synchronisation; on the CPU the same counts are the per-operator overhead. Views (``slice``,
+``expand``, ``permute``, ``detach``, ...) only change metadata and launch nothing: they are counted
+apart, so that the budget counts work, not bookkeeping.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_READ = torch.ops.aten._local_scalar_dense.default
+# no-copy ops that are not marked as views in their schema
+_METADATA = {torch.ops.aten._unsafe_view.default, torch.ops.aten.lift_fresh.default}
+
+
+@dataclass
+class Counts:
+    launches: int = 0  # ops that compute (a kernel each on a GPU)
+    views: int = 0
+    reads: int = 0  # host reads of tensor values
+    ops: collections.Counter = field(default_factory=collections.Counter)
+
+    @property
+    def total(self) -> int:
+        return self.launches + self.views
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts = Counts()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        counts = self.counts
+        if func is _READ:
+            counts.reads += 1
+        elif func.is_view or func in _METADATA:
+            counts.views += 1
+        else:
+            counts.launches += 1
+            counts.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_call(fn: Callable[..., Any], *inputs: torch.Tensor, backward: bool = True) -> Counts:
+    """Counts of ``fn(*inputs)`` and, with ``backward``, of the backward of its output against a
+    gradient made before counting starts (floating inputs require grad)."""
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point() and backward) for t in inputs]
+    out = fn(*leaves)  # a warm-up call: caches (e.g. network layouts) are filled outside the count
+    grad = torch.ones_like(out) if backward else None
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point() and backward) for t in inputs]
+    with _Counter() as counter:
+        out = fn(*leaves)
+        if backward:
+            out.backward(grad)
+    return counter.counts
