@@ -50,7 +50,8 @@ def test_equals_naive_with_injected_noise(dtype, n, k, tau):
     # softtopk's log-space form stays exact
     xa, xb = x.clone().requires_grad_(), x.double().requires_grad_()
     ours = SubsetOperator(k, tau)(xa, noise=noise)
-    ref = naive_subset_operator(xb, noise.double(), k, tau)
+    # k = n selects every item exactly (docs/compat.md); the original's k softmaxes do not sum to 1 per item
+    ref = naive_subset_operator(xb, noise.double(), k, tau) if k < n else (xb * 0 + 1)
     torch.testing.assert_close(ours, ref.to(dtype), **tol)
     w = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     (ours * w.to(dtype)).sum().backward()
@@ -82,11 +83,16 @@ def test_sums_to_k_and_nonnegative(tau):
 
 
 def test_entries_may_exceed_one_as_in_the_original():
-    # n = 2, k = 2: the second softmax is always [1/2, 1/2]
-    x = torch.tensor([[10.0, -10.0]], dtype=torch.float64)
+    # n = 3, k = 2: the top item keeps ~1 after the first softmax and gains ~1/2 from the second
+    x = torch.tensor([[10.0, -10.0, -10.0]], dtype=torch.float64)
     out = SubsetOperator(2, 1.0)(x, noise=False)
     torch.testing.assert_close(out, naive_subset_operator(x, torch.zeros_like(x), 2, 1.0))
     assert out[0, 0] > 1.4
+
+
+def test_every_item_selected_when_k_is_n():
+    x = torch.tensor([[10.0, -10.0]], dtype=torch.float64)
+    assert torch.equal(SubsetOperator(2, 1.0)(x, noise=False), torch.ones_like(x))
 
 
 @pytest.mark.parametrize("k, tau", [(1, 1.0), (3, 0.1), (5, 2.0)])

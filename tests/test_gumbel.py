@@ -76,12 +76,14 @@ def test_lapsum_entries_in_unit_interval(tau):
 
 
 def test_subsets_two_items_gives_one_and_a_half():
-    # n = 2, k = 2, tau = 1: the second softmax is exactly [1/2, 1/2], so the mask is sigmoid(±d) + 1/2
+    # n = 2, k = 2, tau = 1: the second softmax is exactly [1/2, 1/2], so the kernel's mask is
+    # sigmoid(±d) + 1/2; the operator selects both items of a row with k = n (the degenerate-row rule)
     for d in [0.0, 1.0, 10.0, 30.0]:
-        x = torch.tensor([d, 0.0], dtype=torch.float64)
-        y = gumbel_topk(x, 2, relaxation="subsets", noise=False)
+        x = torch.tensor([[d, 0.0]], dtype=torch.float64)
+        y = gumbel_mask_rows(x, 2, relaxation="subsets", noise=False)[0]
         s = torch.sigmoid(torch.tensor(d, dtype=torch.float64))
         torch.testing.assert_close(y, torch.stack([s + 0.5, 1.5 - s]))
+        assert torch.equal(gumbel_topk(x, 2, relaxation="subsets", noise=False), torch.ones_like(x))
     assert y[0] > 1.49
 
 
@@ -99,7 +101,8 @@ def test_subsets_equals_naive_subset_operator(tau, k):
     x = 2 * torch.randn(6, 8, generator=_gen(k), dtype=torch.float64)
     g = _gumbel(x.shape, 10 + k)
     khot, steps = _naive_subset_operator(x + g, k, tau)
-    torch.testing.assert_close(gumbel_topk(x, k, tau=tau, relaxation="subsets", noise=g), khot)
+    expected = khot if k < x.shape[-1] else torch.ones_like(khot)  # k = n selects every item
+    torch.testing.assert_close(gumbel_topk(x, k, tau=tau, relaxation="subsets", noise=g), expected)
     torch.testing.assert_close(gumbel_ranks_rows(x, k, tau=tau, noise=g), steps)
 
 

@@ -1,5 +1,5 @@
 """How the row kernels compute: the compute dtype of a score dtype, and whether a tensor's values
-may be read (for a data-dependent branch or check) in the current trace."""
+may be read on the host for an argument check."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def can_inspect(value: torch.Tensor) -> bool:
-    """Whether a tensor's values may be read (a check, a data-dependent branch): not while compiling,
-    inside vmap, or of a meta tensor."""
-    if torch.compiler.is_compiling() or value.is_meta:
+    """Whether an argument check may read a tensor's values: only for a CPU tensor (on an
+    accelerator a read is a synchronisation), and not while compiling or inside vmap. The
+    computation itself never reads values, on any device."""
+    if value.device.type != "cpu" or torch.compiler.is_compiling():
         return False
     functorch = torch._C._functorch
     while functorch.is_functorch_wrapped_tensor(value):  # e.g. vmap(grad(f)): a batch inside a grad level
