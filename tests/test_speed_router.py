@@ -150,6 +150,11 @@ def test_load_balancing_loss_on_meta_and_in_bfloat16():
     assert loss.dtype == torch.bfloat16 and loss.item() == 1.0
 
 
+def test_router_names_x_on_another_device():
+    with pytest.raises(ValueError, match=r"x must be on the router's device \(cpu\), got meta"):
+        TopKRouter(8, 4, 2)(torch.randn(3, 8, device="meta"))
+
+
 # ------------------------------------------------------------------------------------------- kNN
 
 KNN_METHODS = ["neuralsort", "lapsum", "sparse"]
@@ -225,3 +230,4 @@ def test_knn_distances_unchanged_for_ordinary_embeddings():
     q, c = query - centre, neighbors - centre
     plain = -(q.pow(2).sum(-1, keepdim=True) + c.pow(2).sum(-1) - 2.0 * (q @ c.T)).clamp_min(0.0)
     assert torch.equal(softtopk.knn._neg_sq_distances(query, neighbors), plain)
+
