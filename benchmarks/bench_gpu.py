@@ -175,11 +175,13 @@ def _difftopk(device):
 
 
 def loss_cases() -> dict[str, Callable]:
-    p_k = [0.2] * 5
+    def topk_ce(method):
+        return _loss_case(lambda d: softtopk.TopKCrossEntropyLoss([0.2] * 5, method=method, m=16))
+
     return {
         "cross_entropy": _loss_case(lambda d: F.cross_entropy),
-        "TopKCE splitter m=16": _loss_case(lambda d: softtopk.TopKCrossEntropyLoss(p_k, method="splitter_selection", m=16)),
-        "TopKCE neuralsort m=16": _loss_case(lambda d: softtopk.TopKCrossEntropyLoss(p_k, method="neuralsort", m=16)),
+        "TopKCE splitter m=16": topk_ce("splitter_selection"),
+        "TopKCE neuralsort m=16": topk_ce("neuralsort"),
         "SmoothTopKSVM k=5": _loss_case(lambda d: softtopk.SmoothTopKSVM(k=5)),
         "BalNoisedTopK k=5 eps=1 S=5": _loss_case(lambda d: softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5),
                                                   stochastic=True),

@@ -231,3 +231,14 @@ def test_knn_distances_unchanged_for_ordinary_embeddings():
     plain = -(q.pow(2).sum(-1, keepdim=True) + c.pow(2).sum(-1) - 2.0 * (q @ c.T)).clamp_min(0.0)
     assert torch.equal(softtopk.knn._neg_sq_distances(query, neighbors), plain)
 
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_knn_non_finite_query_stays_in_its_row(value):
+    query, neighbors, _, _ = _knn_inputs()
+    query[0, 1] = value
+    centre = neighbors.mean(0, keepdim=True)
+    q, c = query - centre, neighbors - centre
+    plain = -(q.pow(2).sum(-1, keepdim=True) + c.pow(2).sum(-1) - 2.0 * (q @ c.T)).clamp_min(0.0)
+    scores = softtopk.knn._neg_sq_distances(query, neighbors)
+    torch.testing.assert_close(scores, plain, rtol=0, atol=0, equal_nan=True)
+    assert torch.isfinite(scores[1:]).all()

@@ -40,7 +40,8 @@ def _neg_sq_distances(query: torch.Tensor, neighbors: torch.Tensor) -> torch.Ten
     value :math:`M` (embeddings beyond about :math:`\sqrt{M / (d N)}`) is the factor :math:`s^2`
     capped at :math:`M / (64 d N)`, so that no score exceeds :math:`M / (16 N)` in size and the
     operators' sums over a row stay finite: the scores keep their order, and a relaxed top-k of
-    scores that far apart is the hard one."""
+    scores that far apart is the hard one. With a NaN or infinite entry the scale is 1 (the
+    unscaled expansion): the non-finite distances stay in that query's row or neighbour's column."""
     centre = neighbors.detach().mean(0, keepdim=True)
     q, c = query - centre, neighbors - centre
     largest = torch.linalg.vector_norm(c.detach(), float("inf"))
@@ -48,6 +49,7 @@ def _neg_sq_distances(query: torch.Tensor, neighbors: torch.Tensor) -> torch.Ten
         largest = torch.maximum(largest, torch.linalg.vector_norm(q.detach(), float("inf")))
     info = torch.finfo(c.dtype)
     scale = largest.clamp_min(info.tiny).log2_().ceil_().exp2_()  # a power of two: dividing by it is exact
+    scale = scale.nan_to_num_(nan=1.0, posinf=1.0)  # a non-finite entry: unscaled, its row or column alone NaN/inf
     q, c = q / scale, c / scale
     sq = q.pow(2).sum(-1, keepdim=True) + c.pow(2).sum(-1) - 2.0 * (q @ c.transpose(0, 1))
     factor = (scale * scale).clamp_max_(info.max / (64.0 * c.shape[1] * c.shape[0]))
