@@ -375,6 +375,12 @@ def run_group(group: str, shape: dict, cases: dict[str, Callable], args: list, d
     return records
 
 
+def _where(path: Path) -> str:
+    """``path`` relative to this repository when inside it (the code measured is this checkout's)."""
+    root = RESULTS.parent.parent
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
 def device_name(device: torch.device, machine: dict) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -386,7 +392,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"# bench_gpu: {result['device_name']}", "",
         f"`{result['command']}`, torch {m['torch']}, softtopk commit {m['git_commit']}"
-        f"{' (src modified)' if m['git_src_dirty'] else ''}, {m['date']}, load average "
+        f"{' (src modified)' if m['git_src_dirty'] else ''} imported from `{result['softtopk_path']}`, {m['date']}, "
+        "load average "
         f"{m['loadavg_before'][0]:.1f} → {m['loadavg_after'][0]:.1f}, {result['wall_s']:.0f} s. "
         "Forward + backward, median over interleaved repeats; × is the median ratio to the first row of its "
         "shape in the same repeat. Syncs: host syncs per call (CPU: value reads, CPU-only argument checks "
@@ -453,6 +460,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "command": " ".join(["python benchmarks/bench_gpu.py", *args]),
         "device": opts.device, "device_name": device_name(device, machine), "machine": machine,
+        "softtopk_path": _where(Path(softtopk.__file__).parent),
         "settings": {"quick": opts.quick, "repeats": opts.repeats, "warmup": opts.warmup, "router": ROUTER,
                      "router_tokens": tokens, "dense_limit": DENSE_LIMIT,
                      "timing": "CUDA events per call" if device.type == "cuda" else "time.perf_counter, 1 thread"},
