@@ -111,8 +111,9 @@ class TopKRouter(torch.nn.Module):
     ``weights`` and ``indices`` of shape ``(*, k)``.
 
     Cost: ``method="hard"`` is the gate's matmul, one ``torch.topk``, a softmax over the ``k`` chosen
-    logits and the auxiliary loss's softmax, column sum, gather and sum; no call reads tensor values
-    on the host (forward, backward or ``aux_loss``), so it runs under CUDA-graph capture.
+    logits and the auxiliary loss's softmax, column sum, gather and sum. The router reads no tensor
+    values on the host (forward, backward or ``aux_loss``; the mask check aside); a mask method adds
+    the cost of :func:`softtopk.topk` with that method.
 
     Example:
         >>> import torch, softtopk
