@@ -28,15 +28,32 @@ class KNNOutput(NamedTuple):
 
 
 def _neg_sq_distances(query: torch.Tensor, neighbors: torch.Tensor) -> torch.Tensor:
-    """``-||q_i - c_j||^2`` as ``(Q, N)``, via the expansion ``|q|^2 + |c|^2 - 2 q.c``.
+    r"""``-||q_i - c_j||^2`` as ``(Q, N)``, via the expansion ``|q|^2 + |c|^2 - 2 q.c``, without overflow.
 
     Both sides are first centred on the (detached) neighbour mean: distances are translation
     invariant, so this is exact, and it removes most of the cancellation of the expansion for
-    embeddings far from the origin. The result is clamped at 0 (rounding can make it negative)."""
+    embeddings far from the origin. They are then divided by :math:`s`, the power of two at or above
+    their largest absolute entry (detached): exact in floating point, and the expansion of entries
+    in ``[-1, 1]`` is at most :math:`4d` and cannot overflow. The squared distance is
+    :math:`s^2 d'` with :math:`d'` the scaled one (clamped at 0, as rounding can make it negative),
+    the same number as without the scaling; only where that would come near the dtype's largest
+    value :math:`M` (embeddings beyond about :math:`\sqrt{M / (d N)}`) is the factor :math:`s^2`
+    capped at :math:`M / (64 d N)`, so that no score exceeds :math:`M / (16 N)` in size and the
+    operators' sums over a row stay finite: the scores keep their order, and a relaxed top-k of
+    scores that far apart is the hard one. With a NaN or infinite entry the scale is 1 (the
+    unscaled expansion): the non-finite distances stay in that query's row or neighbour's column."""
     centre = neighbors.detach().mean(0, keepdim=True)
     q, c = query - centre, neighbors - centre
+    largest = torch.linalg.vector_norm(c.detach(), float("inf"))
+    if q.shape[0]:
+        largest = torch.maximum(largest, torch.linalg.vector_norm(q.detach(), float("inf")))
+    info = torch.finfo(c.dtype)
+    scale = largest.clamp_min(info.tiny).log2_().ceil_().exp2_()  # a power of two: dividing by it is exact
+    scale = scale.nan_to_num_(nan=1.0, posinf=1.0)  # a non-finite entry: unscaled, its row or column alone NaN/inf
+    q, c = q / scale, c / scale
     sq = q.pow(2).sum(-1, keepdim=True) + c.pow(2).sum(-1) - 2.0 * (q @ c.transpose(0, 1))
-    return -sq.clamp_min(0.0)
+    factor = (scale * scale).clamp_max_(info.max / (64.0 * c.shape[1] * c.shape[0]))
+    return sq.clamp_min(0.0).mul_(factor).neg_()
 
 
 class DifferentiableKNN(torch.nn.Module):

@@ -16,6 +16,7 @@ import torch
 from ._registry import resolve
 from ._validation import check_int, check_scores
 from .operators import topk
+from .ops.compute import can_inspect
 
 __all__ = ["Routing", "TopKRouter", "load_balancing_loss"]
 
@@ -32,13 +33,20 @@ def load_balancing_loss(logits: torch.Tensor, indices: torch.Tensor) -> torch.Te
     for top-k dispatch:
 
     .. math::
-        L = E \sum_{e=1}^{E} f_e P_e, \qquad
+        L = E \sum_{e=1}^{E} f_e P_e = \frac{E}{T k} \sum_{t, j} P_{\mathrm{indices}_{t j}}, \qquad
         f_e = \frac{1}{T k} \sum_{t, j} [\mathrm{indices}_{t j} = e], \qquad
         P_e = \frac{1}{T} \sum_t \mathrm{softmax}(\mathrm{logits}_t)_e,
 
     over the ``T`` tokens (every leading axis). ``L = 1`` when dispatch and probabilities are uniform
     over the experts, and it grows as both concentrate on the same experts; the gradient flows
     through ``P`` (the counts ``f`` are constants). Experts masked with ``-inf`` logits have ``P = 0``.
+    An empty batch (``T = 0``) or ``k = 0`` gives 0, as the class losses do. The softmax is taken
+    in float32; the loss has the logits' dtype.
+
+    The second form is what is computed: a gather of ``P`` at the dispatched experts, with no
+    histogram (a histogram's size would be read on the host on a GPU). That the indices lie in
+    ``[0, E)`` is checked for CPU tensors only (outside ``torch.compile``), as PyTorch's losses check
+    class targets; elsewhere an out-of-range index is the gather's device error.
 
     Args:
         logits: router logits ``(*, E)``.
@@ -54,13 +62,28 @@ def load_balancing_loss(logits: torch.Tensor, indices: torch.Tensor) -> torch.Te
         tensor(1.)
     """
     logits = check_scores("logits", logits)
-    if not isinstance(indices, torch.Tensor) or indices.is_floating_point() or indices.shape[:-1] != logits.shape[:-1]:
+    if not isinstance(indices, torch.Tensor) or indices.is_floating_point() or indices.is_complex() or (
+        indices.dtype == torch.bool
+    ):
+        raise TypeError(f"indices must be an integer tensor, got {getattr(indices, 'dtype', type(indices).__name__)}")
+    if indices.dim() != logits.dim() or indices.shape[:-1] != logits.shape[:-1]:
         raise ValueError(f"indices must be an integer tensor of shape {tuple(logits.shape[:-1])} + (k,), got "
-                         f"{getattr(indices, 'dtype', type(indices).__name__)} {tuple(getattr(indices, 'shape', ()))}")
+                         f"{indices.dtype} {tuple(indices.shape)}")
     experts = logits.shape[-1]
-    fraction = torch.bincount(indices.reshape(-1), minlength=experts).to(logits.dtype) / indices.numel()
-    probability = logits.float().softmax(-1).reshape(-1, experts).mean(0).to(logits.dtype)
-    return experts * (fraction * probability).sum()
+    if indices.device.type == "cpu" and can_inspect(indices) and indices.numel():
+        bad = (indices < 0) | (indices >= experts)
+        if bool(bad.any()):
+            raise ValueError(f"indices must lie in [0, {experts - 1}] (the experts), got {indices[bad][0].item()}")
+    return _balance(logits, indices)
+
+
+def _balance(logits: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """:func:`load_balancing_loss` without the checks: a softmax, a column sum, a gather and a sum."""
+    experts = logits.shape[-1]
+    tokens, picks = logits.numel() // max(experts, 1), indices.numel()
+    total = logits.float().softmax(-1).reshape(-1, experts).sum(0)  # T P
+    scale = experts / (max(tokens, 1) * max(picks, 1))  # empty batch: 0, not 0/0
+    return (total.gather(0, indices.reshape(-1)).sum() * scale).to(logits.dtype)
 
 
 class TopKRouter(torch.nn.Module):
@@ -83,8 +106,14 @@ class TopKRouter(torch.nn.Module):
 
     Shapes: ``forward(x, mask=None)`` takes tokens ``(*, d_model)`` and an optional boolean ``mask``
     broadcastable to ``(*, E)`` (``False``: expert unavailable, its logit set to ``-inf`` and never
-    chosen; every token needs ``k`` available experts) and returns :class:`Routing` with ``weights``
-    and ``indices`` of shape ``(*, k)``.
+    chosen; every token needs ``k`` available experts, which is checked for a CPU mask outside
+    ``torch.compile`` only, so that no call reads values on a GPU) and returns :class:`Routing` with
+    ``weights`` and ``indices`` of shape ``(*, k)``.
+
+    Cost: ``method="hard"`` is the gate's matmul, one ``torch.topk``, a softmax over the ``k`` chosen
+    logits and the auxiliary loss's softmax, column sum, gather and sum. The router reads no tensor
+    values on the host (forward, backward or ``aux_loss``; the mask check aside); a mask method adds
+    the cost of :func:`softtopk.topk` with that method.
 
     Example:
         >>> import torch, softtopk
@@ -112,6 +141,8 @@ class TopKRouter(torch.nn.Module):
         x = check_scores("x", x)
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (*, d_model = {self.d_model}), got {tuple(x.shape)}")
+        if x.device != self.gate.weight.device:
+            raise ValueError(f"x must be on the router's device ({self.gate.weight.device}), got {x.device}")
         logits = self.gate(x)
         if mask is not None:
             logits = self._masked(logits, mask)
@@ -121,7 +152,7 @@ class TopKRouter(torch.nn.Module):
         else:
             chosen = topk(logits, self.k, method=self.method, **self.params)
             routing = Routing(chosen.weights, chosen.indices)
-        self.aux_loss = load_balancing_loss(logits, routing.indices)
+        self.aux_loss = _balance(logits, routing.indices)
         return routing
 
     def _masked(self, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -132,11 +163,12 @@ class TopKRouter(torch.nn.Module):
         except RuntimeError:
             raise ValueError(f"mask must be broadcastable to {tuple(logits.shape)} (*, n_experts), got "
                              f"{tuple(mask.shape)}") from None
-        available = mask.sum(-1)
-        if not torch.compiler.is_compiling() and bool((available < self.k).any()):
-            raise ValueError(f"mask must leave at least k = {self.k} experts available to every token, got a "
-                             f"token with {int(available.min())}")
-        return logits.masked_fill(~mask, float("-inf"))
+        if mask.device.type == "cpu" and can_inspect(mask) and mask.numel():
+            available = mask.sum(-1)
+            if bool((available < self.k).any()):
+                raise ValueError(f"mask must leave at least k = {self.k} experts available to every token, got a "
+                                 f"token with {int(available.min())}")
+        return torch.where(mask, logits, float("-inf"))
 
     def extra_repr(self) -> str:
         params = "".join(f", {name}={value!r}" for name, value in self.params.items())

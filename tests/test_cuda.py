@@ -1,0 +1,151 @@
+"""On a CUDA device (issue 21): every operator, loss, router and kNN call runs forward and backward
+with ``torch.cuda.set_sync_debug_mode("error")`` (no host synchronisation), and its forward is
+captured in a CUDA graph whose replay equals eager (stochastic calls: same shape, finite).
+
+Each case is called once before the checks, as ``tests/dispatch_counter.py`` does: caches built on
+a first call (e.g. a sorting network's layout, copied to the device once) are filled outside them.
+Skipped without CUDA."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+
+import softtopk
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+ROWS, N, K = 64, 1000, 10
+CLASSES_ROWS = 64
+P_K = [0.2] * 5
+
+
+def _scores(shape=(ROWS, N)) -> torch.Tensor:
+    gen = torch.Generator("cuda").manual_seed(0)
+    return torch.randn(shape, generator=gen, device="cuda").requires_grad_()
+
+
+def _mask(fn: Callable, shape=(ROWS, N), stochastic: bool = False):
+    def build():
+        x = _scores(shape)
+        return [x], (lambda: fn(x)), stochastic
+
+    return build
+
+
+def _loss(make: Callable, stochastic: bool = False):
+    def build():
+        x = _scores((CLASSES_ROWS, N))
+        target = torch.randint(0, N, (CLASSES_ROWS,), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+        loss = make()
+        return [x], (lambda: loss(x, target)), stochastic
+
+    return build
+
+
+def _router(method: str, **params):
+    def build():
+        torch.manual_seed(0)
+        router = softtopk.TopKRouter(64, 16, 2, method=method, **params).cuda()
+        x = _scores((256, 64))
+        mask = torch.ones(16, dtype=torch.bool, device="cuda")
+
+        def forward():
+            weights = router(x, mask)[0]
+            return weights.sum(-1) + router.aux_loss
+
+        return [x, *router.parameters()], forward, False
+
+    return build
+
+
+def _knn(method: str, stochastic: bool = False, **params):
+    def build():
+        knn = softtopk.DifferentiableKNN(3, method=method, **params)
+        query, neighbors = _scores((16, 8)), _scores((100, 8))
+        labels = torch.arange(100, device="cuda") % 5
+        query_labels = torch.arange(16, device="cuda") % 5
+        return [query, neighbors], (lambda: knn(query, neighbors, labels, query_labels).loss), stochastic
+
+    return build
+
+
+def _soft_topk(method: str, **params):
+    return lambda x: softtopk.soft_topk(x, K, method=method, **params)
+
+
+CASES = {
+    "lapsum": _mask(_soft_topk("lapsum")),
+    "lapsum hard": _mask(_soft_topk("lapsum", hard=True)),
+    "lapsum largest=False": _mask(_soft_topk("lapsum", largest=False)),
+    "sparse p=4/3": _mask(_soft_topk("sparse")),
+    "sparse p=2": _mask(_soft_topk("sparse", p=2.0)),
+    "sparse dykstra": _mask(_soft_topk("sparse", p=2.0, solver="dykstra", n_iter=50)),
+    "neuralsort": _mask(_soft_topk("neuralsort")),
+    "softsort": _mask(_soft_topk("softsort")),
+    "gumbel no noise": _mask(_soft_topk("gumbel", noise=False)),
+    "gumbel": _mask(_soft_topk("gumbel"), stochastic=True),
+    "gumbel subsets": _mask(_soft_topk("gumbel", relaxation="subsets"), stochastic=True),
+    "perturbed": _mask(_soft_topk("perturbed", n_samples=8), stochastic=True),
+    "bitonic": _mask(_soft_topk("bitonic"), shape=(ROWS, 100)),
+    "splitter_selection": _mask(_soft_topk("splitter_selection"), shape=(ROWS, 100)),
+    "odd_even": _mask(_soft_topk("odd_even"), shape=(8, 32)),
+    "sparse_topk_mag": _mask(lambda x: softtopk.sparse_topk_mag(x, K)),
+    "topk weights": _mask(lambda x: softtopk.topk(x, K, method="lapsum").weights),
+    "soft_topk_ranks softsort": _mask(lambda x: softtopk.soft_topk_ranks(x, K, method="softsort")),
+    "soft_topk_ranks neuralsort": _mask(lambda x: softtopk.soft_topk_ranks(x, K, method="neuralsort")),
+    "soft_permutation softsort": _mask(lambda x: softtopk.soft_permutation(x, method="softsort"), shape=(8, 64)),
+    "TopKCE splitter m=16": _loss(lambda: softtopk.TopKCrossEntropyLoss(P_K, method="splitter_selection", m=16)),
+    "TopKCE neuralsort m=16": _loss(lambda: softtopk.TopKCrossEntropyLoss(P_K, method="neuralsort", m=16)),
+    "SmoothTopKSVM": _loss(lambda: softtopk.SmoothTopKSVM(k=5)),
+    "SmoothTop1SVM": _loss(lambda: softtopk.SmoothTop1SVM()),
+    "TopKSVM": _loss(lambda: softtopk.TopKSVM(k=5)),
+    "BalNoisedTopK": _loss(lambda: softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5), stochastic=True),
+    "ImbalNoisedTopK": _loss(lambda: softtopk.ImbalNoisedTopK(5, epsilon=0.01, max_m=0.2, cls_num_list=[10.0] * N),
+                             stochastic=True),
+    "router hard": _router("hard"),
+    "router lapsum hard": _router("lapsum", hard=True),
+    "router sparse": _router("sparse"),
+    "kNN neuralsort": _knn("neuralsort"),
+    "kNN lapsum": _knn("lapsum"),
+    "kNN gumbel": _knn("gumbel", stochastic=True),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_backward_never_syncs(name):
+    leaves, forward, _ = CASES[name]()
+    forward().sum().backward()  # the first call: caches filled here
+    for leaf in leaves:
+        leaf.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = forward()
+        out.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(leaf.grad is not None for leaf in leaves[:1])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_captured_in_a_cuda_graph_replays_eager(name):
+    _, forward, stochastic = CASES[name]()
+    with torch.no_grad():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graphs asks
+            for _ in range(2):
+                forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = forward()
+        graph.replay()
+        eager = forward()
+        torch.cuda.synchronize()
+    assert captured.shape == eager.shape and torch.isfinite(captured).all()
+    if not stochastic:
+        torch.testing.assert_close(captured, eager)
