@@ -28,7 +28,7 @@ from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
 from .ops.neuralsort import neuralsort_ranks
 from .ops.perturbed import NOISE_KINDS, perturbed_topk_rows
-from .ops.softsort import softsort_ranks
+from .ops.softsort import softsort_mask, softsort_ranks
 from .ops.sorting_networks import network_label_ranks, network_mask, network_ranks
 from .ops.sparse import P_VALUES, SOLVERS, sparse_mask_rows
 from .ops.swaps import DISTRIBUTIONS
@@ -101,6 +101,20 @@ def _mask_of_ranks(ranks: Callable[..., torch.Tensor]) -> Callable[..., torch.Te
     def hard_or_soft(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
         soft = mask_from_ranks(x, k, lambda rows, kk: ranks(rows, kk, **params))
         return straight_through_mask(x, k, soft) if hard else soft
+
+    return hard_or_soft
+
+
+def _exact_with_hard(kernel: Callable[..., torch.Tensor], *, ranks: bool) -> Callable[..., torch.Tensor]:
+    """A mask (``ranks=False``) or rank kernel that is exact on every row itself (the ``±inf``
+    semantics of :mod:`softtopk._extended` inside the kernel, no value read), with the
+    straight-through ``hard`` option."""
+
+    def hard_or_soft(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
+        soft = kernel(x, k, **params)
+        if not hard:
+            return soft
+        return straight_through_ranks(x, soft) if ranks else straight_through_mask(x, k, soft)
 
     return hard_or_soft
 
@@ -179,8 +193,8 @@ _REGISTRY["softsort"] = _Method(
         summary="SoftSort (Prillo & Eisenschlos 2020); permutation equivariant; rank columns sum "
         "to 1, an item's mask may exceed 1; tau may be a per-row tensor (with gradients)",
     ),
-    _ranks_with_hard(softsort_ranks),
-    _mask_of_ranks(softsort_ranks),
+    _exact_with_hard(softsort_ranks, ranks=True),
+    _exact_with_hard(softsort_mask, ranks=False),
     checks={"tau": check_positive_or_tensor, "hard": check_bool, "power": functools.partial(check_real, low=1.0)},
     tensor_args=("tau",),
 )
