@@ -26,7 +26,7 @@ from .ops._straight_through import straight_through_mask, straight_through_ranks
 from .ops.gumbel import RELAXATIONS, gumbel_mask_rows, gumbel_ranks_rows
 from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
-from .ops.neuralsort import neuralsort_ranks
+from .ops.neuralsort import neuralsort_mask, neuralsort_ranks
 from .ops.perturbed import NOISE_KINDS, perturbed_topk_rows
 from .ops.softsort import softsort_mask, softsort_ranks
 from .ops.sorting_networks import network_label_ranks, network_mask, network_ranks
@@ -178,8 +178,8 @@ _REGISTRY["neuralsort"] = _Method(
         summary="NeuralSort (Grover et al. 2019); permutation equivariant; rank columns sum to 1, "
         "an item's mask may exceed 1; tau may be a per-row tensor (with gradients)",
     ),
-    _ranks_with_hard(neuralsort_ranks),
-    _mask_of_ranks(neuralsort_ranks),
+    _exact_with_hard(neuralsort_ranks, ranks=True),
+    _exact_with_hard(neuralsort_mask, ranks=False),
     checks={"tau": check_positive_or_tensor, "hard": check_bool},
     tensor_args=("tau",),
 )

@@ -61,11 +61,9 @@ class _SoftSort(torch.autograd.Function):
             ranks = torch.softmax(distance / -tau, dim=-2)
         if not reduce:
             return ranks, None, slope, index[..., :k], None
-        if k == n:  # every row selects all: the mask is 1 (NaN stays in its row)
-            chosen = xs == xs
-        else:  # rows with at most k entries above -inf select them all
-            low = torch.finfo(x.dtype).min
-            chosen = (xs > low) & (top[..., k:] == low)
+        low = torch.finfo(x.dtype).min
+        # rows with at most k < n entries above -inf select them all, with gradient 0
+        chosen = (xs > low) & (top[..., k:] == low)
         return ranks.sum(-1).masked_fill_(chosen, 1.0), ranks, slope, index[..., :k], chosen
 
     @staticmethod
@@ -112,4 +110,6 @@ def softsort_ranks(x: torch.Tensor, k: int, *, tau: float | torch.Tensor, power:
 def softsort_mask(x: torch.Tensor, k: int, *, tau: float | torch.Tensor, power: float) -> torch.Tensor:
     """SoftSort mask ``Σ_r P`` (B, n) of ``x`` (B, n) for every row (``±inf`` included; a row with
     at most ``k`` entries above ``-inf`` selects them all, the ``-inf`` entries share the rest)."""
+    if k == x.shape[-1]:  # every row selects all (NaN stays in its row)
+        return torch.where(x == x, 1.0, x)
     return _SoftSort.apply(x, tau, k, float(power), True)[0]
