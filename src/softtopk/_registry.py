@@ -23,7 +23,7 @@ from ._validation import (
     check_real,
 )
 from .ops._straight_through import straight_through_mask, straight_through_ranks
-from .ops.gumbel import RELAXATIONS, gumbel_mask_rows, gumbel_ranks_rows
+from .ops.gumbel import RELAXATIONS, gumbel_keys, gumbel_ranks_rows
 from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
 from .ops.neuralsort import neuralsort_mask, neuralsort_ranks
@@ -91,16 +91,6 @@ def _ranks_with_hard(ranks: Callable[..., torch.Tensor]) -> Callable[..., torch.
     def hard_or_soft(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
         soft = extended_ranks(x, k, lambda rows, kk: ranks(rows, kk, **params))
         return straight_through_ranks(x, soft) if hard else soft
-
-    return hard_or_soft
-
-
-def _mask_of_ranks(ranks: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """The mask ``Σ_r ranks`` of a rank kernel, extended to every row, with the ``hard`` option."""
-
-    def hard_or_soft(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
-        soft = mask_from_ranks(x, k, lambda rows, kk: ranks(rows, kk, **params))
-        return straight_through_mask(x, k, soft) if hard else soft
 
     return hard_or_soft
 
@@ -257,7 +247,10 @@ def _gumbel_ranks(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
 def _gumbel_mask(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
     if params["relaxation"] == "subsets":
         return mask_from_ranks(x, k, lambda rows, kk: gumbel_ranks_rows(rows, kk, **params))
-    return extended_mask(x, k, lambda rows, kk: gumbel_mask_rows(rows, kk, **params))
+    # the lapsum mask of the keys (finite noise keeps every ±inf where it is), by lapsum's own
+    # entry: its ±inf handling, and its hard=True (the k-hot of the keys, a sample)
+    keys = gumbel_keys(x, params["noise"], params["generator"])
+    return _REGISTRY["lapsum"].mask(keys, k, hard=params["hard"], tau=params["tau"])
 
 
 _REGISTRY["gumbel"] = _Method(

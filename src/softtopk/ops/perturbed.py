@@ -24,13 +24,15 @@ import torch
 NOISE_KINDS = ("gaussian", "gumbel")
 
 
-def draw_noise(shape: tuple[int, ...], kind: str, generator, like: torch.Tensor) -> torch.Tensor:
-    """Standard Gaussian or Gumbel noise of ``shape`` in ``like``'s dtype, on its device."""
+def draw_noise(shape: tuple[int, ...], kind: str, generator, like: torch.Tensor, *, negated: bool = False) -> torch.Tensor:
+    """Standard Gaussian or Gumbel noise of ``shape`` in ``like``'s dtype, on its device, from
+    ``generator`` or (``None``) the global RNG; ``negated`` (Gumbel only) gives ``-G`` one op sooner."""
     if kind == "gaussian":
         return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
     uniform = torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
     # -log(-log U), in place on the fresh draws; finite: no U = 0
-    return uniform.clamp_min_(torch.finfo(like.dtype).tiny).log_().neg_().log_().neg_()
+    negative = uniform.clamp_min_(torch.finfo(like.dtype).tiny).log_().neg_().log_()
+    return negative if negated else negative.neg_()
 
 
 class _PerturbedTopK(torch.autograd.Function):
