@@ -50,7 +50,7 @@ _FAR = 2.0**600  # M for float64 scores (float32 ones take their largest finite 
 
 
 class _NeuralSort(torch.autograd.Function):
-    """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` (B, n, k)."""
+    """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` laid out (B, k, n)."""
 
     generate_vmap_rule = True
 
@@ -67,18 +67,20 @@ class _NeuralSort(torch.autograd.Function):
         sums = F.pad(cleaned, (1, 0)).cumsum(-1, dtype=_WIDE).gather(-1, below)  # C_i
         shift = torch.arange(n - 0.5, n - 0.5 - k, -1.0, dtype=_WIDE, device=x.device)  # ρ + 1/2
         # C_i - (ℓ_i - 1/2 - ρ) s_i, in float64
-        logits = torch.addcmul(torch.addcmul(sums, below, far, value=-1).unsqueeze(-1), far.unsqueeze(-1), shift)
+        # laid out (B, k, n): each softmax runs along contiguous memory
+        logits = torch.addcmul(torch.addcmul(sums, below, far, value=-1).unsqueeze(-2), shift.unsqueeze(-1),
+                               far.unsqueeze(-2))
         if isinstance(tau, torch.Tensor):
             logits = logits.mul_(2.0).div_(tau.unsqueeze(-1))
         else:
             logits = logits.mul_(2.0 / tau)
-        ranks = torch.softmax(logits, dim=-2)
+        ranks = torch.softmax(logits, dim=-1)
         if not reduce:
             out = ranks.to(x.dtype)  # ranks itself for float64 (then returned once)
             return out, None if out is ranks else ranks, ordered, order, below, far, shift, None
         # rows with at most k < n entries above -inf select them all, with gradient 0
         short = ordered[..., n - 1 - k : n - k] == float("-inf")
-        mask = ranks.sum(-1, dtype=x.dtype).masked_fill_((x > float("-inf")) & short, 1.0)
+        mask = ranks.sum(-2, dtype=x.dtype).masked_fill_((x > float("-inf")) & short, 1.0)
         return mask, ranks, ordered, order, below, far, shift, short
 
     @staticmethod
@@ -98,15 +100,15 @@ class _NeuralSort(torch.autograd.Function):
             return None, None, None, None
         x, ranks, ordered, order, below, far, shift, short, tau_t = ctx.saved_tensors
         if ctx.reduce:
-            grad = grad.masked_fill(short, 0.0).to(_WIDE).unsqueeze(-1)  # (B, n, 1)
-            mean = torch.bmm(grad.transpose(-1, -2), ranks)  # (B, 1, k): Σ_i P g_i
+            grad = grad.masked_fill(short, 0.0).to(_WIDE).unsqueeze(-2)  # (B, 1, n)
+            mean = torch.bmm(ranks, grad.transpose(-1, -2))  # (B, k, 1): Σ_i P g_i
         else:
             grad = grad.to(_WIDE)
-            mean = (ranks * grad).sum(-2, keepdim=True)
+            mean = (ranks * grad).sum(-1, keepdim=True)
         centred = grad - mean
-        gamma = ranks * centred  # γ τ
-        alpha = gamma.sum(-1)
-        beta = gamma @ shift
+        gamma = ranks * centred  # γ τ, (B, k, n)
+        alpha = gamma.sum(-2)
+        beta = shift @ gamma
         # Σ_{s_l < s_i} α_l + Σ_{s_l <= s_i} α_l, from the prefix sums of α in sorted order
         cumulative = F.pad(alpha.gather(-1, order), (1, 0)).cumsum(-1)  # Σ_{l < j} in sorted order
         at_most = torch.searchsorted(ordered, far, right=True)
@@ -124,7 +126,7 @@ class _NeuralSort(torch.autograd.Function):
 def neuralsort_ranks(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> torch.Tensor:
     """NeuralSort top-k ranks ``(B, n, k)`` of ``x`` (B, n), which may hold ``±inf`` entries (module
     docstring); ``tau`` a float or a per-row (B, 1) tensor."""
-    return _NeuralSort.apply(x, tau, k, False)[0]
+    return _NeuralSort.apply(x, tau, k, False)[0].transpose(-1, -2)
 
 
 def neuralsort_mask(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> torch.Tensor:

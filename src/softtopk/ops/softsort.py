@@ -31,7 +31,8 @@ import torch
 
 
 class _SoftSort(torch.autograd.Function):
-    """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` (B, n, k)."""
+    """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` laid out
+    (B, k, n): each softmax runs along contiguous memory."""
 
     generate_vmap_rule = True
 
@@ -46,7 +47,7 @@ class _SoftSort(torch.autograd.Function):
             top, index = xs.sort(dim=-1, descending=True)
         else:
             top, index = xs.topk(k + 1, dim=-1)
-        diff = xs.unsqueeze(-1) - top[..., :k].unsqueeze(-2)
+        diff = xs.unsqueeze(-2) - top[..., :k].unsqueeze(-1)
         if power != 1.0:
             # capped where its power overflows but its slope does not (a zero weight's slope stays finite)
             cap = torch.finfo(x.dtype).max ** (1.0 / power) * 2.0
@@ -56,15 +57,15 @@ class _SoftSort(torch.autograd.Function):
         else:
             distance, slope = diff.abs(), diff.sign()
         if isinstance(tau, torch.Tensor):
-            ranks = torch.softmax(distance.neg_() / tau.unsqueeze(-1), dim=-2)
+            ranks = torch.softmax(distance.neg_() / tau.unsqueeze(-1), dim=-1)
         else:
-            ranks = torch.softmax(distance / -tau, dim=-2)
+            ranks = torch.softmax(distance / -tau, dim=-1)
         if not reduce:
             return ranks, None, slope, index[..., :k], None
         low = torch.finfo(x.dtype).min
         # rows with at most k < n entries above -inf select them all, with gradient 0
         chosen = (xs > low) & (top[..., k:] == low)
-        return ranks.sum(-1).masked_fill_(chosen, 1.0), ranks, slope, index[..., :k], chosen
+        return ranks.sum(-2).masked_fill_(chosen, 1.0), ranks, slope, index[..., :k], chosen
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -87,14 +88,14 @@ class _SoftSort(torch.autograd.Function):
         ranks, slope, index, chosen, tau_t = ctx.saved_tensors
         tau = tau_t.unsqueeze(-1) if ctx.tau_tensor else ctx.tau
         if ctx.reduce:
-            grad = grad.masked_fill(chosen, 0.0).unsqueeze(-1)  # (B, n, 1)
-            mean = torch.bmm(grad.transpose(-1, -2), ranks)  # (B, 1, k): Σ_i P g_i
+            grad = grad.masked_fill(chosen, 0.0).unsqueeze(-2)  # (B, 1, n)
+            mean = torch.bmm(ranks, grad.transpose(-1, -2))  # (B, k, 1): Σ_i P g_i
         else:
-            mean = (ranks * grad).sum(-2, keepdim=True)
+            mean = (ranks * grad).sum(-1, keepdim=True)
         centred = grad - mean  # g - ḡ_r
         delta = ranks * centred
         w = delta * slope / tau if ctx.tau_tensor else delta.mul_(slope).mul_(1.0 / tau)
-        grad_x = w.sum(-1).neg_().scatter_add_(-1, index, w.sum(-2))
+        grad_x = w.sum(-2).neg_().scatter_add_(-1, index, w.sum(-1))
         grad_tau = None
         if ctx.tau_tensor and ctx.needs_input_grad[1]:
             grad_tau = -(centred * torch.special.xlogy(ranks, ranks)).sum((-2, -1)).unsqueeze(-1) / tau_t
@@ -104,7 +105,7 @@ class _SoftSort(torch.autograd.Function):
 def softsort_ranks(x: torch.Tensor, k: int, *, tau: float | torch.Tensor, power: float) -> torch.Tensor:
     """SoftSort top-k ranks ``(B, n, k)`` of ``x`` (B, n), which may hold ``±inf`` entries (module
     docstring); ``tau`` a float or a per-row (B, 1) tensor."""
-    return _SoftSort.apply(x, tau, k, float(power), False)[0]
+    return _SoftSort.apply(x, tau, k, float(power), False)[0].transpose(-1, -2)
 
 
 def softsort_mask(x: torch.Tensor, k: int, *, tau: float | torch.Tensor, power: float) -> torch.Tensor:
