@@ -70,6 +70,8 @@ class _NeuralSort(torch.autograd.Function):
         # laid out (B, k, n): each softmax runs along contiguous memory
         logits = torch.addcmul(torch.addcmul(sums, below, far, value=-1).unsqueeze(-2), shift.unsqueeze(-1),
                                far.unsqueeze(-2))
+        if x.dtype == _WIDE:  # no exponent range to spare: from each rank's maximum before dividing by τ
+            logits = logits.sub_(logits.amax(-1, keepdim=True))
         if isinstance(tau, torch.Tensor):
             logits = logits.mul_(2.0).div_(tau.unsqueeze(-1))
         else:
