@@ -235,7 +235,7 @@ _REGISTRY["perturbed"] = _Method(
         "values multiples of 1/n_samples; perturbed-optimiser gradient estimator",
     ),
     None,
-    _with_hard(perturbed_topk_rows),
+    _exact_with_hard(perturbed_topk_rows, ranks=False),
     checks={"sigma": _positive, "n_samples": _count, "noise": _choice(NOISE_KINDS), "generator": check_generator,
             "hard": check_bool},
 )
