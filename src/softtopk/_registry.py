@@ -23,12 +23,12 @@ from ._validation import (
     check_real,
 )
 from .ops._straight_through import straight_through_mask, straight_through_ranks
-from .ops.gumbel import RELAXATIONS, gumbel_mask_rows, gumbel_ranks_rows
+from .ops.gumbel import RELAXATIONS, gumbel_keys, gumbel_ranks_rows
 from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
-from .ops.neuralsort import neuralsort_ranks
+from .ops.neuralsort import neuralsort_mask, neuralsort_ranks
 from .ops.perturbed import NOISE_KINDS, perturbed_topk_rows
-from .ops.softsort import softsort_ranks
+from .ops.softsort import softsort_mask, softsort_ranks
 from .ops.sorting_networks import network_label_ranks, network_mask, network_ranks
 from .ops.sparse import P_VALUES, SOLVERS, sparse_mask_rows
 from .ops.swaps import DISTRIBUTIONS
@@ -95,12 +95,16 @@ def _ranks_with_hard(ranks: Callable[..., torch.Tensor]) -> Callable[..., torch.
     return hard_or_soft
 
 
-def _mask_of_ranks(ranks: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """The mask ``Σ_r ranks`` of a rank kernel, extended to every row, with the ``hard`` option."""
+def _exact_with_hard(kernel: Callable[..., torch.Tensor], *, ranks: bool) -> Callable[..., torch.Tensor]:
+    """A mask (``ranks=False``) or rank kernel that is exact on every row itself (the ``±inf``
+    semantics of :mod:`softtopk._extended` inside the kernel, no value read), with the
+    straight-through ``hard`` option."""
 
     def hard_or_soft(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
-        soft = mask_from_ranks(x, k, lambda rows, kk: ranks(rows, kk, **params))
-        return straight_through_mask(x, k, soft) if hard else soft
+        soft = kernel(x, k, **params)
+        if not hard:
+            return soft
+        return straight_through_ranks(x, soft) if ranks else straight_through_mask(x, k, soft)
 
     return hard_or_soft
 
@@ -164,8 +168,8 @@ _REGISTRY["neuralsort"] = _Method(
         summary="NeuralSort (Grover et al. 2019); permutation equivariant; rank columns sum to 1, "
         "an item's mask may exceed 1; tau may be a per-row tensor (with gradients)",
     ),
-    _ranks_with_hard(neuralsort_ranks),
-    _mask_of_ranks(neuralsort_ranks),
+    _exact_with_hard(neuralsort_ranks, ranks=True),
+    _exact_with_hard(neuralsort_mask, ranks=False),
     checks={"tau": check_positive_or_tensor, "hard": check_bool},
     tensor_args=("tau",),
 )
@@ -179,8 +183,8 @@ _REGISTRY["softsort"] = _Method(
         summary="SoftSort (Prillo & Eisenschlos 2020); permutation equivariant; rank columns sum "
         "to 1, an item's mask may exceed 1; tau may be a per-row tensor (with gradients)",
     ),
-    _ranks_with_hard(softsort_ranks),
-    _mask_of_ranks(softsort_ranks),
+    _exact_with_hard(softsort_ranks, ranks=True),
+    _exact_with_hard(softsort_mask, ranks=False),
     checks={"tau": check_positive_or_tensor, "hard": check_bool, "power": functools.partial(check_real, low=1.0)},
     tensor_args=("tau",),
 )
@@ -231,7 +235,7 @@ _REGISTRY["perturbed"] = _Method(
         "values multiples of 1/n_samples; perturbed-optimiser gradient estimator",
     ),
     None,
-    _with_hard(perturbed_topk_rows),
+    _exact_with_hard(perturbed_topk_rows, ranks=False),
     checks={"sigma": _positive, "n_samples": _count, "noise": _choice(NOISE_KINDS), "generator": check_generator,
             "hard": check_bool},
 )
@@ -243,7 +247,10 @@ def _gumbel_ranks(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
 def _gumbel_mask(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
     if params["relaxation"] == "subsets":
         return mask_from_ranks(x, k, lambda rows, kk: gumbel_ranks_rows(rows, kk, **params))
-    return extended_mask(x, k, lambda rows, kk: gumbel_mask_rows(rows, kk, **params))
+    # the lapsum mask of the keys (finite noise keeps every ±inf where it is), by lapsum's own
+    # entry: its ±inf handling, and its hard=True (the k-hot of the keys, a sample)
+    keys = gumbel_keys(x, params["noise"], params["generator"])
+    return _REGISTRY["lapsum"].mask(keys, k, hard=params["hard"], tau=params["tau"])
 
 
 _REGISTRY["gumbel"] = _Method(

@@ -85,12 +85,15 @@ def _subsets_steps(keys: torch.Tensor, k: int, tau: float) -> torch.Tensor:
     return torch.stack(steps, -1)
 
 
-def _keys(rows: torch.Tensor, noise: bool | torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Perturbed keys ``rows + G``: drawn (``noise=True``), given rows of draws, or none (``False``)."""
+def gumbel_keys(rows: torch.Tensor, noise: bool | torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Perturbed keys ``rows + G``: drawn (``noise=True``), given rows of draws, or none (``False``).
+
+    Drawn keys are ``rows - log(-log U)`` (``U`` uniform, from ``generator`` or the global RNG),
+    bitwise ``rows + G`` for the draws :func:`softtopk.ops.perturbed.draw_noise` gives."""
     if isinstance(noise, torch.Tensor):
         return rows + noise
     if noise:
-        return rows + draw_noise(tuple(rows.shape), "gumbel", generator, rows)
+        return rows - draw_noise(tuple(rows.shape), "gumbel", generator, rows, negated=True)
     return rows
 
 
@@ -114,7 +117,7 @@ def gumbel_ranks_rows(
     ``relaxation="subsets"`` has per-step ranks (the registry refuses ``"lapsum"`` here).
     ``noise`` may be a tensor of draws of the rows' shape.
     """
-    keys = _keys(rows, noise, generator)
+    keys = gumbel_keys(rows, noise, generator)
     ranks = _subsets_steps(keys, k, tau)
     return straight_through_ranks(keys, ranks) if hard else ranks
 
@@ -125,7 +128,7 @@ def gumbel_mask_rows(
 ) -> torch.Tensor:
     """Relaxed (or straight-through hard) Gumbel top-k mask ``(B, n)`` of rows ``(B, n)`` (in the
     compute dtype). ``noise`` may be a tensor of draws of the rows' shape."""
-    keys = _keys(rows, noise, generator)
+    keys = gumbel_keys(rows, noise, generator)
     if relaxation == "subsets":
         ranks = _subsets_steps(keys, k, tau)
         # the one-hot ranks of the keys' top-k sum to its exact k-hot

@@ -6,85 +6,134 @@ For scores :math:`s \\in \\mathbb{R}^n` and rank :math:`r` (0-based, 0 = largest
     P[i, r] = \\operatorname{softmax}_i\\Big(\\big((n - 1 - 2r)\\, s_i - \\textstyle\\sum_l |s_i - s_l|\\big)/\\tau\\Big).
 
 Each rank column sums to 1; an item's weights over ranks need not (so a mask ``P[:, :k].sum(-1)``
-sums to ``k`` but may exceed 1 for an item). :math:`A_i = \\sum_l |s_i - s_l|` is computed after one
-sort with prefix sums, so top-k ranks cost ``O(n log n + n k)`` time and ``O(n k)`` memory instead of
-the original ``O(n^2)``. Its backward uses ``d|u|/du = sign(u)`` with ``sign(0) = 0``, as the
-original's ``torch.abs``: tied scores get symmetric gradients.
+sums to ``k`` but may exceed 1 for an item). With :math:`\\ell_i` the number of scores below
+:math:`s_i`, :math:`C_i` their sum and :math:`\\rho = n - 1 - r`, the logit is, up to a constant
+of the column, :math:`2\\,(C_i - (\\ell_i - \\tfrac12 - \\rho)\\, s_i)`: one sort, a prefix sum and a
+``searchsorted`` give it for every item (tied scores get the same ``ℓ`` and so bitwise equal
+logits), so top-k ranks cost ``O(n log n + n k)`` time and ``O(n k)`` memory instead of ``O(n^2)``.
+The logits and the softmax are computed in float64 (float32 cancellation in ``(n - 1 - 2r) s_i -
+A_i`` reaches ``1e-3`` of the scores' spread from ``n ≈ 1000`` on, and scores near ``1e38`` would
+overflow).
 
-Entries at ``-inf`` are left out: with ``f`` finite entries, the finite ones get the formula with
-``f`` for ``n`` (the limit of entries at ``-M``, ``M → ∞``), the ``-inf`` ones weight 0 on the ranks
-``r < f``. The logits are formed in float64 from ``n > 1024`` on, where float32 cancellation in
-``(n - 1 - 2r) s_i - A_i`` would reach ``1e-3`` of the scores' spread.
+Its backward is hand-written: with :math:`\\gamma = P \\odot (g - \\bar g_r)/\\tau` (``g`` the
+incoming gradient, :math:`\\bar g_r = \\sum_i P_{ir} g_i`), :math:`\\alpha_i = \\sum_r \\gamma_{ir}`,
+:math:`\\beta_i = \\sum_r (\\rho_r + \\frac12) \\gamma_{ir}`, and :math:`h_i` the number of scores
+at or below :math:`s_i`,
+
+.. math::
+    \\partial s_i = 2\\beta_i - (\\ell_i + h_i)\\,\\alpha_i - \\textstyle\\sum_{s_l < s_i} \\alpha_l
+    - \\sum_{s_l \\le s_i} \\alpha_l ,
+
+which is ``d|u|/du = sign(u)`` with ``sign(0) = 0``, as the original's ``torch.abs``: tied scores
+get symmetric gradients. :math:`\\partial\\tau = -\\frac1\\tau \\sum \\gamma\\tau \\log P`
+(``0 log 0 = 0``).
+
+Infinite scores (the semantics of :mod:`softtopk._extended`) are handled in the kernel: the prefix
+sums skip them, and in the ``s_i`` factor ``+inf`` becomes ``M`` and ``-inf`` ``-M/2`` with ``ℓ``
+counted as for a score just above the finite ones (``+inf``) or just below them (``-inf``), which
+is the limit of entries at ``±M``: the ``+inf`` entries share the first ranks equally, the ``-inf``
+entries the ranks past the finite ones, and every other weight of theirs is exactly 0, as are
+their gradients; the finite entries get the formula of the finite entries alone. A row with at
+most ``k`` entries above ``-inf`` has mask 1 on those entries (gradient 0).
 
 Reference: A. Grover, E. Wang, A. Zweig, S. Ermon, "Stochastic Optimization of Sorting Networks via
-Continuous Relaxations", ICLR 2019.
+Continuous Relaxations", ICML 2019.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-_WIDE_FROM = 1024
+_WIDE = torch.float64
+_FAR = 2.0**600  # M for float64 scores (float32 ones take their largest finite value): M n / tau stays finite
 
 
-class _Deviation(torch.autograd.Function):
-    """``A_i = Σ_{l valid} |s_i - s_l|`` of rows ``s`` (B, n) over the ``valid`` entries (0 elsewhere)."""
+class _NeuralSort(torch.autograd.Function):
+    """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` laid out (B, k, n)."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(s: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        count = valid.sum(-1, keepdim=True)
-        key = torch.where(valid, s, float("-inf"))
-        values, order = key.sort(-1)
-        invalid = s.shape[-1] - count  # the invalid entries sort first
-        values = torch.where(values == float("-inf"), 0.0, values)
-        # at sorted position j, the valid index j - invalid: A = (2 j' - f) v_j + Σ v - 2 Σ_{l<j} v_l
-        before = values.cumsum(-1) - values
-        position = torch.arange(s.shape[-1], device=s.device, dtype=s.dtype) - invalid
-        sorted_a = (2 * position - count) * values + values.sum(-1, keepdim=True) - 2 * before
-        return torch.empty_like(s).scatter_(-1, order, sorted_a) * valid
+    def forward(x, tau, k, reduce):
+        n = x.shape[-1]
+        x = x.contiguous()  # contiguous rows for searchsorted
+        ordered, order = x.sort(-1)
+        # the s_i factor: ±inf as ±M (-M/2 below, so that searchsorted counts the -inf entries)
+        big = min(_FAR, torch.finfo(x.dtype).max)
+        far = x.nan_to_num(nan=float("nan"), posinf=big, neginf=-big / 2)
+        below = torch.searchsorted(ordered, far)  # ℓ_i (+inf: the entries below +inf)
+        cleaned = ordered.nan_to_num(nan=float("nan"), posinf=0.0, neginf=0.0)
+        sums = F.pad(cleaned, (1, 0)).cumsum(-1, dtype=_WIDE).gather(-1, below)  # C_i
+        shift = torch.arange(n - 0.5, n - 0.5 - k, -1.0, dtype=_WIDE, device=x.device)  # ρ + 1/2
+        # C_i - (ℓ_i - 1/2 - ρ) s_i, in float64
+        # laid out (B, k, n): each softmax runs along contiguous memory
+        logits = torch.addcmul(torch.addcmul(sums, below, far, value=-1).unsqueeze(-2), shift.unsqueeze(-1),
+                               far.unsqueeze(-2))
+        if x.dtype == _WIDE:  # no exponent range to spare: from each rank's maximum before dividing by τ
+            logits = logits.sub_(logits.amax(-1, keepdim=True))
+        if isinstance(tau, torch.Tensor):
+            logits = logits.mul_(2.0).div_(tau.unsqueeze(-1))
+        else:
+            logits = logits.mul_(2.0 / tau)
+        ranks = torch.softmax(logits, dim=-1)
+        if not reduce:
+            out = ranks.to(x.dtype)  # ranks itself for float64 (then returned once)
+            return out, None if out is ranks else ranks, ordered, order, below, far, shift, None
+        # rows with at most k < n entries above -inf select them all, with gradient 0
+        short = ordered[..., n - 1 - k : n - k] == float("-inf")
+        mask = ranks.sum(-2, dtype=x.dtype).masked_fill_((x > float("-inf")) & short, 1.0)
+        return mask, ranks, ordered, order, below, far, shift, short
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(*inputs)
+    def setup_context(ctx, inputs, output):
+        x, tau, _, ctx.reduce = inputs
+        ctx.dtype = x.dtype
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(*(t for t in output[1:] if t is not None))
+        ctx.tau_tensor = isinstance(tau, torch.Tensor)
+        ctx.tau = None if ctx.tau_tensor else tau
+        ranks = output[0] if output[1] is None else output[1]
+        ctx.save_for_backward(x, ranks, *output[2:], tau if ctx.tau_tensor else None)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        # ∂A_i/∂s_j = sign(s_j - s_i) for i != j, and Σ_l sign(s_j - s_l) for i = j (sign(0) = 0)
-        s, valid = ctx.saved_tensors
-        g = torch.where(valid, grad, 0.0)
-        key = torch.where(valid, s, float("-inf"))
-        values, order = key.sort(-1)
-        cumulative = torch.cat([g.new_zeros(g.shape[0], 1), g.gather(-1, order).cumsum(-1)], -1)
-        lo = torch.searchsorted(values, key, right=False)  # entries strictly below
-        hi = torch.searchsorted(values, key, right=True)  # entries at or below
-        invalid = s.shape[-1] - valid.sum(-1, keepdim=True)
-        below, above = (lo - invalid).to(g.dtype), (s.shape[-1] - hi).to(g.dtype)
-        g_below = cumulative.gather(-1, lo)
-        g_above = cumulative[:, -1:] - cumulative.gather(-1, hi)
-        return torch.where(valid, g * (below - above) + g_below - g_above, 0.0), None
+    def backward(ctx, grad, *_):
+        if grad is None:
+            return None, None, None, None
+        x, ranks, ordered, order, below, far, shift, short, tau_t = ctx.saved_tensors
+        if ctx.reduce:
+            grad = grad.masked_fill(short, 0.0).to(_WIDE).unsqueeze(-2)  # (B, 1, n)
+            mean = torch.bmm(ranks, grad.transpose(-1, -2))  # (B, k, 1): Σ_i P g_i
+        else:
+            grad = grad.to(_WIDE)
+            mean = (ranks * grad).sum(-1, keepdim=True)
+        centred = grad - mean
+        gamma = ranks * centred  # γ τ, (B, k, n)
+        alpha = gamma.sum(-2)
+        beta = shift @ gamma
+        # Σ_{s_l < s_i} α_l + Σ_{s_l <= s_i} α_l, from the prefix sums of α in sorted order
+        cumulative = F.pad(alpha.gather(-1, order), (1, 0)).cumsum(-1)  # Σ_{l < j} in sorted order
+        at_most = torch.searchsorted(ordered, far, right=True)
+        signs = cumulative.gather(-1, below).add_(cumulative.gather(-1, at_most))
+        grad_x = torch.addcmul(signs, below + at_most, alpha).sub_(beta, alpha=2.0)  # -τ ∂s
+        scale = -tau_t if ctx.tau_tensor else -ctx.tau
+        grad_x = grad_x.div_(scale).masked_fill_(x.isinf(), 0.0).to(ctx.dtype)
+        grad_tau = None
+        if ctx.tau_tensor and ctx.needs_input_grad[1]:
+            grad_tau = -(centred * torch.special.xlogy(ranks, ranks)).sum((-2, -1)).unsqueeze(-1) / tau_t
+            grad_tau = grad_tau.to(tau_t.dtype)
+        return grad_x, grad_tau, None, None
 
 
 def neuralsort_ranks(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> torch.Tensor:
-    """NeuralSort top-k ranks ``(B, n, k)`` of ``x`` (B, n), which may hold ``-inf`` entries; ``tau``
-    a float or a per-row (B, 1) tensor."""
-    n = x.shape[-1]
-    wide = torch.float64 if n > _WIDE_FROM else x.dtype
-    valid = x != float("-inf")
-    count = valid.sum(-1, keepdim=True)
-    s = torch.where(valid, x, 0.0).to(wide)
-    # shift invariant: centring helps precision; the mean of the sorted values rounds the same way
-    # for any input order (keeps the result exactly equivariant)
-    shift = s.detach().sort(-1).values.sum(-1, keepdim=True) / count.clamp_min(1)
-    s = torch.where(valid, s - shift, 0.0)
-    deviation = _Deviation.apply(s, valid)
-    coefficient = (count - 1).to(wide).unsqueeze(-1) - 2 * torch.arange(k, device=x.device, dtype=wide)
-    logits = s.unsqueeze(-1) * coefficient - deviation.unsqueeze(-1)
-    # measured from each rank's maximum before dividing by τ: no inf - inf for a τ near the
-    # smallest normal number (the softmax is shift invariant, so the gradient is unchanged)
-    logits = logits - logits.amax(-2, keepdim=True).detach()
-    if isinstance(tau, torch.Tensor):
-        tau = tau.to(wide).unsqueeze(-1)
-    logits = torch.where(valid.unsqueeze(-1), logits / tau, float("-inf"))
-    return torch.softmax(logits, dim=-2).to(x.dtype)
+    """NeuralSort top-k ranks ``(B, n, k)`` of ``x`` (B, n), which may hold ``±inf`` entries (module
+    docstring); ``tau`` a float or a per-row (B, 1) tensor."""
+    return _NeuralSort.apply(x, tau, k, False)[0].transpose(-1, -2)
+
+
+def neuralsort_mask(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> torch.Tensor:
+    """NeuralSort mask ``Σ_r P`` (B, n) of ``x`` (B, n) for every row (``±inf`` included; a row
+    with at most ``k`` entries above ``-inf`` selects them all, the ``-inf`` entries share the rest)."""
+    if k == x.shape[-1]:  # every row selects all (NaN stays in its row)
+        return torch.where(x == x, 1.0, x)
+    return _NeuralSort.apply(x, tau, k, True)[0]

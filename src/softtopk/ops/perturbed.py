@@ -24,17 +24,26 @@ import torch
 NOISE_KINDS = ("gaussian", "gumbel")
 
 
-def draw_noise(shape: tuple[int, ...], kind: str, generator, like: torch.Tensor) -> torch.Tensor:
-    """Standard Gaussian or Gumbel noise of ``shape`` in ``like``'s dtype, on its device."""
+def draw_noise(shape: tuple[int, ...], kind: str, generator, like: torch.Tensor, *, negated: bool = False) -> torch.Tensor:
+    """Standard Gaussian or Gumbel noise of ``shape`` in ``like``'s dtype, on its device, from
+    ``generator`` or (``None``) the global RNG; ``negated`` (Gumbel only) gives ``-G`` one op sooner."""
     if kind == "gaussian":
         return torch.randn(shape, generator=generator, device=like.device, dtype=like.dtype)
     uniform = torch.rand(shape, generator=generator, device=like.device, dtype=like.dtype)
     # -log(-log U), in place on the fresh draws; finite: no U = 0
-    return uniform.clamp_min_(torch.finfo(like.dtype).tiny).log_().neg_().log_().neg_()
+    negative = uniform.clamp_min_(torch.finfo(like.dtype).tiny).log_().neg_().log_()
+    return negative if negated else negative.neg_()
 
 
 class _PerturbedTopK(torch.autograd.Function):
-    """``(rows (B, n), noise (B, S, n))`` → mean hard top-k mask of ``rows + sigma * noise``."""
+    """``(rows (B, n), noise (B, S, n))`` → mean hard top-k mask of ``rows + sigma * noise``, on the
+    extended reals (:mod:`softtopk._extended`).
+
+    Noise never moves an infinite entry, so ``topk`` picks among equal ``+inf`` (or ``-inf``)
+    entries by its own order, the same in every draw: their mask is replaced by the mean over
+    their class, which is the closed form (``k/p`` for ``p >= k`` entries at ``+inf``, the rest of
+    ``k`` shared by the ``-inf`` entries of a row with at most ``k`` entries above ``-inf``) and
+    leaves the 1 and 0 of every other row as they are. Those two kinds of rows have gradient 0."""
 
     generate_vmap_rule = True
 
@@ -44,27 +53,35 @@ class _PerturbedTopK(torch.autograd.Function):
         index = torch.add(rows.unsqueeze(1), noise, alpha=sigma).topk(k, dim=-1, sorted=False).indices
         flat = index.flatten(1)  # (B, S k)
         counts = torch.zeros_like(rows).scatter_add(1, flat, torch.ones_like(flat, dtype=rows.dtype))
-        return counts / samples, index
+        mask = counts / samples
+        top, bottom = rows == float("inf"), rows == float("-inf")
+        above, below = top.sum(-1, keepdim=True), bottom.sum(-1, keepdim=True)
+        # the class means (0/0 only where the class is empty, then unused)
+        mask = torch.where(top, (mask * top).sum(-1, keepdim=True) / above, mask)
+        mask = torch.where(bottom, (mask * bottom).sum(-1, keepdim=True) / below, mask)
+        frozen = rows.isinf() | ((above >= k) | (below >= rows.shape[-1] - k))
+        return mask, index, frozen
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        rows, noise, _, ctx.sigma, ctx.kind = inputs
-        ctx.save_for_backward(noise, output[1], rows.isinf())
-        ctx.mark_non_differentiable(output[1])
+        _, noise, _, ctx.sigma, ctx.kind = inputs
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(noise, output[1], output[2])
+        ctx.mark_non_differentiable(output[1], output[2])
 
     @staticmethod
-    def backward(ctx, grad, _unused):
-        if not ctx.needs_input_grad[0]:
+    def backward(ctx, grad, _index, _frozen):
+        if grad is None or not ctx.needs_input_grad[0]:
             return None, None, None, None, None
-        noise, index, infinite = ctx.saved_tensors
+        noise, index, frozen = ctx.saved_tensors
         batch, samples, k = index.shape
         inner = grad.gather(1, index.flatten(1)).view(batch, samples, k).sum(-1)  # <g, y_s>  (B, S)
         # nabla nu(Z) for the noise density exp(-nu): z (Gaussian), 1 - exp(-z) (Gumbel)
         score = noise if ctx.kind == "gaussian" else -torch.expm1(-noise)
         grad_rows = torch.bmm(inner.unsqueeze(1), score).squeeze(1) / (ctx.sigma * samples)
         # an infinite entry's selection never changes under noise: its gradient is 0 (the estimator
-        # would give it noise)
-        return torch.where(infinite, 0.0, grad_rows), None, None, None, None
+        # would give it noise), as is every gradient of a row whose mask is a closed form
+        return grad_rows.masked_fill_(frozen, 0.0), None, None, None, None
 
 
 def perturbed_topk_rows(
