@@ -84,4 +84,5 @@ def reduce_loss(
                 loss = loss / total.masked_fill(total == 0, 1.0)
     if reduction == "none":
         loss = loss.reshape(shape)
-    return loss if torch.is_autocast_enabled(input.device.type) else loss.to(input.dtype)
+    autocast = torch.amp.is_autocast_available(input.device.type) and torch.is_autocast_enabled(input.device.type)
+    return loss if autocast else loss.to(input.dtype)

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .._validation import check_class_input, check_int, check_real, check_scale
-from ..ops.esf import log_esf
+from ..ops.esf import log_esf_of_split
 from ._base import ClassLoss, class_loss
 
 __all__ = ["SmoothTop1SVM", "SmoothTopKSVM", "Top1SVM", "TopKSVM", "smooth_top1_svm", "smooth_topk_svm",
@@ -69,17 +69,27 @@ def _shifted_split(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Ten
 
 
 def _smooth_topk_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
-    label_score, others, masked = _shifted_split(logits, label)
+    # one topk of the other scores gives the ESF's top part, the shift (their largest) and whether
+    # k of them are above -inf; the special rows are fixed on (R, k) and (R,) tensors, never (R, C)
+    label = label.unsqueeze(-1)
+    others = logits.scatter(-1, label, -math.inf)
+    top = others.topk(k, dim=-1)
+    shift = top.values[:, :1].detach()
+    shift = shift.masked_fill(~torch.isfinite(shift), 0.0)  # every other score is -inf (masked)
+    label_score = logits.gather(-1, label).squeeze(-1)
+    masked = label_score == -math.inf
     # fewer than k other classes above -inf: the label is surely among the top k, the loss is 0
     # (the limit); those rows are computed on a zero stand-in so that nothing is NaN
-    enough = (others > -math.inf).sum(-1) >= k
-    others = torch.where(enough.unsqueeze(-1), others, 0.0)
+    enough = top.values[:, -1] > -math.inf
     scale = 1.0 / (k * tau)
-    log_e = log_esf(others * scale, k)[:, k - 1 :]  # log e_{k-1}, log e_k
+    top_values = (top.values - shift).masked_fill(~enough.unsqueeze(-1), 0.0) * scale
+    rest = others.scatter(-1, top.indices, -math.inf).sub_(shift).mul_(scale)
+    log_e = log_esf_of_split(top_values, rest, k)[:, k - 1 :]  # log e_{k-1}, log e_k
+    label_score = (label_score - shift.squeeze(-1)).masked_fill(masked, 0.0)
     margin = alpha / tau + (log_e[:, 1] - log_e[:, 0]) - label_score * scale
     # softplus as logaddexp: nn.functional.softplus returns x above 20 (an error of tau e^-20)
     loss = tau * torch.logaddexp(margin, torch.zeros_like(margin))
-    return torch.where(masked, math.inf, torch.where(enough, loss, 0.0))
+    return loss.masked_fill(~enough, 0.0).masked_fill(masked, math.inf)
 
 
 def _smooth_top1_rows(logits: torch.Tensor, label: torch.Tensor, tau: float, alpha: float) -> torch.Tensor:

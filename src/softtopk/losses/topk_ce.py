@@ -265,12 +265,13 @@ class TopKCrossEntropyLoss(ClassLoss):
         p_k: ``P_K``, the weights of top-1 ... top-K; non-negative, summing to 1.
         method: any ranks-capable method (see :func:`softtopk.methods`). Default
             ``'splitter_selection'``.
-        m: relax only the ``m`` largest scores (``K < m < C``), the label always included;
-            ``None`` (default) relaxes all ``C`` classes, which warns above 100 classes: its cost
-            grows with ``C`` (at ``C = 1000``, batch 256, splitter network: 153 ms per step against
-            4.8 ms with ``m=16``, difftopk's setting). The selected scores enter in sorted
-            (ascending) order, so the loss does not depend on class order (difftopk put the label
-            on wire 0).
+        m: relax only the ``m`` largest scores (``K < m < C``), the label always included.
+            Default 16 (difftopk's setting), more precisely ``min(16, C)``: with ``C <= 16``
+            classes (or ``K >= 16``: ``K + 1``) the default relaxes every class. ``None`` relaxes
+            all ``C`` classes, which warns above 100 classes: its cost grows with ``C`` (at
+            ``C = 1000``, batch 256, splitter network: 153 ms per step against 4.8 ms with
+            ``m=16``). The selected scores enter in sorted (ascending) order, so the loss does not
+            depend on class order (difftopk put the label on wire 0).
         top1_mode: ``'sm'`` (default), ``'smce'`` or ``'sort'``.
         weight: optional per-class weights ``(C,)`` (a buffer), as in ``nn.CrossEntropyLoss``.
         ignore_index: target value that contributes nothing (default -100).
@@ -280,7 +281,8 @@ class TopKCrossEntropyLoss(ClassLoss):
 
     Shape:
         - input: ``(N, C)`` or ``(N, C, d1, ...)``, floating.
-        - target: ``(N)`` or ``(N, d1, ...)``, integer class indices in ``[0, C)``.
+        - target: ``(N)`` or ``(N, d1, ...)``, integer class indices in ``[0, C)`` (values checked for
+          CPU tensors outside ``torch.compile``/``vmap`` only: on an accelerator a check would synchronise).
         - output: scalar, or the target's shape for ``reduction='none'``.
 
     Example:

@@ -57,7 +57,7 @@ import torch
 
 from .compute import compute_dtype
 
-__all__ = ["log_esf"]
+__all__ = ["log_esf", "log_esf_of_split"]
 
 
 def _largest_log_binomial(n: int, k: int) -> float:
@@ -192,14 +192,20 @@ def log_esf(log_x: torch.Tensor, k: int) -> torch.Tensor:
     else:
         # the `degree` largest entries in decreasing order, and all entries with those set to x = 0
         top = a.topk(degree, dim=-1)
-        rest = a.scatter(-1, top.indices, -math.inf)
-        if _largest_log_binomial(n, degree) < math.log(torch.finfo(a.dtype).max) - 1.0:
-            out = _split_log_esf(top.values, rest, degree)
-        else:  # the whole sequence, top first, in log space (module doc)
-            out = _sorted_log_esf(torch.cat([top.values, rest], dim=-1), degree, _relative_logcumsumexp)
+        out = log_esf_of_split(top.values, a.scatter(-1, top.indices, -math.inf), degree)
     if k > n:
         out = torch.cat([out, out.new_full((*out.shape[:-1], k - n), -math.inf)], dim=-1)
     return out.to(log_x.dtype)
+
+
+def log_esf_of_split(top: torch.Tensor, rest: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`log_esf` ``(*, k + 1)`` of the entries ``top`` (the ``k >= 1`` largest, decreasing,
+    ``(*, k)``) and ``rest`` (``(*, n)``, every other entry; those of ``top`` set to ``-inf``), in the
+    compute dtype, for callers that already hold the top ``k`` (one ``topk`` instead of two)."""
+    n = rest.shape[-1]
+    if _largest_log_binomial(n, k) < math.log(torch.finfo(top.dtype).max) - 1.0:
+        return _split_log_esf(top, rest, k)
+    return _sorted_log_esf(torch.cat([top, rest], dim=-1), k, _relative_logcumsumexp)  # log space (module doc)
 
 
 def _split_log_esf(top: torch.Tensor, rest: torch.Tensor, degree: int) -> torch.Tensor:
