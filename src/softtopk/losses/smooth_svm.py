@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .._validation import check_class_input, check_int, check_real, check_scale
-from ..ops.esf import log_esf_of_split
+from ..ops.esf import fits_subset_path, log_esf_of_split, smooth_topk_rows
 from ._base import ClassLoss, class_loss
 
 __all__ = ["SmoothTop1SVM", "SmoothTopKSVM", "Top1SVM", "TopKSVM", "smooth_top1_svm", "smooth_topk_svm",
@@ -69,6 +69,8 @@ def _shifted_split(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Ten
 
 
 def _smooth_topk_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
+    if fits_subset_path(logits.shape[-1] - 1, k, logits.dtype):
+        return smooth_topk_rows(logits, label, k, tau, alpha)
     # one topk of the other scores gives the ESF's top part, the shift (their largest) and whether
     # k of them are above -inf; the special rows are fixed on (R, k) and (R,) tensors, never (R, C)
     label = label.unsqueeze(-1)

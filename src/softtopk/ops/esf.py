@@ -220,3 +220,109 @@ def _split_log_esf(top: torch.Tensor, rest: torch.Tensor, degree: int) -> torch.
     offsets = j.unsqueeze(-1) - j  # [j, b] -> j - b
     terms = log_top[..., offsets.clamp_min(0)] + log_tail.unsqueeze(-2)
     return torch.logsumexp(terms.masked_fill(offsets < 0, -math.inf), dim=-1)
+
+
+# ------------------------------------------------------------------- the smooth top-k SVM's rows
+
+SUBSET_K = 8  # the top k's polynomials by brute force over their 2^k subsets up to here
+_TABLES: dict = {}
+
+
+def _subset_tables(k: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Constants of the top part: subset membership ``(2^k, k)``, subset sizes ``(2^k,)``, the
+    size one-hots ``(2^k, k + 1)``, the same without item ``i`` ``(2^k, k (k + 1))``, the
+    Toeplitz index ``j - a`` (clamped) and the mask ``a > j`` ``(k + 1, k + 1)``, the signs
+    ``(-1)^m`` ``(k,)``; cached outside compile."""
+    key, compiling = (k, dtype, device), torch.compiler.is_compiling()
+    if not compiling and key in _TABLES:  # never read under compile: filling it would be a recompile
+        return _TABLES[key]
+    bits = (torch.arange(2**k, device=device).unsqueeze(-1) >> torch.arange(k, device=device)) & 1
+    size = bits.sum(-1)
+    by_size = torch.nn.functional.one_hot(size, k + 1).to(dtype)
+    without = ((1 - bits).to(dtype).unsqueeze(-1) * by_size.unsqueeze(1)).reshape(2**k, k * (k + 1))
+    j = torch.arange(k + 1, device=device)
+    tables = (bits.to(dtype).T.contiguous(), size, by_size, without, (j - j.unsqueeze(-1)).clamp_min(0),
+              j.unsqueeze(-1) > j, 1.0 - 2.0 * (j[:k] % 2).to(dtype))
+    if not compiling:
+        _TABLES[key] = tables
+    return tables
+
+
+class _SmoothTopKRows(torch.autograd.Function):
+    """``(logits (R, C), label (R,), k, tau, alpha)`` -> the smooth top-k SVM loss of each row,
+    ``tau softplus(alpha/tau + log e_k - log e_{k-1} - z_y)`` over the other classes (module doc of
+    :mod:`softtopk.losses.smooth_svm`), forward and backward in a few fused steps.
+
+    With the other scores relative to their k-th largest and ``T_j`` the prefix sums of the top
+    ``k`` (decreasing), every polynomial is normalised, ``ẽ_j = e_j / exp(T_j)`` in ``[1, C(n, j)]``:
+    the tail's ``e_b`` (values in ``[0, 1]``, linear scans), the top's by brute force over its
+    ``2^k`` subsets (every term ``exp(sum_S t - T_|S|) <= 1``), joined by
+    ``ẽ_j = sum_a ẽtop_a exp(T_a - T_j) e_{j-a}(tail)``. Gradient
+    ``d margin / d z_i = pi^(k)_i - pi^(k-1)_i`` (inclusion probabilities): for the tail a
+    polynomial in ``y_i`` whose coefficients come from deflation (stable: tail values never exceed
+    the top's), by Horner's rule; for the top ``1 - pi^(j)_i = e_j(x without i) / e_j``, from the
+    subsets without ``i``. Rows with fewer than ``k`` other classes above ``-inf`` give 0 (the
+    limit), a label at ``-inf`` gives ``inf``; their gradients are 0."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(logits, label, k, tau, alpha):
+        member, size, by_size, _, toeplitz, upper, _ = _subset_tables(k, logits.dtype, logits.device)
+        scale, label = 1.0 / (k * tau), label.unsqueeze(-1)
+        label_score = logits.gather(-1, label)
+        others = logits.scatter(-1, label, -math.inf)
+        top, index = others.topk(k, dim=-1)
+        kth = top[:, -1:]
+        few, masked = kth == -math.inf, label_score == -math.inf
+        bad = few | masked
+        shift = kth.masked_fill(bad, 0.0)  # differences before scaling: exact where scores are large
+        y = others.scatter_(-1, index, -math.inf).sub_(shift).mul_(scale).exp_()
+        t = torch.sub(top, shift).mul_(scale)
+        T = torch.nn.functional.pad(t.cumsum(-1), (1, 0))
+        W = torch.sub(t @ member, T.index_select(-1, size)).exp_()
+        GE = torch.sub(T.unsqueeze(-1), T.unsqueeze(-2)).exp_().masked_fill_(upper, 0.0) * _tail_esf(y, k)[:, toeplitz]
+        e = ((W @ by_size).unsqueeze(-2) @ GE).squeeze(-2)
+        margin = torch.log(e[:, k] / e[:, k - 1]).add_((kth - label_score).squeeze(-1), alpha=scale).add_(alpha / tau)
+        loss = torch.logaddexp(margin, torch.zeros_like(margin)).mul_(tau)
+        loss = loss.masked_fill_(few.squeeze(-1), 0.0).masked_fill_(masked.squeeze(-1), math.inf)
+        return loss, margin, y, index, T, W, GE, e, bad
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(inputs[1], *output[1:])
+        ctx.k, ctx.classes = inputs[2], inputs[0].shape[-1]
+
+    @staticmethod
+    def backward(ctx, grad, *_unused):
+        if grad is None:  # only the non-differentiable outputs were used
+            return None, None, None, None, None
+        label, margin, y, index, T, W, GE, e, bad = ctx.saved_tensors
+        k = ctx.k
+        _, _, _, without, _, _, signs = _subset_tables(k, y.dtype, y.device)
+        c = (grad * torch.sigmoid(margin)).div_(k).unsqueeze(-1)  # d loss / d z times d z / d s
+        # tail: pi^(j)_i = sum_m (-1)^m y_i^(m+1) ẽ_{j-1-m} exp(T_{j-1-m} - T_j) / ẽ_j
+        ratio = e.unsqueeze(-2) * torch.sub(T.unsqueeze(-2), T[:, k - 1 :].unsqueeze(-1)).exp_() / e[:, k - 1 :].unsqueeze(-1)
+        d = ratio[:, 1, :k].flip(-1) - torch.nn.functional.pad(ratio[:, 0, : k - 1].flip(-1), (0, 1))
+        d = (d * signs * c).masked_fill_(bad, 0.0)
+        acc = d[:, k - 1 :]
+        for m in range(k - 2, -1, -1):
+            acc = torch.addcmul(d[:, m : m + 1], acc, y)
+        # top: pi^(k)_i - pi^(k-1)_i = ẽ^(-i)_{k-1} / ẽ_{k-1} - ẽ^(-i)_k / ẽ_k
+        rest = (W @ without).view(-1, k, k + 1) @ GE[..., k - 1 :] / e[:, k - 1 :].unsqueeze(-2)
+        top = ((rest[..., 0] - rest[..., 1]) * c).masked_fill_(bad, 0.0)
+        grad_logits = (acc * y).scatter_(-1, index, top)
+        return grad_logits.scatter_(-1, label.unsqueeze(-1), c.masked_fill(bad, 0.0).neg_()), None, None, None, None
+
+
+def smooth_topk_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
+    """The smooth top-k SVM loss ``(R,)`` of rows ``logits (R, C)`` with labels ``(R,)``, for
+    ``k <= SUBSET_K`` and ``C(C - 1, k)`` within the dtype (:class:`_SmoothTopKRows`)."""
+    return _SmoothTopKRows.apply(logits, label, k, tau, alpha)[0]
+
+
+def fits_subset_path(n: int, k: int, dtype: torch.dtype) -> bool:
+    """Whether :func:`smooth_topk_rows` applies to ``n`` other classes in ``dtype``."""
+    return k <= SUBSET_K and _largest_log_binomial(n, k) < math.log(torch.finfo(dtype).max) - 1.0
