@@ -19,10 +19,14 @@ Its limit :math:`\\tau \\to 0` is the hard top-k hinge
 :math:`\\max\\big(0,\\ \\alpha + (s_{\\setminus y,[k]} - s_y)/k\\big)`, :math:`s_{\\setminus y,[k]}` the
 k-th largest score other than the label's (for ``k = 1``: the Crammer–Singer multi-class hinge).
 
-Numerics. Every row is shifted by the (detached) largest non-label score before anything else, so
-the loss is shift invariant up to the rounding of the input itself; :math:`\\log e_{k-1}, \\log e_k` come
-from the log-space ESF kernel ``softtopk.ops.esf.log_esf`` (exact prefix sums, ``O(C k)``, with an analytic ``O(C k)``
-backward; see that module for the numerics). There is no per-row switch to the hard loss (the
+Numerics. For ``k <= 8`` the loss and its gradient are one autograd Function
+(``softtopk.ops.esf.smooth_topk_rows``): scores relative to the k-th largest other score,
+polynomials normalised by the top k's products, the gradient as inclusion probabilities, ``O(C k)``
+fused steps. Larger ``k`` shifts every row by the (detached) largest non-label score and takes
+:math:`\\log e_{k-1}, \\log e_k` from the log-space ESF kernel ``softtopk.ops.esf.log_esf`` (exact
+prefix sums, ``O(C k)``, analytic backward; see that module for the numerics). Either way the loss
+is shift invariant up to the rounding of the input itself, and no value is read on the host. A class
+other than the label at ``+inf`` gives NaN in that row (not handled). There is no per-row switch to the hard loss (the
 original's ``thresh``), so the loss is continuous in ``s`` everywhere, and the float32 result is the
 exact smooth loss for every input (errors of order :math:`\\epsilon_{32} \\cdot \\max_j |s_j - \\max s|`, as any float32 computation of a
 loss of that size).

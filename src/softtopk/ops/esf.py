@@ -296,6 +296,7 @@ class _SmoothTopKRows(torch.autograd.Function):
         ctx.k, ctx.classes = inputs[2], inputs[0].shape[-1]
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a second derivative raises instead of being wrong
     def backward(ctx, grad, *_unused):
         if grad is None:  # only the non-differentiable outputs were used
             return None, None, None, None, None
