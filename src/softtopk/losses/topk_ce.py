@@ -34,6 +34,7 @@ __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
 
 TOP1_MODES = ("sm", "smce", "sort")
 _FLOOR = 1e-7
+_INF_MARGIN = 2.0**27  # a +inf score's stand-in is the dtype's largest number over this
 _MANY_CLASSES = 100  # above this, m=None (relax every class) is slow enough to say so
 
 
@@ -131,6 +132,10 @@ class _Select(torch.autograd.Function):
         top = logits.gather(-1, index)
         label_score = label_score.masked_fill(masked, 0.0)
         scores, order = torch.cat([top, label_score], -1).sort(dim=-1, stable=True)
+        # +inf scores (always in the top) enter as a huge finite stand-in: loss and gradients stay
+        # finite; for relaxations that depend on score magnitudes
+        # (NeuralSort, networks) the value is the stand-in's, not the limit
+        scores = scores.clamp_max_(torch.finfo(scores.dtype).max / _INF_MARGIN)
         index = torch.cat([index, label], -1).gather(-1, order)
         position = (top <= label_score).sum(-1)
         return scores, index, position, masked.squeeze(-1)
