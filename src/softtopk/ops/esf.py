@@ -237,10 +237,9 @@ def _subset_tables(k: int, dtype: torch.dtype, device: torch.device) -> tuple[to
     if not compiling and key in _TABLES:  # never read under compile: filling it would be a recompile
         return _TABLES[key]
     bits = (torch.arange(2**k, device=device).unsqueeze(-1) >> torch.arange(k, device=device)) & 1
-    size = bits.sum(-1)
-    by_size = torch.nn.functional.one_hot(size, k + 1).to(dtype)
+    size, j = bits.sum(-1), torch.arange(k + 1, device=device)
+    by_size = (size.unsqueeze(-1) == j).to(dtype)  # no one_hot: no value check on the device
     without = ((1 - bits).to(dtype).unsqueeze(-1) * by_size.unsqueeze(1)).reshape(2**k, k * (k + 1))
-    j = torch.arange(k + 1, device=device)
     tables = (bits.to(dtype).T.contiguous(), size, by_size, without, (j - j.unsqueeze(-1)).clamp_min(0),
               j.unsqueeze(-1) > j, 1.0 - 2.0 * (j[:k] % 2).to(dtype))
     if not compiling:
