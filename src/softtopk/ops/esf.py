@@ -229,19 +229,29 @@ _TABLES: dict = {}
 
 
 def _subset_tables(k: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Constants of the top part: subset membership ``(2^k, k)``, subset sizes ``(2^k,)``, the
-    size one-hots ``(2^k, k + 1)``, the same without item ``i`` ``(2^k, k (k + 1))``, the
-    Toeplitz index ``j - a`` (clamped) and the mask ``a > j`` ``(k + 1, k + 1)``, the signs
-    ``(-1)^m`` ``(k,)``; cached outside compile."""
+    """Constants of the top part, as matrices applied to the top's scaled scores ``t (R, k)``:
+    ``t @ subsets = sum_S t - T_|S|`` over the ``2^k`` subsets ``S`` (``T_j`` the sum of the ``j``
+    largest), ``t @ joins = T_a - T_j`` for ``(a, j)``; the subsets by size ``(2^k, k + 1)`` and
+    without item ``i`` ``(2^k, k (k + 1))``; the Toeplitz index ``j - a`` and the mask ``a > j``
+    ``(k + 1, k + 1)``; and ``(2 (k + 1), k)``, the deflation coefficients of ``y^(m+1)`` from the
+    ratios ``(c, j) -> ẽ_c exp(T_c - T_j) / ẽ_j``, ``j = k - 1, k``. Cached outside compile."""
     key, compiling = (k, dtype, device), torch.compiler.is_compiling()
     if not compiling and key in _TABLES:  # never read under compile: filling it would be a recompile
         return _TABLES[key]
-    bits = (torch.arange(2**k, device=device).unsqueeze(-1) >> torch.arange(k, device=device)) & 1
-    size, j = bits.sum(-1), torch.arange(k + 1, device=device)
-    by_size = (size.unsqueeze(-1) == j).to(dtype)  # no one_hot: no value check on the device
-    without = ((1 - bits).to(dtype).unsqueeze(-1) * by_size.unsqueeze(1)).reshape(2**k, k * (k + 1))
-    tables = (bits.to(dtype).T.contiguous(), size, by_size, without, (j - j.unsqueeze(-1)).clamp_min(0),
-              j.unsqueeze(-1) > j, 1.0 - 2.0 * (j[:k] % 2).to(dtype))
+    bits = ((torch.arange(2**k, device=device).unsqueeze(-1) >> torch.arange(k, device=device)) & 1).to(dtype)
+    j = torch.arange(k + 1, device=device)
+    prefix = (torch.arange(k, device=device).unsqueeze(-1) < j).to(dtype)  # t @ prefix = T
+    size = bits.sum(-1).long()
+    by_size = (size.unsqueeze(-1) == j).to(dtype)
+    without = ((1 - bits).unsqueeze(-1) * by_size.unsqueeze(1)).reshape(2**k, k * (k + 1))
+    joins = (prefix.unsqueeze(-1) - prefix.unsqueeze(-2)).reshape(k, (k + 1) ** 2)
+    m = torch.arange(k, device=device)
+    sign = 1.0 - 2.0 * (m % 2).to(dtype)
+    deflation = torch.zeros(k + 1, 2, k, dtype=dtype, device=device)
+    deflation[k - 1 - m, 1, m] = sign  # + (-1)^m ẽ_{k-1-m} exp(T_{k-1-m} - T_k) / ẽ_k
+    deflation[(k - 2 - m[: k - 1]), 0, m[: k - 1]] = -sign[: k - 1]  # - the same for k - 1
+    tables = (bits.T - prefix[:, size], joins, by_size, without, (j - j.unsqueeze(-1)).clamp_min(0),
+              j.unsqueeze(-1) > j, deflation.reshape(2 * (k + 1), k))
     if not compiling:
         _TABLES[key] = tables
     return tables
@@ -267,7 +277,7 @@ class _SmoothTopKRows(torch.autograd.Function):
 
     @staticmethod
     def forward(logits, label, k, tau, alpha):
-        member, size, by_size, _, toeplitz, upper, _ = _subset_tables(k, logits.dtype, logits.device)
+        subsets, joins, by_size, _, toeplitz, upper, _ = _subset_tables(k, logits.dtype, logits.device)
         scale, label = 1.0 / (k * tau), label.unsqueeze(-1)
         label_score = logits.gather(-1, label)
         others = logits.scatter(-1, label, -math.inf)
@@ -278,14 +288,15 @@ class _SmoothTopKRows(torch.autograd.Function):
         shift = kth.masked_fill(bad, 0.0)  # differences before scaling: exact where scores are large
         y = others.scatter_(-1, index, -math.inf).sub_(shift).mul_(scale).exp_()
         t = torch.sub(top, shift).mul_(scale)
-        T = torch.nn.functional.pad(t.cumsum(-1), (1, 0))
-        W = torch.sub(t @ member, T.index_select(-1, size)).exp_()
-        GE = torch.sub(T.unsqueeze(-1), T.unsqueeze(-2)).exp_().masked_fill_(upper, 0.0) * _tail_esf(y, k)[:, toeplitz]
+        W = (t @ subsets).exp_()
+        G = (t @ joins).view(-1, k + 1, k + 1).exp_().masked_fill_(upper, 0.0)  # exp(T_a - T_j), a <= j
+        GE = G * _tail_esf(y, k)[:, toeplitz]
         e = ((W @ by_size).unsqueeze(-2) @ GE).squeeze(-2)
         margin = torch.log(e[:, k] / e[:, k - 1]).add_((kth - label_score).squeeze(-1), alpha=scale).add_(alpha / tau)
-        loss = torch.logaddexp(margin, torch.zeros_like(margin)).mul_(tau)
+        # softplus exact to e^-50 (the default threshold 20 would cut at e^-20)
+        loss = torch.nn.functional.softplus(margin, threshold=50.0).mul_(tau)
         loss = loss.masked_fill_(few.squeeze(-1), 0.0).masked_fill_(masked.squeeze(-1), math.inf)
-        return loss, margin, y, index, T, W, GE, e, bad
+        return loss, margin, y, index, G, W, GE, e, bad
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -299,14 +310,13 @@ class _SmoothTopKRows(torch.autograd.Function):
     def backward(ctx, grad, *_unused):
         if grad is None:  # only the non-differentiable outputs were used
             return None, None, None, None, None
-        label, margin, y, index, T, W, GE, e, bad = ctx.saved_tensors
+        label, margin, y, index, G, W, GE, e, bad = ctx.saved_tensors
         k = ctx.k
-        _, _, _, without, _, _, signs = _subset_tables(k, y.dtype, y.device)
+        _, _, _, without, _, _, deflation = _subset_tables(k, y.dtype, y.device)
         c = (grad * torch.sigmoid(margin)).div_(k).unsqueeze(-1)  # d loss / d z times d z / d s
         # tail: pi^(j)_i = sum_m (-1)^m y_i^(m+1) ẽ_{j-1-m} exp(T_{j-1-m} - T_j) / ẽ_j
-        ratio = e.unsqueeze(-2) * torch.sub(T.unsqueeze(-2), T[:, k - 1 :].unsqueeze(-1)).exp_() / e[:, k - 1 :].unsqueeze(-1)
-        d = ratio[:, 1, :k].flip(-1) - torch.nn.functional.pad(ratio[:, 0, : k - 1].flip(-1), (0, 1))
-        d = (d * signs * c).masked_fill_(bad, 0.0)
+        ratio = e.unsqueeze(-1) * G[..., k - 1 :] / e[:, k - 1 :].unsqueeze(-2)
+        d = (ratio.flatten(1) @ deflation).mul_(c).masked_fill_(bad, 0.0)
         acc = d[:, k - 1 :]
         for m in range(k - 2, -1, -1):
             acc = torch.addcmul(d[:, m : m + 1], acc, y)
