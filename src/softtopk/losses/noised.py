@@ -101,13 +101,16 @@ class _NoisedHinge(torch.autograd.Function):
         logits, label, _, _, ctx.scale, _ = inputs
         loss, index = output
         ctx.mark_non_differentiable(index)
-        ctx.save_for_backward(label, index, loss > 0)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(label, index, loss <= 0)
         ctx.classes = logits.shape[1]
 
     @staticmethod
     def backward(ctx, grad, _unused):
-        label, index, active = ctx.saved_tensors
-        share = grad.masked_fill(~active, 0.0)
+        if grad is None:
+            return None, None, None, None, None, None
+        label, index, inactive = ctx.saved_tensors
+        share = grad.masked_fill(inactive, 0.0)
         if ctx.scale is not None:
             share = share.mul_(ctx.scale)
         counts = share.new_zeros(share.shape[0], ctx.classes).scatter_add_(1, index, torch.ones_like(index, dtype=share.dtype))

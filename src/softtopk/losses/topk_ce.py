@@ -144,11 +144,14 @@ class _Select(torch.autograd.Function):
     def setup_context(ctx, inputs, output) -> None:
         _, index, position, masked = output
         ctx.mark_non_differentiable(index, position, masked)
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(index)
         ctx.classes = inputs[0].shape[-1]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, *_unused):
+        if grad is None:
+            return None, None, None
         (index,) = ctx.saved_tensors
         return grad.new_zeros(grad.shape[0], ctx.classes).scatter_(-1, index, grad), None, None
 
@@ -182,11 +185,14 @@ class _Head(torch.autograd.Function):
     def setup_context(ctx, inputs, output) -> None:
         _, q, q_y, floored = output
         ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, q_y, floored, inputs[1], inputs[2], inputs[3])
         ctx.weights, ctx.p1, ctx.smce = inputs[4:]
 
     @staticmethod
     def backward(ctx, grad, *_unused):
+        if grad is None:
+            return None, None, None, None, None, None, None
         q, q_y, floored, label_ranks, position, masked = ctx.saved_tensors
         p1, position = ctx.p1, position.unsqueeze(-1)
         grad = grad.masked_fill(masked, 0.0)

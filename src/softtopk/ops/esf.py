@@ -271,7 +271,7 @@ class _SmoothTopKRows(torch.autograd.Function):
     polynomial in ``y_i`` whose coefficients come from deflation (stable: tail values never exceed
     the top's), by Horner's rule; for the top ``1 - pi^(j)_i = e_j(x without i) / e_j``, from the
     subsets without ``i``. Rows with fewer than ``k`` other classes above ``-inf`` give 0 (the
-    limit), a label at ``-inf`` gives ``inf``; their gradients are 0."""
+    limit, gradient 0), a label at ``-inf`` gives ``inf`` (finite gradients)."""
 
     generate_vmap_rule = True
 
@@ -283,20 +283,21 @@ class _SmoothTopKRows(torch.autograd.Function):
         others = logits.scatter(-1, label, -math.inf)
         top, index = others.topk(k, dim=-1)
         kth = top[:, -1:]
-        few, masked = kth == -math.inf, label_score == -math.inf
-        bad = few | masked
-        shift = kth.masked_fill(bad, 0.0)  # differences before scaling: exact where scores are large
+        # fewer than k others above -inf: a zero stand-in keeps the row finite (its top t >= 0), and
+        # a kth at the most negative finite number makes its margin -inf (loss 0) and a label at
+        # -inf's margin +inf (loss inf); neither needs a mask afterwards
+        shift = kth.masked_fill(kth == -math.inf, 0.0)  # differences before scaling: exact for large scores
         y = others.scatter_(-1, index, -math.inf).sub_(shift).mul_(scale).exp_()
-        t = torch.sub(top, shift).mul_(scale)
+        t = torch.sub(top, shift).mul_(scale).clamp_min_(0.0)
         W = (t @ subsets).exp_()
         G = (t @ joins).view(-1, k + 1, k + 1).exp_().masked_fill_(upper, 0.0)  # exp(T_a - T_j), a <= j
         GE = G * _tail_esf(y, k)[:, toeplitz]
         e = ((W @ by_size).unsqueeze(-2) @ GE).squeeze(-2)
-        margin = torch.log(e[:, k] / e[:, k - 1]).add_((kth - label_score).squeeze(-1), alpha=scale).add_(alpha / tau)
+        gap = kth.clamp_min(torch.finfo(kth.dtype).min) - label_score
+        margin = torch.log(e[:, k] / e[:, k - 1]).add_(gap.squeeze(-1), alpha=scale).add_(alpha / tau)
         # softplus exact to e^-50 (the default threshold 20 would cut at e^-20)
         loss = torch.nn.functional.softplus(margin, threshold=50.0).mul_(tau)
-        loss = loss.masked_fill_(few.squeeze(-1), 0.0).masked_fill_(masked.squeeze(-1), math.inf)
-        return loss, margin, y, index, G, W, GE, e, bad
+        return loss, margin, y, index, G, W, GE, e
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -310,21 +311,21 @@ class _SmoothTopKRows(torch.autograd.Function):
     def backward(ctx, grad, *_unused):
         if grad is None:  # only the non-differentiable outputs were used
             return None, None, None, None, None
-        label, margin, y, index, G, W, GE, e, bad = ctx.saved_tensors
+        label, margin, y, index, G, W, GE, e = ctx.saved_tensors
         k = ctx.k
         _, _, _, without, _, _, deflation = _subset_tables(k, y.dtype, y.device)
         c = (grad * torch.sigmoid(margin)).div_(k).unsqueeze(-1)  # d loss / d z times d z / d s
         # tail: pi^(j)_i = sum_m (-1)^m y_i^(m+1) ẽ_{j-1-m} exp(T_{j-1-m} - T_j) / ẽ_j
         ratio = e.unsqueeze(-1) * G[..., k - 1 :] / e[:, k - 1 :].unsqueeze(-2)
-        d = (ratio.flatten(1) @ deflation).mul_(c).masked_fill_(bad, 0.0)
+        d = (ratio.flatten(1) @ deflation).mul_(c)
         acc = d[:, k - 1 :]
         for m in range(k - 2, -1, -1):
             acc = torch.addcmul(d[:, m : m + 1], acc, y)
         # top: pi^(k)_i - pi^(k-1)_i = ẽ^(-i)_{k-1} / ẽ_{k-1} - ẽ^(-i)_k / ẽ_k
         rest = (W @ without).view(-1, k, k + 1) @ GE[..., k - 1 :] / e[:, k - 1 :].unsqueeze(-2)
-        top = ((rest[..., 0] - rest[..., 1]) * c).masked_fill_(bad, 0.0)
+        top = (rest[..., 0] - rest[..., 1]).mul_(c)
         grad_logits = (acc * y).scatter_(-1, index, top)
-        return grad_logits.scatter_(-1, label.unsqueeze(-1), c.masked_fill(bad, 0.0).neg_()), None, None, None, None
+        return grad_logits.scatter_(-1, label.unsqueeze(-1), c.neg()), None, None, None, None
 
 
 def smooth_topk_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
