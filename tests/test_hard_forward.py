@@ -168,15 +168,15 @@ def test_defaults_that_work():
 def test_many_classes_without_m_warns_once_with_the_fix():
     logits, target = torch.randn(4, 200), torch.randint(0, 200, (4,))
     with pytest.warns(UserWarning, match=r"relaxes all C = 200 classes .* m=16"):
-        softtopk.topk_cross_entropy(logits, target, [0.5, 0.5])
+        softtopk.topk_cross_entropy(logits, target, [0.5, 0.5], m=None)
     with pytest.warns(UserWarning, match="relaxes all C = 200 classes"):
-        softtopk.TopKCrossEntropyLoss([0.5, 0.5])(logits, target)
+        softtopk.TopKCrossEntropyLoss([0.5, 0.5], m=None)(logits, target)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        softtopk.topk_cross_entropy(logits, target, [0.5, 0.5], m=16)
-        softtopk.topk_cross_entropy(logits[:, :50], target % 50, [0.5, 0.5])
+        softtopk.topk_cross_entropy(logits, target, [0.5, 0.5])  # the default m=16
+        softtopk.topk_cross_entropy(logits[:, :50], target % 50, [0.5, 0.5], m=None)
 
 
 def test_hard_sorting_network_in_the_topk_loss():

@@ -38,41 +38,51 @@ def class_rows(
     input: torch.Tensor, target: torch.Tensor, ignore_index: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``input (N, C, d1, ...)`` and ``target (N, d1, ...)`` as rows: logits ``(R, C)`` in the compute
-    dtype, flat targets ``(R,)``, and flat targets with ``ignore_index`` replaced by 0 (safe to gather
-    with; :func:`reduce_loss` masks those rows out)."""
+    dtype, labels ``(R,)`` (int64, ``ignore_index`` replaced by 0: safe to gather with) and the bool
+    ``(R,)`` mask of ignored rows, which :func:`reduce_loss` leaves out. Two ops (and a cast for
+    non-int64 targets or half inputs); no value is read."""
     logits = input.movedim(1, -1).reshape(-1, input.shape[1]).to(compute_dtype(input.dtype))
-    flat_target = target.reshape(-1).long()
-    return logits, flat_target, torch.where(flat_target == ignore_index, 0, flat_target)
+    flat = target.reshape(-1)
+    ignored = flat == ignore_index
+    return logits, flat.masked_fill(ignored, 0).long(), ignored
 
 
 def reduce_loss(
     per_sample: torch.Tensor,
-    target: torch.Tensor,
+    label: torch.Tensor,
+    ignored: torch.Tensor,
     *,
     weight: torch.Tensor | None,
-    ignore_index: int,
     reduction: str,
     shape: torch.Size,
     input: torch.Tensor,
 ) -> torch.Tensor:
-    """Reduce ``per_sample`` (R,) losses for flat ``target`` (R,) as ``nn.CrossEntropyLoss`` does.
+    """Reduce ``per_sample`` (R,) losses of rows with labels ``label`` (R,) and ``ignored`` (R,) as
+    ``nn.CrossEntropyLoss`` does, in a few fused ops and without reading values.
 
     The result has ``input``'s dtype, except under autocast, where it stays float32 (as
-    ``F.cross_entropy``'s does). ``'mean'`` divides by the summed weight of the non-ignored targets;
-    where every target is ignored it returns 0 instead of PyTorch's NaN (no NaN leaves softtopk for
-    finite input). ``'none'`` returns ``shape`` (the target's shape) with zeros at ignored targets.
+    ``F.cross_entropy``'s does). ``'mean'`` divides by the summed weight of the non-ignored rows;
+    where every row is ignored (or there are none) it returns 0 instead of PyTorch's NaN (no NaN
+    leaves softtopk for finite input). ``'none'`` returns ``shape`` (the target's shape) with zeros
+    at ignored targets. Ignored rows' losses (computed on label 0) never reach the result, not even
+    as ``0 * inf``.
     """
-    valid = target != ignore_index
+    loss = per_sample.masked_fill(ignored, 0.0)
     if weight is None:
-        sample_weight = valid.to(per_sample.dtype)
+        if reduction == "mean":
+            loss = loss.sum() / (ignored.numel() - ignored.sum()).clamp_min(1)
+        elif reduction == "sum":
+            loss = loss.sum()
     else:
-        sample_weight = weight.to(per_sample.dtype)[torch.where(valid, target, 0)] * valid
-    loss = torch.where(valid, per_sample, 0.0) * sample_weight
+        sample_weight = weight.to(per_sample.dtype).index_select(0, label).masked_fill_(ignored, 0.0)
+        if reduction == "none":
+            loss = loss * sample_weight
+        else:
+            loss = torch.linalg.vecdot(loss, sample_weight)
+            if reduction == "mean":
+                total = sample_weight.sum()
+                loss = loss / total.masked_fill(total == 0, 1.0)
     if reduction == "none":
         loss = loss.reshape(shape)
-    elif reduction == "sum":
-        loss = loss.sum()
-    else:
-        total = sample_weight.sum()
-        loss = loss.sum() / torch.where(total > 0, total, 1.0)
-    return loss if torch.is_autocast_enabled(input.device.type) else loss.to(input.dtype)
+    autocast = torch.amp.is_autocast_available(input.device.type) and torch.is_autocast_enabled(input.device.type)
+    return loss if autocast else loss.to(input.dtype)

@@ -275,8 +275,17 @@ def check_classes_match(input: Any, n_classes: int) -> torch.Tensor:
     return input
 
 
+def values_checked(value: torch.Tensor) -> bool:
+    """Whether an argument's values are checked: only for CPU tensors outside ``torch.compile`` and
+    ``vmap`` (as PyTorch's own losses do), where a check costs no device synchronisation; on an
+    accelerator it would stall the host until the device catches up, so values there go unchecked."""
+    return value.device.type == "cpu" and value.numel() > 0 and can_inspect(value)
+
+
 def check_class_target(input: torch.Tensor, target: Any, ignore_index: int) -> torch.Tensor:
-    """Class-index targets of shape ``(N, d1, ...)`` for ``input`` of shape ``(N, C, d1, ...)``."""
+    """Class-index targets of shape ``(N, d1, ...)`` for ``input`` of shape ``(N, C, d1, ...)``; their
+    values (in ``[0, C)`` or ``ignore_index``) are checked where :func:`values_checked` allows (one
+    host read)."""
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"target must be a torch.Tensor of class indices, got {type(target).__name__}")
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
@@ -287,7 +296,7 @@ def check_class_target(input: torch.Tensor, target: Any, ignore_index: int) -> t
             f"target must have shape {expected} for input of shape {tuple(input.shape)}, "
             f"got {tuple(target.shape)}"
         )
-    if not torch.compiler.is_compiling() and target.numel():
+    if values_checked(target):
         classes = input.shape[1]
         bad = (target != ignore_index) & ((target < 0) | (target >= classes))
         if bool(bad.any()):
@@ -299,7 +308,8 @@ def check_class_target(input: torch.Tensor, target: Any, ignore_index: int) -> t
 
 
 def check_class_weight(weight: Any, classes: int | None) -> torch.Tensor | None:
-    """Per-class weights ``(C,)``; ``classes=None`` accepts any length (checked again at forward)."""
+    """Per-class weights ``(C,)``; ``classes=None`` accepts any length (checked again at forward). Their
+    values (finite, ``>= 0``) are checked where :func:`values_checked` allows (one host read)."""
     if weight is None:
         return None
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
@@ -307,10 +317,25 @@ def check_class_weight(weight: Any, classes: int | None) -> torch.Tensor | None:
     if weight.dim() != 1 or (classes is not None and weight.shape[0] != classes):
         expected = "(C,)" if classes is None else f"({classes},)"
         raise ValueError(f"weight must have shape {expected}, got {tuple(weight.shape)}")
-    if can_inspect(weight) and weight.numel() and not bool(((weight >= 0) & torch.isfinite(weight)).all()):
+    if values_checked(weight) and not bool(((weight >= 0) & torch.isfinite(weight)).all()):
         bad = weight[~((weight >= 0) & torch.isfinite(weight))][0].item()
         raise ValueError(f"weight must hold finite values >= 0 (class weights), got {bad!r}")
     return weight
+
+
+def check_relevance(relevance: Any, scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Graded relevance of ``scores``' shape; its values where ``mask`` is ``True`` (all without a
+    mask) must be finite and ``>= 0``, checked where :func:`values_checked` allows (one host read)."""
+    relevance = check_scores("relevance", relevance)
+    if relevance.shape != scores.shape:
+        raise ValueError(f"relevance must have the shape of scores {tuple(scores.shape)}, got {tuple(relevance.shape)}")
+    if values_checked(relevance):
+        bad = ~((relevance >= 0) & torch.isfinite(relevance))
+        if mask is not None:
+            bad &= mask
+        if bool(bad.any()):
+            raise ValueError(f"relevance must hold finite values >= 0 (graded relevance), got {relevance[bad][0].item()!r}")
+    return relevance
 
 
 def check_reduction(reduction: Any) -> str:

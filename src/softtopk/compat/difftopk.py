@@ -292,6 +292,8 @@ class TopKCrossEntropyLoss(torch.nn.Module):
     ``bitonic`` and ``bitonic__non_sparse`` map to ``'bitonic'``) and ``inverse_temperature`` =
     ``steepness`` for networks, ``1 / tau`` for ``neuralsort`` / ``softsort``.
 
+    ``m=None`` (difftopk's default) relaxes every class; the native loss defaults to ``m=16``.
+
     Intended differences: ``distribution=None`` (the default) means ``'cauchy'`` (difftopk raised
     ``NotImplementedError`` in forward for every network); unknown methods fail at construction.
     For networks, softtopk feeds the (pre-selected) scores in ascending order, each on the wire of

@@ -36,17 +36,19 @@ def class_loss(
     float16/bfloat16); ``label`` is safe to gather with (ignored targets read class 0 and are masked
     out of the reduction). ``'mean'`` is the weighted mean over non-ignored targets (0 when every
     target is ignored); the result has ``input``'s dtype (float32 under autocast).
+
+    Values are never read on an accelerator: the target's range and the weights' signs are checked
+    only for CPU tensors outside ``torch.compile``/``vmap`` (as PyTorch's own losses do; on CUDA a
+    check would synchronise), one host read each (:func:`softtopk._validation.values_checked`).
     """
     input = check_class_input(input)
     reduction = check_reduction(reduction)
     ignore_index = check_ignore_index(ignore_index)
     target = check_class_target(input, target, ignore_index)
     weight = check_class_weight(weight, input.shape[1])
-    logits, flat_target, label = class_rows(input, target, ignore_index)
-    return reduce_loss(
-        per_row(logits, label), flat_target, weight=weight, ignore_index=ignore_index, reduction=reduction,
-        shape=target.shape, input=input,
-    )
+    logits, label, ignored = class_rows(input, target, ignore_index)
+    return reduce_loss(per_row(logits, label), label, ignored, weight=weight, reduction=reduction, shape=target.shape,
+                       input=input)
 
 
 class ClassLoss(torch.nn.Module):

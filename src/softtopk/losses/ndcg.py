@@ -17,14 +17,10 @@ from typing import Any
 
 import torch
 
-from .._validation import check_int, check_reduction, check_scores
+from .._validation import check_int, check_reduction, check_relevance, check_scores
 from ..operators import soft_topk_ranks
 
 __all__ = ["NDCGLoss", "ndcg_loss"]
-
-
-def _ideal_dcg(gains: torch.Tensor, discounts: torch.Tensor, k: int) -> torch.Tensor:
-    return (gains.topk(k, dim=-1).values * discounts).sum(-1)
 
 
 def ndcg_loss(
@@ -35,13 +31,16 @@ def ndcg_loss(
 
     Args:
         scores: ``(*, n)`` model scores, one list per row of the last axis.
-        relevance: ``(*, n)`` graded relevance ``y >= 0`` (gain ``2^y - 1``).
+        relevance: ``(*, n)`` graded relevance ``y >= 0`` (gain ``2^y - 1``), finite; checked on CPU
+            tensors outside ``torch.compile``/``vmap`` only (ValueError naming ``relevance``; one host
+            read), unchecked on accelerators (a check there would synchronise). A NaN relevance
+            gives its list a NaN loss.
         k: cut-off, ``1 <= k <= n``.
         method: any ranks method of :func:`softtopk.methods` (default ``"neuralsort"``: NeuralNDCG).
         mask: optional bool ``(*, n)``, ``False`` for padding in lists shorter than ``n``: their
             scores become ``-inf`` (ranked last) and their relevance 0. Lists with no relevant item
             (``IDCG = 0``) have loss 0.
-        reduction: ``'mean'`` (default), ``'sum'`` or ``'none'`` (shape ``*``).
+        reduction: ``'mean'`` (default; 0 for an empty batch), ``'sum'`` or ``'none'`` (shape ``*``).
         **params: the method's parameters (``tau`` for NeuralSort/SoftSort, ...).
 
     Example:
@@ -56,26 +55,28 @@ def ndcg_loss(
         evaluation of IR techniques", TOIS 2002.
     """
     scores = check_scores("scores", scores)
-    relevance = check_scores("relevance", relevance)
-    if relevance.shape != scores.shape:
-        raise ValueError(f"relevance must have the shape of scores {tuple(scores.shape)}, got {tuple(relevance.shape)}")
     k = check_int("k", k, low=1, high=scores.shape[-1], why=" (the list length n)")
     reduction = check_reduction(reduction)
+    if mask is not None and (
+        not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != scores.shape
+    ):
+        raise ValueError(f"mask must be a bool tensor of shape {tuple(scores.shape)}, got "
+                         f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
+    relevance = check_relevance(relevance, scores, mask)
     if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != scores.shape:
-            raise ValueError(f"mask must be a bool tensor of shape {tuple(scores.shape)}, got "
-                             f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
         scores = scores.masked_fill(~mask, float("-inf"))
         relevance = relevance.masked_fill(~mask, 0.0)
-    gains = torch.exp2(relevance.clamp_min(0)) - 1
+    gains = torch.exp2(relevance) - 1
     discounts = 1.0 / torch.log2(torch.arange(k, device=scores.device, dtype=gains.dtype) + 2.0)
     ranks = soft_topk_ranks(scores, k, method=method, **params)  # (*, n, k)
-    dcg = ((ranks * gains.unsqueeze(-1)).sum(-2) * discounts).sum(-1)
-    ideal = _ideal_dcg(gains, discounts, k)
-    loss = torch.where(ideal > 0, 1 - dcg / ideal.where(ideal > 0, torch.ones_like(ideal)), torch.zeros_like(dcg))
+    dcg = torch.einsum("...nk,...n,k->...", ranks, gains, discounts)
+    ideal = (gains.topk(k, dim=-1).values * discounts).sum(-1)
+    # a list without relevant items (IDCG = 0) has loss 0; a NaN relevance stays NaN in its list
+    loss = 1 - dcg / ideal.masked_fill(ideal == 0, 1.0)
+    loss = loss.masked_fill(ideal == 0, 0.0)
     if reduction == "none":
         return loss
-    return loss.mean() if reduction == "mean" else loss.sum()
+    return loss.sum() / max(loss.numel(), 1) if reduction == "mean" else loss.sum()
 
 
 class NDCGLoss(torch.nn.Module):

@@ -24,8 +24,6 @@ run gives pytopk's values (see :mod:`softtopk.compat.pytopk`).
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,7 +39,6 @@ from .._validation import (
     check_scale,
 )
 from ..ops.compute import compute_dtype
-from ..ops.perturbed import noised_kth_value_of
 from ._base import ClassLoss, class_loss
 
 __all__ = ["BalNoisedTopK", "ImbalNoisedTopK", "bal_noised_topk", "imbal_noised_topk", "ldam_margins"]
@@ -83,6 +80,44 @@ def ldam_margins(cls_num_list: Sequence[float], max_m: float) -> torch.Tensor:
     return torch.tensor([v * factor for v in inverse], dtype=torch.float64)
 
 
+class _NoisedHinge(torch.autograd.Function):
+    """``(logits (R, C), label (R,), scaled noise (R, C, S), margin (R,) or float, scale or None, k)``
+    -> ``relu(scale * (margin + top_{k+1,eps}(s) - s_y))`` per row, in pytopk's operation order.
+    Backward: where the hinge is active, ``scale / S`` on each draw's (k+1)-th position and
+    ``-scale`` on the label (no dense ``(R, C, S)`` tensor is saved, only the ``(R, S)`` positions)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(logits, label, noise, margin, scale, k):
+        index = (logits.unsqueeze(-1) + noise).topk(k + 1, dim=1)
+        top = index.values.select(1, k).mean(-1)
+        hinge = (margin + top) - logits.gather(1, label.unsqueeze(1)).squeeze(1)
+        loss = torch.relu(hinge if scale is None else scale * hinge)
+        return loss, index.indices.select(1, k)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        logits, label, _, _, ctx.scale, _ = inputs
+        loss, index = output
+        ctx.mark_non_differentiable(index)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(label, index, loss <= 0)
+        ctx.classes = logits.shape[1]
+
+    @staticmethod
+    def backward(ctx, grad, _unused):
+        if grad is None:
+            return None, None, None, None, None, None
+        label, index, inactive = ctx.saved_tensors
+        share = grad.masked_fill(inactive, 0.0)
+        if ctx.scale is not None:
+            share = share.mul_(ctx.scale)
+        counts = share.new_zeros(share.shape[0], ctx.classes).scatter_add_(1, index, torch.ones_like(index, dtype=share.dtype))
+        grad_logits = counts.div_(index.shape[1]).mul_(share.unsqueeze(1))  # pytopk's rounding
+        return grad_logits.scatter_add_(1, label.unsqueeze(1), share.neg().unsqueeze(1)), None, None, None, None, None
+
+
 def _noised_hinge(
     input: torch.Tensor, target: torch.Tensor, *, k: int, epsilon: float, n_samples: int,
     generator: torch.Generator | None, noise: torch.Tensor | None, margins: torch.Tensor | float,
@@ -104,11 +139,9 @@ def _noised_hinge(
         rows = given.movedim(1, -2).reshape(-1, input.shape[1], given.shape[-1])
         if epsilon == 0:  # exact (k+1)-th value; the RNG still advanced
             rows = rows[..., :1]
-        top = noised_kth_value_of(logits, (epsilon * rows).to(compute_dtype(input.dtype)), k + 1, 1)
-        label_score = logits.gather(1, label.unsqueeze(1)).squeeze(1)
         margin = margins.to(logits)[label] if isinstance(margins, torch.Tensor) else margins
-        hinge = (margin + top) - label_score
-        return torch.relu(hinge if scale is None else scale * hinge)
+        scaled = (epsilon * rows).to(compute_dtype(input.dtype))
+        return _NoisedHinge.apply(logits, label, scaled, margin, scale, k)[0]
 
     return class_loss(input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction)
 

@@ -19,10 +19,14 @@ Its limit :math:`\\tau \\to 0` is the hard top-k hinge
 :math:`\\max\\big(0,\\ \\alpha + (s_{\\setminus y,[k]} - s_y)/k\\big)`, :math:`s_{\\setminus y,[k]}` the
 k-th largest score other than the label's (for ``k = 1``: the Crammer–Singer multi-class hinge).
 
-Numerics. Every row is shifted by the (detached) largest non-label score before anything else, so
-the loss is shift invariant up to the rounding of the input itself; :math:`\\log e_{k-1}, \\log e_k` come
-from the log-space ESF kernel ``softtopk.ops.esf.log_esf`` (exact prefix sums, ``O(C k)``, with an analytic ``O(C k)``
-backward; see that module for the numerics). There is no per-row switch to the hard loss (the
+Numerics. For ``k <= 8`` the loss and its gradient are one autograd Function
+(``softtopk.ops.esf.smooth_topk_rows``): scores relative to the k-th largest other score,
+polynomials normalised by the top k's products, the gradient as inclusion probabilities, ``O(C k)``
+fused steps. Larger ``k`` shifts every row by the (detached) largest non-label score and takes
+:math:`\\log e_{k-1}, \\log e_k` from the log-space ESF kernel ``softtopk.ops.esf.log_esf`` (exact
+prefix sums, ``O(C k)``, analytic backward; see that module for the numerics). Either way the loss
+is shift invariant up to the rounding of the input itself, and no value is read on the host. A class
+other than the label at ``+inf`` gives NaN in that row (not handled). There is no per-row switch to the hard loss (the
 original's ``thresh``), so the loss is continuous in ``s`` everywhere, and the float32 result is the
 exact smooth loss for every input (errors of order :math:`\\epsilon_{32} \\cdot \\max_j |s_j - \\max s|`, as any float32 computation of a
 loss of that size).
@@ -36,7 +40,7 @@ from typing import Any
 import torch
 
 from .._validation import check_class_input, check_int, check_real, check_scale
-from ..ops.esf import log_esf
+from ..ops.esf import fits_subset_path, log_esf_of_split, smooth_topk_rows
 from ._base import ClassLoss, class_loss
 
 __all__ = ["SmoothTop1SVM", "SmoothTopKSVM", "Top1SVM", "TopKSVM", "smooth_top1_svm", "smooth_topk_svm",
@@ -69,17 +73,29 @@ def _shifted_split(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Ten
 
 
 def _smooth_topk_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
-    label_score, others, masked = _shifted_split(logits, label)
+    if fits_subset_path(logits.shape[-1] - 1, k, logits.dtype):
+        return smooth_topk_rows(logits, label, k, tau, alpha)
+    # one topk of the other scores gives the ESF's top part, the shift (their largest) and whether
+    # k of them are above -inf; the special rows are fixed on (R, k) and (R,) tensors, never (R, C)
+    label = label.unsqueeze(-1)
+    others = logits.scatter(-1, label, -math.inf)
+    top = others.topk(k, dim=-1)
+    shift = top.values[:, :1].detach()
+    shift = shift.masked_fill(~torch.isfinite(shift), 0.0)  # every other score is -inf (masked)
+    label_score = logits.gather(-1, label).squeeze(-1)
+    masked = label_score == -math.inf
     # fewer than k other classes above -inf: the label is surely among the top k, the loss is 0
     # (the limit); those rows are computed on a zero stand-in so that nothing is NaN
-    enough = (others > -math.inf).sum(-1) >= k
-    others = torch.where(enough.unsqueeze(-1), others, 0.0)
+    enough = top.values[:, -1] > -math.inf
     scale = 1.0 / (k * tau)
-    log_e = log_esf(others * scale, k)[:, k - 1 :]  # log e_{k-1}, log e_k
+    top_values = (top.values - shift).masked_fill(~enough.unsqueeze(-1), 0.0) * scale
+    rest = others.scatter(-1, top.indices, -math.inf).sub_(shift).mul_(scale)
+    log_e = log_esf_of_split(top_values, rest, k)[:, k - 1 :]  # log e_{k-1}, log e_k
+    label_score = (label_score - shift.squeeze(-1)).masked_fill(masked, 0.0)
     margin = alpha / tau + (log_e[:, 1] - log_e[:, 0]) - label_score * scale
     # softplus as logaddexp: nn.functional.softplus returns x above 20 (an error of tau e^-20)
     loss = tau * torch.logaddexp(margin, torch.zeros_like(margin))
-    return torch.where(masked, math.inf, torch.where(enough, loss, 0.0))
+    return loss.masked_fill(~enough, 0.0).masked_fill(masked, math.inf)
 
 
 def _smooth_top1_rows(logits: torch.Tensor, label: torch.Tensor, tau: float, alpha: float) -> torch.Tensor:

@@ -34,6 +34,7 @@ __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
 
 TOP1_MODES = ("sm", "smce", "sort")
 _FLOOR = 1e-7
+_INF_MARGIN = 2.0**27  # a +inf score's stand-in is the dtype's largest number over this
 _MANY_CLASSES = 100  # above this, m=None (relax every class) is slow enough to say so
 
 
@@ -45,7 +46,7 @@ def _topk_ce_params(
     p_k = check_p_k("p_k", p_k)
     if classes is not None and len(p_k) > classes:
         raise ValueError(f"p_k must not be longer than the number of classes {classes}, got length {len(p_k)}")
-    if m is not None:
+    if m is not None and not isinstance(m, _DefaultM):
         if isinstance(m, bool) or not isinstance(m, int):
             raise TypeError(f"m must be an int or None, got {type(m).__name__} {m!r}")
         check_int("m", m, low=len(p_k) + 1, why=f" (larger than k = len(p_k) = {len(p_k)})")
@@ -67,19 +68,35 @@ def rank_weights(p_k: tuple[float, ...], top1_mode: str) -> tuple[float, ...]:
 _GROUP = 8
 
 
+class _DefaultM(int):
+    """The default ``m``, 16: unlike an explicit ``m`` it may reach the number of classes ``C``,
+    where it relaxes every class (``min(16, C)``), and it grows to ``K + 1`` for ``K >= 16``."""
+
+
+DEFAULT_M = _DefaultM(16)
+
+
+def _effective_m(m: int | None, classes: int, k: int) -> int | None:
+    """The ``m`` a call uses: ``None`` (every class) for the default when ``max(16, K + 1) >= C``."""
+    if isinstance(m, _DefaultM):
+        m = max(int(m), k + 1)
+        return None if m >= classes else m
+    return m
+
+
 def _top_indices(scores: torch.Tensor, m: int) -> torch.Tensor:
     """Indices (B, m) of the ``m`` largest scores per row, in descending order of value.
 
-    ``torch.topk`` on CPU takes a slow ``nth_element`` path for rows shorter than ``64 m``. For
+    ``torch.topk`` on CPU takes a slow ``nth_element`` path for rows shorter than ``64 m``. For CPU
     rows of at least ``32 m`` scores this first splits each row into ``w = ceil(n / 8)`` strided
     blocks ``{j, j + w, ..., j + 7w}``, keeps the ``m`` blocks with the largest maxima, and takes the
     exact top-``m`` of their ``8 m`` scores: the kept maxima are ``m`` distinct scores, so the
     ``m``-th largest score is at least the smallest kept maximum, which bounds every score outside
-    the kept blocks. Same values as ``torch.topk`` (indices may differ among ties), with both of its
-    ``topk`` calls on rows of about ``8 m`` scores.
+    the kept blocks. Same values as ``torch.topk`` (indices may differ among ties). Elsewhere one
+    ``torch.topk``.
     """
     rows, n = scores.shape
-    if n < 4 * _GROUP * m:
+    if scores.device.type != "cpu" or n < 4 * _GROUP * m:
         return scores.topk(m, dim=-1).indices
     width = -(-n // _GROUP)
     if width * _GROUP != n:
@@ -91,26 +108,104 @@ def _top_indices(scores: torch.Tensor, m: int) -> torch.Tensor:
     return candidates.gather(-1, best)
 
 
-def _select(logits: torch.Tensor, target: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``m`` largest scores with the label's score forced in, in ascending order, and the label's
-    position (last among the selected scores equal to it). Index ops only.
+class _Select(torch.autograd.Function):
+    """``(logits (R, C), label (R,), m)`` -> the ``m`` largest scores with the label's forced in
+    (it replaces the m-th), ascending, the label last among scores equal to it; its position
+    ``(R,)``; and where the label is ``-inf`` ``(R,)`` (fed as 0, a finite stand-in).
 
-    Ascending order puts the score of rank ``r`` on the wire where the networks (max on the last
-    wire, as in difftopk) output rank ``r``; fed descending, an odd-even network would have to carry
-    every top score across all its wires, and a truly-top-5 label would keep little top-5 mass.
-    """
-    with torch.no_grad():
-        index = _top_indices(logits, m)
-        label = target.unsqueeze(-1)
-        hit = index == label
-        found = hit.any(-1, keepdim=True)
-        last = torch.arange(m, device=logits.device) == m - 1
-        index = torch.where(~found & last, label, index)
-        own_slot = torch.where(found, hit.int().argmax(-1, keepdim=True), m - 1)
+    The selected set is the label and the ``m - 1`` largest other scores; one stable sort orders
+    them. Ascending order puts the score of rank ``r`` on the wire where the networks (max on the
+    last wire, as in difftopk) output rank ``r``; fed descending, an odd-even network would have to
+    carry every top score across all its wires, and a truly-top-5 label would keep little top-5
+    mass. Backward: the selected scores' gradients scattered back to their classes."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(logits: torch.Tensor, label: torch.Tensor, m: int):
+        label = label.unsqueeze(-1)
         label_score = logits.gather(-1, label)
-        position = (logits.gather(-1, index) > label_score).sum(-1, keepdim=True)
-        index = index.scatter(-1, own_slot, index.gather(-1, position)).scatter(-1, position, label)
-    return logits.gather(-1, index.flip(-1)), m - 1 - position.squeeze(-1)
+        masked = label_score == -math.inf
+        # the label is the only -inf key: never among the m - 1 others, even beside masked classes
+        key = logits.clamp_min(torch.finfo(logits.dtype).min).scatter_(-1, label, -math.inf)
+        index = _top_indices(key, m - 1)
+        top = logits.gather(-1, index)
+        label_score = label_score.masked_fill(masked, 0.0)
+        scores, order = torch.cat([top, label_score], -1).sort(dim=-1, stable=True)
+        # +inf scores (always in the top) enter as a huge finite stand-in: loss and gradients stay
+        # finite; for relaxations that depend on score magnitudes
+        # (NeuralSort, networks) the value is the stand-in's, not the limit
+        scores = scores.clamp_max_(torch.finfo(scores.dtype).max / _INF_MARGIN)
+        index = torch.cat([index, label], -1).gather(-1, order)
+        position = (top <= label_score).sum(-1)
+        return scores, index, position, masked.squeeze(-1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _, index, position, masked = output
+        ctx.mark_non_differentiable(index, position, masked)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(index)
+        ctx.classes = inputs[0].shape[-1]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, *_unused):
+        if grad is None:
+            return None, None, None
+        (index,) = ctx.saved_tensors
+        return grad.new_zeros(grad.shape[0], ctx.classes).scatter_(-1, index, grad), None, None
+
+
+class _Head(torch.autograd.Function):
+    """Per-row loss from the selected scores ``(R, m)``, the label's relaxed ranks ``(R, K)``, its
+    position ``(R,)`` and the rows whose label is ``-inf`` (loss ``inf``):
+    ``-log(floor(w . ranks + p_1 softmax(scores)_y))`` (``'sm'``), with the softmax term left out
+    for ``'sort'`` (``p_1 = 0``); ``'smce'`` adds ``p_1`` times the cross-entropy.
+    Backward: ``d/d ranks = c w`` and ``d/d scores = c p_1 q_y (e_y - q)`` with
+    ``c = -(1 - 2 floor) / floored mass`` (q the softmax), plus ``-p_1 (e_y - q)`` for ``'smce'``."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(scores, label_ranks, position, masked, weights, p1, smce):
+        position = position.unsqueeze(-1)
+        mass = (label_ranks * scores.new_tensor(weights)).sum(-1)  # float32 under autocast (no matmul)
+        log_q = torch.log_softmax(scores, -1) if smce else None
+        q = torch.softmax(scores, -1) if log_q is None else log_q.exp()
+        q_y = q.gather(-1, position).squeeze(-1)
+        if p1 and not smce:
+            mass = mass.add_(q_y, alpha=p1)
+        floored = mass.mul_(1 - 2 * _FLOOR).add_(_FLOOR)
+        loss = floored.log().neg_()
+        if smce:
+            loss = loss.mul_(1 - p1).sub_(log_q.gather(-1, position).squeeze(-1), alpha=p1)
+        return loss.masked_fill_(masked, math.inf), q, q_y, floored
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _, q, q_y, floored = output
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, q_y, floored, inputs[1], inputs[2], inputs[3])
+        ctx.weights, ctx.p1, ctx.smce = inputs[4:]
+
+    @staticmethod
+    def backward(ctx, grad, *_unused):
+        if grad is None:
+            return None, None, None, None, None, None, None
+        q, q_y, floored, label_ranks, position, masked = ctx.saved_tensors
+        p1, position = ctx.p1, position.unsqueeze(-1)
+        grad = grad.masked_fill(masked, 0.0)
+        c = grad.mul(-(1 - 2 * _FLOOR)).div_(floored)
+        if ctx.smce:
+            c, d = c.mul_(1 - p1), grad.mul(-p1)  # d: the cross-entropy's weight of (e_y - q)
+        else:
+            d = torch.mul(c, q_y).mul_(p1) if p1 else None
+        grad_ranks = c.unsqueeze(-1) * c.new_tensor(ctx.weights)
+        grad_scores = None
+        if d is not None:
+            grad_scores = q.mul(-d.unsqueeze(-1)).scatter_add_(-1, position, d.unsqueeze(-1))
+        return grad_scores, grad_ranks, None, None, None, None, None
 
 
 def topk_cross_entropy(
@@ -119,7 +214,7 @@ def topk_cross_entropy(
     p_k: Sequence[float],
     *,
     method: str = "splitter_selection",
-    m: int | None = None,
+    m: int | None = DEFAULT_M,
     top1_mode: str = "sm",
     weight: torch.Tensor | None = None,
     ignore_index: int = -100,
@@ -148,27 +243,17 @@ def topk_cross_entropy(
             UserWarning, stacklevel=3,
         )
 
+    weights, p1 = rank_weights(p_k, top1_mode), p_k[0] if top1_mode != "sort" else 0.0
+    m = _effective_m(m, classes, k)
+
     def per_row(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        # a label at -inf: the loss is inf, as cross-entropy's; a finite stand-in keeps the rest finite
-        label_score = logits.gather(-1, label.unsqueeze(-1))
-        masked = label_score.squeeze(-1) == -math.inf
-        logits = logits.scatter(-1, label.unsqueeze(-1), torch.where(label_score == -math.inf, 0.0, label_score))
-        scores, position = _select(logits, label, classes if m is None else m)
+        scores, _, position, masked = _Select.apply(logits, label, classes if m is None else m)
         if spec.label_ranks is not None:
             label_ranks = spec.label_ranks(scores, position, k, **params)
         else:
             ranks = spec.ranks(scores, k, **params)
             label_ranks = ranks.gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
-        weights = torch.tensor(rank_weights(p_k, top1_mode), dtype=logits.dtype, device=logits.device)
-        topk_mass = (label_ranks * weights).sum(-1)
-        position = position.unsqueeze(-1)
-        if top1_mode == "sm":
-            topk_mass = topk_mass + p_k[0] * torch.softmax(scores, -1).gather(-1, position).squeeze(-1)
-        loss = -torch.log(topk_mass * (1 - 2 * _FLOOR) + _FLOOR)
-        if top1_mode == "smce":
-            cross_entropy = -torch.log_softmax(scores, -1).gather(-1, position).squeeze(-1)
-            loss = p_k[0] * cross_entropy + sum(p_k[1:]) * loss
-        return torch.where(masked, math.inf, loss)
+        return _Head.apply(scores, label_ranks, position, masked, weights, p1, top1_mode == "smce")[0]
 
     return class_loss(input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction)
 
@@ -191,12 +276,13 @@ class TopKCrossEntropyLoss(ClassLoss):
         p_k: ``P_K``, the weights of top-1 ... top-K; non-negative, summing to 1.
         method: any ranks-capable method (see :func:`softtopk.methods`). Default
             ``'splitter_selection'``.
-        m: relax only the ``m`` largest scores (``K < m < C``), the label always included;
-            ``None`` (default) relaxes all ``C`` classes, which warns above 100 classes: its cost
-            grows with ``C`` (at ``C = 1000``, batch 256, splitter network: 153 ms per step against
-            4.8 ms with ``m=16``, difftopk's setting). The selected scores enter in sorted
-            (ascending) order, so the loss does not depend on class order (difftopk put the label
-            on wire 0).
+        m: relax only the ``m`` largest scores (``K < m < C``), the label always included.
+            Default 16 (difftopk's setting), more precisely ``min(16, C)``: with ``C <= 16``
+            classes (or ``K >= 16``: ``K + 1``) the default relaxes every class. ``None`` relaxes
+            all ``C`` classes, which warns above 100 classes: its cost grows with ``C`` (at
+            ``C = 1000``, batch 256, splitter network: 153 ms per step against 4.8 ms with
+            ``m=16``). The selected scores enter in sorted (ascending) order, so the loss does not
+            depend on class order (difftopk put the label on wire 0).
         top1_mode: ``'sm'`` (default), ``'smce'`` or ``'sort'``.
         weight: optional per-class weights ``(C,)`` (a buffer), as in ``nn.CrossEntropyLoss``.
         ignore_index: target value that contributes nothing (default -100).
@@ -206,7 +292,8 @@ class TopKCrossEntropyLoss(ClassLoss):
 
     Shape:
         - input: ``(N, C)`` or ``(N, C, d1, ...)``, floating.
-        - target: ``(N)`` or ``(N, d1, ...)``, integer class indices in ``[0, C)``.
+        - target: ``(N)`` or ``(N, d1, ...)``, integer class indices in ``[0, C)`` (values checked for
+          CPU tensors outside ``torch.compile``/``vmap`` only: on an accelerator a check would synchronise).
         - output: scalar, or the target's shape for ``reduction='none'``.
 
     Example:
@@ -228,7 +315,7 @@ class TopKCrossEntropyLoss(ClassLoss):
         p_k: Sequence[float],
         *,
         method: str = "splitter_selection",
-        m: int | None = None,
+        m: int | None = DEFAULT_M,
         top1_mode: str = "sm",
         weight: torch.Tensor | None = None,
         ignore_index: int = -100,

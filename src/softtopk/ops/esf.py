@@ -57,7 +57,7 @@ import torch
 
 from .compute import compute_dtype
 
-__all__ = ["log_esf"]
+__all__ = ["log_esf", "log_esf_of_split"]
 
 
 def _largest_log_binomial(n: int, k: int) -> float:
@@ -192,14 +192,20 @@ def log_esf(log_x: torch.Tensor, k: int) -> torch.Tensor:
     else:
         # the `degree` largest entries in decreasing order, and all entries with those set to x = 0
         top = a.topk(degree, dim=-1)
-        rest = a.scatter(-1, top.indices, -math.inf)
-        if _largest_log_binomial(n, degree) < math.log(torch.finfo(a.dtype).max) - 1.0:
-            out = _split_log_esf(top.values, rest, degree)
-        else:  # the whole sequence, top first, in log space (module doc)
-            out = _sorted_log_esf(torch.cat([top.values, rest], dim=-1), degree, _relative_logcumsumexp)
+        out = log_esf_of_split(top.values, a.scatter(-1, top.indices, -math.inf), degree)
     if k > n:
         out = torch.cat([out, out.new_full((*out.shape[:-1], k - n), -math.inf)], dim=-1)
     return out.to(log_x.dtype)
+
+
+def log_esf_of_split(top: torch.Tensor, rest: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`log_esf` ``(*, k + 1)`` of the entries ``top`` (the ``k >= 1`` largest, decreasing,
+    ``(*, k)``) and ``rest`` (``(*, n)``, every other entry; those of ``top`` set to ``-inf``), in the
+    compute dtype, for callers that already hold the top ``k`` (one ``topk`` instead of two)."""
+    n = rest.shape[-1]
+    if _largest_log_binomial(n, k) < math.log(torch.finfo(top.dtype).max) - 1.0:
+        return _split_log_esf(top, rest, k)
+    return _sorted_log_esf(torch.cat([top, rest], dim=-1), k, _relative_logcumsumexp)  # log space (module doc)
 
 
 def _split_log_esf(top: torch.Tensor, rest: torch.Tensor, degree: int) -> torch.Tensor:
@@ -214,3 +220,120 @@ def _split_log_esf(top: torch.Tensor, rest: torch.Tensor, degree: int) -> torch.
     offsets = j.unsqueeze(-1) - j  # [j, b] -> j - b
     terms = log_top[..., offsets.clamp_min(0)] + log_tail.unsqueeze(-2)
     return torch.logsumexp(terms.masked_fill(offsets < 0, -math.inf), dim=-1)
+
+
+# ------------------------------------------------------------------- the smooth top-k SVM's rows
+
+SUBSET_K = 8  # the top k's polynomials by brute force over their 2^k subsets up to here
+_TABLES: dict = {}
+
+
+def _subset_tables(k: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Constants of the top part, as matrices applied to the top's scaled scores ``t (R, k)``:
+    ``t @ subsets = sum_S t - T_|S|`` over the ``2^k`` subsets ``S`` (``T_j`` the sum of the ``j``
+    largest), ``t @ joins = T_a - T_j`` for ``(a, j)``; the subsets by size ``(2^k, k + 1)`` and
+    without item ``i`` ``(2^k, k (k + 1))``; the Toeplitz index ``j - a`` and the mask ``a > j``
+    ``(k + 1, k + 1)``; and ``(2 (k + 1), k)``, the deflation coefficients of ``y^(m+1)`` from the
+    ratios ``(c, j) -> ẽ_c exp(T_c - T_j) / ẽ_j``, ``j = k - 1, k``. Cached outside compile."""
+    key, compiling = (k, dtype, device), torch.compiler.is_compiling()
+    if not compiling and key in _TABLES:  # never read under compile: filling it would be a recompile
+        return _TABLES[key]
+    bits = ((torch.arange(2**k, device=device).unsqueeze(-1) >> torch.arange(k, device=device)) & 1).to(dtype)
+    j = torch.arange(k + 1, device=device)
+    prefix = (torch.arange(k, device=device).unsqueeze(-1) < j).to(dtype)  # t @ prefix = T
+    size = bits.sum(-1).long()
+    by_size = (size.unsqueeze(-1) == j).to(dtype)
+    without = ((1 - bits).unsqueeze(-1) * by_size.unsqueeze(1)).reshape(2**k, k * (k + 1))
+    joins = (prefix.unsqueeze(-1) - prefix.unsqueeze(-2)).reshape(k, (k + 1) ** 2)
+    m = torch.arange(k, device=device)
+    sign = 1.0 - 2.0 * (m % 2).to(dtype)
+    deflation = torch.zeros(k + 1, 2, k, dtype=dtype, device=device)
+    deflation[k - 1 - m, 1, m] = sign  # + (-1)^m ẽ_{k-1-m} exp(T_{k-1-m} - T_k) / ẽ_k
+    deflation[(k - 2 - m[: k - 1]), 0, m[: k - 1]] = -sign[: k - 1]  # - the same for k - 1
+    tables = (bits.T - prefix[:, size], joins, by_size, without, (j - j.unsqueeze(-1)).clamp_min(0),
+              j.unsqueeze(-1) > j, deflation.reshape(2 * (k + 1), k))
+    if not compiling:
+        _TABLES[key] = tables
+    return tables
+
+
+class _SmoothTopKRows(torch.autograd.Function):
+    """``(logits (R, C), label (R,), k, tau, alpha)`` -> the smooth top-k SVM loss of each row,
+    ``tau softplus(alpha/tau + log e_k - log e_{k-1} - z_y)`` over the other classes (module doc of
+    :mod:`softtopk.losses.smooth_svm`), forward and backward in a few fused steps.
+
+    With the other scores relative to their k-th largest and ``T_j`` the prefix sums of the top
+    ``k`` (decreasing), every polynomial is normalised, ``ẽ_j = e_j / exp(T_j)`` in ``[1, C(n, j)]``:
+    the tail's ``e_b`` (values in ``[0, 1]``, linear scans), the top's by brute force over its
+    ``2^k`` subsets (every term ``exp(sum_S t - T_|S|) <= 1``), joined by
+    ``ẽ_j = sum_a ẽtop_a exp(T_a - T_j) e_{j-a}(tail)``. Gradient
+    ``d margin / d z_i = pi^(k)_i - pi^(k-1)_i`` (inclusion probabilities): for the tail a
+    polynomial in ``y_i`` whose coefficients come from deflation (stable: tail values never exceed
+    the top's), by Horner's rule; for the top ``1 - pi^(j)_i = e_j(x without i) / e_j``, from the
+    subsets without ``i``. Rows with fewer than ``k`` other classes above ``-inf`` give 0 (the
+    limit, gradient 0), a label at ``-inf`` gives ``inf`` (finite gradients)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(logits, label, k, tau, alpha):
+        subsets, joins, by_size, _, toeplitz, upper, _ = _subset_tables(k, logits.dtype, logits.device)
+        scale, label = 1.0 / (k * tau), label.unsqueeze(-1)
+        label_score = logits.gather(-1, label)
+        others = logits.scatter(-1, label, -math.inf)
+        top, index = others.topk(k, dim=-1)
+        kth = top[:, -1:]
+        # fewer than k others above -inf: a zero stand-in keeps the row finite (its top t >= 0), and
+        # a kth at the most negative finite number makes its margin -inf (loss 0) and a label at
+        # -inf's margin +inf (loss inf); neither needs a mask afterwards
+        shift = kth.masked_fill(kth == -math.inf, 0.0)  # differences before scaling: exact for large scores
+        y = others.scatter_(-1, index, -math.inf).sub_(shift).mul_(scale).exp_()
+        t = torch.sub(top, shift).mul_(scale).clamp_min_(0.0)
+        W = (t @ subsets).exp_()
+        G = (t @ joins).view(-1, k + 1, k + 1).exp_().masked_fill_(upper, 0.0)  # exp(T_a - T_j), a <= j
+        GE = G * _tail_esf(y, k)[:, toeplitz]
+        e = ((W @ by_size).unsqueeze(-2) @ GE).squeeze(-2)
+        gap = kth.clamp_min(torch.finfo(kth.dtype).min) - label_score
+        margin = torch.log(e[:, k] / e[:, k - 1]).add_(gap.squeeze(-1), alpha=scale).add_(alpha / tau)
+        # softplus exact to e^-50 (the default threshold 20 would cut at e^-20)
+        loss = torch.nn.functional.softplus(margin, threshold=50.0).mul_(tau)
+        return loss, margin, y, index, G, W, GE, e
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(inputs[1], *output[1:])
+        ctx.k, ctx.classes = inputs[2], inputs[0].shape[-1]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # a second derivative raises instead of being wrong
+    def backward(ctx, grad, *_unused):
+        if grad is None:  # only the non-differentiable outputs were used
+            return None, None, None, None, None
+        label, margin, y, index, G, W, GE, e = ctx.saved_tensors
+        k = ctx.k
+        _, _, _, without, _, _, deflation = _subset_tables(k, y.dtype, y.device)
+        c = (grad * torch.sigmoid(margin)).div_(k).unsqueeze(-1)  # d loss / d z times d z / d s
+        # tail: pi^(j)_i = sum_m (-1)^m y_i^(m+1) ẽ_{j-1-m} exp(T_{j-1-m} - T_j) / ẽ_j
+        ratio = e.unsqueeze(-1) * G[..., k - 1 :] / e[:, k - 1 :].unsqueeze(-2)
+        d = (ratio.flatten(1) @ deflation).mul_(c)
+        acc = d[:, k - 1 :]
+        for m in range(k - 2, -1, -1):
+            acc = torch.addcmul(d[:, m : m + 1], acc, y)
+        # top: pi^(k)_i - pi^(k-1)_i = ẽ^(-i)_{k-1} / ẽ_{k-1} - ẽ^(-i)_k / ẽ_k
+        rest = (W @ without).view(-1, k, k + 1) @ GE[..., k - 1 :] / e[:, k - 1 :].unsqueeze(-2)
+        top = (rest[..., 0] - rest[..., 1]).mul_(c)
+        grad_logits = (acc * y).scatter_(-1, index, top)
+        return grad_logits.scatter_(-1, label.unsqueeze(-1), c.neg()), None, None, None, None
+
+
+def smooth_topk_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
+    """The smooth top-k SVM loss ``(R,)`` of rows ``logits (R, C)`` with labels ``(R,)``, for
+    ``k <= SUBSET_K`` and ``C(C - 1, k)`` within the dtype (:class:`_SmoothTopKRows`)."""
+    return _SmoothTopKRows.apply(logits, label, k, tau, alpha)[0]
+
+
+def fits_subset_path(n: int, k: int, dtype: torch.dtype) -> bool:
+    """Whether :func:`smooth_topk_rows` applies to ``n`` other classes in ``dtype``."""
+    return k <= SUBSET_K and _largest_log_binomial(n, k) < math.log(torch.finfo(dtype).max) - 1.0
