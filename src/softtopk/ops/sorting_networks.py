@@ -49,7 +49,7 @@ from .swaps import ART_DELTA, signed_swap_probability, swap_slope
 
 @torch.compiler.assume_constant_result
 def _plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
-    """``(depth, partner (L, n), sign (L, n), out_wires[:k] (k,), half (1,), starts)`` of a network,
+    """``(depth, partner (L, n), sign (L, n, 1), out_wires[:k] (k,), half (1,), starts)`` of a network,
     on ``device`` in ``dtype`` (constants of the traced graph under ``torch.compile``); ``starts``
     (k + 1, n): the indicators of the wires of ranks ``0..k-1``, then of all of them (the mask's)."""
     return _cached_plan(kind, n, k, device, dtype)
@@ -66,7 +66,7 @@ def _cached_plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
     half = torch.full((1,), 0.5, dtype=real)
     starts = torch.zeros(k + 1, n, dtype=real)
     starts[torch.arange(k), out] = starts[k, out] = 1.0
-    return (len(partner), *(t.to(device) for t in (partner, sign.to(real), out, half, starts)))
+    return (len(partner), *(t.to(device) for t in (partner, sign.to(real).unsqueeze(-1), out, half, starts)))
 
 
 def _far(dtype: torch.dtype) -> float:
@@ -103,23 +103,31 @@ def _unit(params: dict) -> dict:
     return params if params["distribution"] == "logistic_phi" else {**params, "steepness": 1.0}
 
 
-def _scaled(x: torch.Tensor, params: dict) -> torch.Tensor:
-    """``β x`` (``x`` alone for ``logistic_phi``), infinities replaced by ``±F`` (NaN kept)."""
+def _wires(x: torch.Tensor, params: dict, rows: int) -> torch.Tensor:
+    """The sweeps' wires ``(n, rows, B)``: row 0 ``β x`` (``x`` alone for ``logistic_phi``) with the
+    infinities replaced by ``±F`` (NaN kept), the other rows zero."""
     far = _far(x.dtype)
+    values = x.new_empty((x.shape[-1], x.shape[0]))  # contiguous along the wires
     if params["distribution"] == "logistic_phi":
-        return x.clamp(-far, far)
-    return torch.mul(x, params["steepness"]).clamp_(-far, far)
+        torch.clamp(x.T, -far, far, out=values)
+    else:
+        torch.mul(x.T, params["steepness"], out=values).clamp_(-far, far)
+    if rows == 1:
+        return values.unsqueeze(1)
+    wires = x.new_zeros((x.shape[-1], rows, x.shape[0]))
+    wires[:, 0] = values
+    return wires
 
 
 def _value_sweep(z: torch.Tensor, plan: tuple, params: dict, mode: str):
-    """Relaxed network on ``z`` (B, r, n): row 0 the (scaled) values, the other rows ride along.
-    Returns the final wires, the differences ``z - z[p]`` (L, B, r, n) (row 0 zero where an
-    infinity decided the comparator, in mode ``'exact'``) and the swap probabilities (L, B, n)."""
+    """Relaxed network on the wires ``z`` (n, r, B): row 0 the (scaled) values, the other rows ride
+    along. Returns the final wires, the differences ``z - z[p]`` (L, n, r, B) (row 0 zero where an
+    infinity decided the comparator, in mode ``'exact'``) and the swap probabilities (L, n, B)."""
     depth, partner, sign, _, half, _ = plan
     unit, far = _unit(params), _far(z.dtype)
     diffs, alphas = z.new_empty((depth, *z.shape)), []
     for layer in range(depth):
-        pulled = z.index_select(-1, partner[layer])
+        pulled = z.index_select(0, partner[layer])
         value_diff = torch.sub(z, pulled, out=diffs[layer])[:, 0]
         if mode == "exact":
             big = value_diff.abs() > far / 2
@@ -134,17 +142,17 @@ def _value_sweep(z: torch.Tensor, plan: tuple, params: dict, mode: str):
 
 
 def _slopes(diffs: torch.Tensor, alphas: torch.Tensor, sign: torch.Tensor, params: dict, mode: str):
-    """``∂α/∂d`` per layer and wire (L, B, n), from the saved differences of the values."""
-    slope = swap_slope(diffs, alphas, **_unit(params)) * sign.unsqueeze(1)  # slopes are even in d
+    """``∂α/∂d`` per layer and wire (L, n, B), from the saved differences of the values."""
+    slope = swap_slope(diffs, alphas, **_unit(params)) * sign  # slopes are even in d
     if mode == "exact":  # a comparison decided by an infinity has d = 0 saved and α 0 or 1 (a tie 1/2)
         slope = torch.where((diffs == 0) & (alphas != 0.5), 0.0, slope)
     return slope
 
 
 def _value_backward(grad, saved, plan, params, mode, alpha_grads=None):
-    """Backward of :func:`_value_sweep`: ``grad`` (B, r, n) of its final wires (None: zero) and
-    ``alpha_grads`` (L, B, n) reaching the swap probabilities from elsewhere → the gradient of
-    its input values (B, n) and, for ``logistic_phi`` with a per-row steepness, of that (B, 1)."""
+    """Backward of :func:`_value_sweep`: ``grad`` (n, r, B) of its final wires (None: zero) and
+    ``alpha_grads`` (L, n, B) reaching the swap probabilities from elsewhere → the gradient of
+    its input values (n, B) and, for ``logistic_phi`` with a per-row steepness, of that (B, 1)."""
     z, diffs, alphas = saved
     depth, partner, sign = plan[:3]
     slope = _slopes(diffs[:, :, 0], alphas, sign, params, mode)
@@ -157,12 +165,12 @@ def _value_backward(grad, saved, plan, params, mode, alpha_grads=None):
     for layer in range(depth - 1, -1, -1):
         outputs.append(grad)
         if grad is None:  # the values' final wires do not reach the output
-            grad = torch.index_add(bias[layer], -1, partner[layer], bias[layer], alpha=-1.0)
+            grad = torch.index_add(bias[layer], 0, partner[layer], bias[layer], alpha=-1.0)
             continue
         grad_d = grad * weights[layer] if bias is None else torch.addcmul(bias[layer], grad, weights[layer])
         if cross is not None:
             grad_d[:, 0].addcmul_(grad[:, 1], cross[layer])
-        grad = grad_d.index_add_(-1, partner[layer], grad - grad_d)
+        grad = grad_d.index_add_(0, partner[layer], grad - grad_d)
     grad_z = torch.where(z[:, 0].abs() < _far(z.dtype), grad[:, 0], 0.0)  # none for the infinities
     beta = params["steepness"]
     if params["distribution"] != "logistic_phi" or not isinstance(beta, torch.Tensor):
@@ -172,17 +180,18 @@ def _value_backward(grad, saved, plan, params, mode, alpha_grads=None):
     total = (outer * diffs).sum(2) + (0.0 if alpha_grads is None else alpha_grads)
     d = diffs[:, :, 0]
     by_beta = alphas * (1 - alphas) * d * (d * d + ART_DELTA**2) ** (-0.5 * params["art_lambda"])
-    return grad_z, (total * by_beta * sign.unsqueeze(1)).sum((0, 2)).unsqueeze(-1)
+    return grad_z, (total * by_beta * sign).sum((0, 1)).unsqueeze(-1)
 
 
 def _input_grads(grad_z: torch.Tensor, z: torch.Tensor, params: dict):
-    """Gradients of ``x`` and of a per-row steepness (B, 1) from that of ``z = β x`` (B, n)."""
-    beta = params["steepness"]
+    """Gradients of ``x`` (B, n) and of a per-row steepness (B, 1) from that of the wires
+    ``z = β x`` (n, B)."""
+    beta = params["steepness"]  # a float or (1, B)
     if params["distribution"] == "logistic_phi":
-        return grad_z, None
+        return grad_z.T, None
     if not isinstance(beta, torch.Tensor):
-        return grad_z * beta, None
-    return grad_z * beta, (grad_z * z).sum(-1, keepdim=True) / beta
+        return (grad_z * beta).T, None
+    return (grad_z * beta).T, ((grad_z * z).sum(0, keepdim=True) / beta).T
 
 
 def _fold(tensor, dim, size):
@@ -193,48 +202,49 @@ def _fold(tensor, dim, size):
     return tensor.reshape(-1, *tensor.shape[2:])
 
 
-def _unfold(outputs, size, row_dims):
-    """Inverse of :func:`_fold` on each output, whose rows are on axis ``row_dims[i]``."""
-    out = tuple(o.unflatten(d, (size, -1)) for o, d in zip(outputs, row_dims))
-    return out, row_dims
+def _unfold(outputs, size):
+    """Inverse of :func:`_fold` on the outputs of a sweep, whose rows are their last axis."""
+    outputs = tuple(o.unflatten(-1, (size, -1)) for o in outputs)
+    return outputs, tuple(o.dim() - 2 for o in outputs)
 
 
-def _save(ctx, plan_key, params, mode, saved):
-    ctx.plan_key, ctx.params, ctx.mode = plan_key, params, mode
+def _save(ctx, x, key, params, mode, saved):
+    ctx.plan_key = (*key, str(x.device), str(x.dtype))
+    ctx.params, ctx.mode = params, mode
     ctx.save_for_backward(*saved)
     ctx.mark_non_differentiable(*saved)
     ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
 
 
 def _with_scale(params: dict, scale):
-    return params if scale is None else {**params, "steepness": scale}
+    """The sweeps' parameters: a per-row steepness ``scale`` (B, 1) as (1, B), along the wires."""
+    return params if scale is None else {**params, "steepness": scale.T}
 
 
 class _ColumnSweep(torch.autograd.Function):
-    """``(x (B, n), scale)`` → columns ``(B, c, n)`` of ``P``: the top-k ranks' (``c = k``) or their
+    """``(x (B, n), scale)`` → columns ``(n, c, B)`` of ``P``: the top-k ranks' (``c = k``) or their
     sum, the mask (``c = 1``). ``scale``: a per-row steepness (B, 1) or None (``params``' float)."""
 
     @staticmethod
     def forward(x, scale, key, params, mode, ranks):
         params = _with_scale(params, scale)
         plan = _plan(*key, str(x.device), str(x.dtype))
-        depth, partner, _, out, _, starts = plan
-        z = _scaled(x, params).unsqueeze(1)
+        depth, partner, _, _, _, starts = plan
+        z = _wires(x, params, 1)
         _, diffs, alphas = _value_sweep(z, plan, params, mode)
-        start = starts[:-1] if ranks else starts[-1:]
-        columns = x.new_empty((depth, x.shape[0], *start.shape))  # [l] enters layer l (reverse sweep)
+        start = (starts[:-1] if ranks else starts[-1:]).T.unsqueeze(-1)  # (n, c, 1)
+        columns = x.new_empty((depth, x.shape[-1], start.shape[1], x.shape[0]))  # [l] enters layer l
         columns[depth - 1] = start
         for layer in range(depth - 1, 0, -1):
             c = columns[layer]
-            torch.lerp(c.index_select(-1, partner[layer]), c, alphas[layer].unsqueeze(1), out=columns[layer - 1])
+            torch.lerp(c.index_select(0, partner[layer]), c, alphas[layer].unsqueeze(1), out=columns[layer - 1])
         c = columns[0]
-        return torch.lerp(c.index_select(-1, partner[0]), c, alphas[0].unsqueeze(1)), z, diffs, alphas, columns
+        return torch.lerp(c.index_select(0, partner[0]), c, alphas[0].unsqueeze(1)), z, diffs, alphas, columns
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, scale, key, params, mode, _ = inputs
-        _save(ctx, key, _with_scale(params, scale), mode, output[1:])
-        ctx.rows_key = (str(x.device), str(x.dtype))
+        _save(ctx, x, key, _with_scale(params, scale), mode, output[1:])
 
     @staticmethod
     @once_differentiable
@@ -242,14 +252,14 @@ class _ColumnSweep(torch.autograd.Function):
         if grad is None:  # only the saved (non-differentiable) outputs were used
             return None, None, None, None, None, None
         z, diffs, alphas, columns = ctx.saved_tensors
-        plan = _plan(*ctx.plan_key, *ctx.rows_key)
+        plan = _plan(*ctx.plan_key)
         depth, partner = plan[:2]
         sweep = [grad.contiguous()]  # r_0 = ∂L/∂c_0, r_l = M_l r_(l-1): what each layer's output gets
         for layer in range(depth - 1):
             r = sweep[-1]
-            sweep.append(torch.lerp(r.index_select(-1, partner[layer]), r, alphas[layer].unsqueeze(1)))
+            sweep.append(torch.lerp(r.index_select(0, partner[layer]), r, alphas[layer].unsqueeze(1)))
         rows = torch.stack(sweep)
-        pulled = columns.gather(-1, partner.view(depth, 1, 1, -1).expand_as(columns))
+        pulled = columns.gather(1, partner.view(depth, -1, 1, 1).expand_as(columns))
         alpha_grads = rows * (columns - pulled)
         alpha_grads = alpha_grads[:, :, 0] if alpha_grads.shape[2] == 1 else alpha_grads.sum(2)
         grad_z, grad_art = _value_backward(None, (z, diffs, alphas), plan, ctx.params, ctx.mode, alpha_grads)
@@ -261,28 +271,26 @@ class _ColumnSweep(torch.autograd.Function):
         size = info.batch_size
         outputs = _ColumnSweep.apply(_fold(x, in_dims[0], size), _fold(scale, in_dims[1], size), key, params,
                                      mode, ranks)
-        return _unfold(outputs, size, (0, 0, 1, 1, 1))
+        return _unfold(outputs, size)
 
 
 class _LabelSweep(torch.autograd.Function):
-    """``(x (B, n), position (B,), scale)`` → ``P[b, position[b], :]`` at the output wires (B, k):
+    """``(x (B, n), position (B,), scale)`` → ``P[b, position[b], :]`` at the output wires (k, B):
     the one-hot row of ``position`` rides along the value sweep."""
 
     @staticmethod
     def forward(x, position, scale, key, params, mode):
         params = _with_scale(params, scale)
         plan = _plan(*key, str(x.device), str(x.dtype))
-        wires = x.new_zeros((x.shape[0], 2, x.shape[-1]))
-        wires[:, 0] = _scaled(x, params)
-        wires[:, 1].scatter_(-1, position.unsqueeze(-1), 1.0)
+        wires = _wires(x, params, 2)
+        wires[:, 1].scatter_(0, position.unsqueeze(0), 1.0)
         final, diffs, alphas = _value_sweep(wires, plan, params, mode)
-        return final[:, 1].index_select(-1, plan[3]), wires, diffs, alphas
+        return final[:, 1].index_select(0, plan[3]), wires, diffs, alphas
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, _, scale, key, params, mode = inputs
-        _save(ctx, key, _with_scale(params, scale), mode, output[1:])
-        ctx.rows_key = (str(x.device), str(x.dtype))
+        _save(ctx, x, key, _with_scale(params, scale), mode, output[1:])
 
     @staticmethod
     @once_differentiable
@@ -290,9 +298,9 @@ class _LabelSweep(torch.autograd.Function):
         if grad is None:
             return None, None, None, None, None, None
         wires, diffs, alphas = ctx.saved_tensors
-        plan = _plan(*ctx.plan_key, *ctx.rows_key)
+        plan = _plan(*ctx.plan_key)
         start = grad.new_zeros(wires.shape)
-        start[:, 1].index_copy_(-1, plan[3], grad)
+        start[:, 1].index_copy_(0, plan[3], grad)
         grad_z, grad_art = _value_backward(start, (wires, diffs, alphas), plan, ctx.params, ctx.mode)
         grad_x, grad_scale = _input_grads(grad_z, wires[:, 0], ctx.params)
         return grad_x, None, (grad_art if grad_scale is None else grad_scale), None, None, None
@@ -302,7 +310,7 @@ class _LabelSweep(torch.autograd.Function):
         size = info.batch_size
         outputs = _LabelSweep.apply(_fold(x, in_dims[0], size), _fold(position, in_dims[1], size),
                                     _fold(scale, in_dims[2], size), key, params, mode)
-        return _unfold(outputs, size, (0, 0, 1, 1))
+        return _unfold(outputs, size)
 
 
 def _split_scale(params: dict, x: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
@@ -328,7 +336,7 @@ def _columns(x: torch.Tensor, k: int, network: str, params: dict, ranks: bool) -
 def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """Relaxed top-k attribution ``(B, n, k)`` of a sorting/selection network for ``x`` (B, n);
     ``steepness`` a float or a per-row (B, 1) tensor (with gradients)."""
-    return _columns(x, k, network, params, ranks=True).transpose(1, 2)
+    return _columns(x, k, network, params, ranks=True).permute(2, 0, 1)
 
 
 def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
@@ -337,7 +345,7 @@ def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Te
     rows with ``p`` entries at ``+inf`` and ``q`` at ``-inf`` when ``p < k < n - q``; where ``p >= k``
     the ``+inf`` entries share ``k`` equally, and where ``n - q <= k`` every entry above ``-inf``
     has mask 1 and the ``-inf`` entries share the rest, all with gradient 0."""
-    mask = _columns(x, k, network, params, ranks=False)[:, 0]
+    mask = _columns(x, k, network, params, ranks=False)[:, 0].T
     n = x.shape[-1]
     positive, negative = x == float("inf"), x == float("-inf")
     p = positive.sum(-1, keepdim=True, dtype=x.dtype)
@@ -353,4 +361,4 @@ def network_label_ranks(
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` lands, in one sweep."""
     params, scale = _split_scale(params, x)
     mode = _infinities(x, params)
-    return _LabelSweep.apply(x, position, scale, _key(network, x, k), params, mode)[0]
+    return _LabelSweep.apply(x, position, scale, _key(network, x, k), params, mode)[0].T
