@@ -98,6 +98,15 @@ def test_vmap_on_the_first_call(method):
     leaf = x[0].clone().requires_grad_()
     (softtopk.soft_topk(leaf, 5, method=method) * weights).sum().backward()
     torch.testing.assert_close(grads, leaf.grad, rtol=0, atol=1e-6)
+    position = torch.arange(4) * 5
+
+    def label_mass(t):
+        return (network_label_ranks(t, position, 5, network=method, **LABEL_PARAMS) * torch.arange(5.0)).sum()
+
+    grads = torch.vmap(torch.func.grad(label_mass))(x)
+    leaf = x[2].clone().requires_grad_()
+    label_mass(leaf).backward()
+    torch.testing.assert_close(grads[2], leaf.grad, rtol=0, atol=1e-6)
 
 
 COMPILE_CASES = [(m, n) for m in ("bitonic", "splitter_selection") for n in (8, 100, 1000)]

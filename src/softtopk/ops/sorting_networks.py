@@ -5,7 +5,8 @@ Each comparator of a network (:mod:`softtopk.ops.networks`) is replaced by a rel
 wire with its comparator partner, and the relaxed permutation is
 :math:`P = M_1 M_2 \\cdots M_L` with ``P[i, r]`` = weight of input ``i`` at rank ``r``.
 
-Rows are processed as ``(B, n)``; a whole layer is one gather of the partner wires and one lerp
+The sweeps hold the rows' wires as ``(n, ..., B)`` (a gather of partner wires copies whole
+contiguous rows); a whole layer is one gather of the partner wires and one lerp
 (``z' = z[p] + α (z - z[p])``, exact at ``α`` 0 and 1), nothing of size ``n x n`` is built:
 
 * the value sweep (``z_l = M_l z_{l-1}`` with ``α_l = f(sign · (z - z[p]))``) saves each layer's
@@ -38,6 +39,7 @@ Reference: Petersen et al., "Differentiable Top-k Classification Learning", ICML
 from __future__ import annotations
 
 import functools
+import math
 import operator
 
 import torch
@@ -49,9 +51,10 @@ from .swaps import ART_DELTA, signed_swap_probability, swap_slope
 
 @torch.compiler.assume_constant_result
 def _plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
-    """``(depth, partner (L, n), sign (L, n, 1), out_wires[:k] (k,), half (1,), starts)`` of a network,
-    on ``device`` in ``dtype`` (constants of the traced graph under ``torch.compile``); ``starts``
-    (k + 1, n): the indicators of the wires of ranks ``0..k-1``, then of all of them (the mask's)."""
+    """``(depth, partner (L, n), sign (L, n, 1), out_wires[:k] (k,), half (1,), starts, flat)`` of a
+    network, on ``device`` in ``dtype`` (constants of the traced graph under ``torch.compile``);
+    ``starts`` (k + 1, n): the indicators of the wires of ranks ``0..k-1``, then of all of them (the
+    mask's); ``flat`` (L n,): the partners as rows of the layers stacked (``l n + partner[l]``)."""
     return _cached_plan(kind, n, k, device, dtype)
 
 
@@ -66,7 +69,9 @@ def _cached_plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
     half = torch.full((1,), 0.5, dtype=real)
     starts = torch.zeros(k + 1, n, dtype=real)
     starts[torch.arange(k), out] = starts[k, out] = 1.0
-    return (len(partner), *(t.to(device) for t in (partner, sign.to(real).unsqueeze(-1), out, half, starts)))
+    flat = (partner + n * torch.arange(len(partner)).unsqueeze(-1)).flatten()
+    tensors = (partner, sign.to(real).unsqueeze(-1), out, half, starts, flat)
+    return (len(partner), *(t.to(device) for t in tensors))
 
 
 def _far(dtype: torch.dtype) -> float:
@@ -123,9 +128,9 @@ def _value_sweep(z: torch.Tensor, plan: tuple, params: dict, mode: str):
     """Relaxed network on the wires ``z`` (n, r, B): row 0 the (scaled) values, the other rows ride
     along. Returns the final wires, the differences ``z - z[p]`` (L, n, r, B) (row 0 zero where an
     infinity decided the comparator, in mode ``'exact'``) and the swap probabilities (L, n, B)."""
-    depth, partner, sign, _, half, _ = plan
+    depth, partner, sign, _, half = plan[:5]
     unit, far = _unit(params), _far(z.dtype)
-    diffs, alphas = z.new_empty((depth, *z.shape)), []
+    diffs, alphas = z.new_empty((depth, *z.shape)), z.new_empty((depth, z.shape[0], z.shape[-1]))
     for layer in range(depth):
         pulled = z.index_select(0, partner[layer])
         value_diff = torch.sub(z, pulled, out=diffs[layer])[:, 0]
@@ -133,17 +138,21 @@ def _value_sweep(z: torch.Tensor, plan: tuple, params: dict, mode: str):
             big = value_diff.abs() > far / 2
             order = (value_diff * sign[layer] > 0).to(z.dtype)
             value_diff.masked_fill_(big, 0.0)
-            alpha = torch.where(big, order, signed_swap_probability(value_diff, sign[layer], **unit, half=half))
+            soft = signed_swap_probability(value_diff, sign[layer], **unit, half=half)
+            alpha = torch.where(big, order, soft, out=alphas[layer])
         else:
-            alpha = signed_swap_probability(value_diff, sign[layer], **unit, half=half)
-        alphas.append(alpha)
+            alpha = signed_swap_probability(value_diff, sign[layer], **unit, half=half, out=alphas[layer])
         z = torch.lerp(pulled, z, alpha.unsqueeze(1))
-    return z, diffs, torch.stack(alphas)
+    return z, diffs, alphas
 
 
 def _slopes(diffs: torch.Tensor, alphas: torch.Tensor, sign: torch.Tensor, params: dict, mode: str):
-    """``∂α/∂d`` per layer and wire (L, n, B), from the saved differences of the values."""
-    slope = swap_slope(diffs, alphas, **_unit(params)) * sign  # slopes are even in d
+    """``∂α/∂d`` per layer and wire (L, n, B), from the saved differences of the values (slopes are
+    even in ``d``); Cauchy's ``sign / (π (1 + d²))`` in place on one buffer."""
+    if params["distribution"] == "cauchy":
+        slope = (diffs * diffs).add_(1.0).reciprocal_().mul_(sign).mul_(1.0 / math.pi)
+    else:
+        slope = swap_slope(diffs, alphas, **_unit(params)) * sign
     if mode == "exact":  # a comparison decided by an infinity has d = 0 saved and α 0 or 1 (a tie 1/2)
         slope = torch.where((diffs == 0) & (alphas != 0.5), 0.0, slope)
     return slope
@@ -157,7 +166,12 @@ def _value_backward(grad, saved, plan, params, mode, alpha_grads=None):
     depth, partner, sign = plan[:3]
     slope = _slopes(diffs[:, :, 0], alphas, sign, params, mode)
     coef = torch.addcmul(alphas, diffs[:, :, 0], slope).unsqueeze(2)  # ∂(α d)/∂d
-    bias = None if alpha_grads is None else (alpha_grads * slope).unsqueeze(2)
+    beta = params["steepness"]
+    by_beta = params["distribution"] == "logistic_phi" and isinstance(beta, torch.Tensor)
+    if alpha_grads is not None:  # a temporary of the caller's, kept only for a steepness gradient
+        bias = (alpha_grads * slope if by_beta else alpha_grads.mul_(slope)).unsqueeze(2)
+    else:
+        bias = None
     cross = None if diffs.shape[2] == 1 else diffs[:, :, 1] * slope  # a riding row's share
     rows = z.shape[1]
     weights = coef if rows == 1 else torch.cat([coef, alphas.unsqueeze(2).expand(-1, -1, rows - 1, -1)], 2)
@@ -172,8 +186,7 @@ def _value_backward(grad, saved, plan, params, mode, alpha_grads=None):
             grad_d[:, 0].addcmul_(grad[:, 1], cross[layer])
         grad = grad_d.index_add_(0, partner[layer], grad - grad_d)
     grad_z = torch.where(z[:, 0].abs() < _far(z.dtype), grad[:, 0], 0.0)  # none for the infinities
-    beta = params["steepness"]
-    if params["distribution"] != "logistic_phi" or not isinstance(beta, torch.Tensor):
+    if not by_beta:
         return grad_z, None
     # ∂α/∂β = α (1 - α) h(sign d), h(d) = d (d² + δ²)^(-λ/2) odd; ∂L/∂α from the values and columns
     outer = torch.stack([torch.zeros_like(grad) if g is None else g for g in outputs[::-1]])
@@ -229,7 +242,7 @@ class _ColumnSweep(torch.autograd.Function):
     def forward(x, scale, key, params, mode, ranks):
         params = _with_scale(params, scale)
         plan = _plan(*key, str(x.device), str(x.dtype))
-        depth, partner, _, _, _, starts = plan
+        depth, partner, _, _, _, starts = plan[:6]
         z = _wires(x, params, 1)
         _, diffs, alphas = _value_sweep(z, plan, params, mode)
         start = (starts[:-1] if ranks else starts[-1:]).T.unsqueeze(-1)  # (n, c, 1)
@@ -253,14 +266,16 @@ class _ColumnSweep(torch.autograd.Function):
             return None, None, None, None, None, None
         z, diffs, alphas, columns = ctx.saved_tensors
         plan = _plan(*ctx.plan_key)
-        depth, partner = plan[:2]
-        sweep = [grad.contiguous()]  # r_0 = ∂L/∂c_0, r_l = M_l r_(l-1): what each layer's output gets
+        depth, partner, flat = plan[0], plan[1], plan[6]
+        # r_0 = ∂L/∂c_0, r_l = M_l r_(l-1): what each layer's output gets; a list and out-of-place
+        # products, not out= buffers: the backward also runs under torch.func.vmap
+        sweep = [grad]
         for layer in range(depth - 1):
             r = sweep[-1]
             sweep.append(torch.lerp(r.index_select(0, partner[layer]), r, alphas[layer].unsqueeze(1)))
-        rows = torch.stack(sweep)
-        pulled = columns.gather(1, partner.view(depth, -1, 1, 1).expand_as(columns))
-        alpha_grads = rows * (columns - pulled)
+        # ∂L/∂α_l = r_(l-1) (c_l - c_l[p]) for all layers at once
+        stacked = columns.flatten(0, 1)
+        alpha_grads = torch.sub(stacked, stacked.index_select(0, flat)).view_as(columns) * torch.stack(sweep)
         alpha_grads = alpha_grads[:, :, 0] if alpha_grads.shape[2] == 1 else alpha_grads.sum(2)
         grad_z, grad_art = _value_backward(None, (z, diffs, alphas), plan, ctx.params, ctx.mode, alpha_grads)
         grad_x, grad_scale = _input_grads(grad_z, z[:, 0], ctx.params)
@@ -299,8 +314,8 @@ class _LabelSweep(torch.autograd.Function):
             return None, None, None, None, None, None
         wires, diffs, alphas = ctx.saved_tensors
         plan = _plan(*ctx.plan_key)
-        start = grad.new_zeros(wires.shape)
-        start[:, 1].index_copy_(0, plan[3], grad)
+        row = torch.zeros_like(wires[:, 1]).index_copy(0, plan[3], grad)
+        start = torch.stack([torch.zeros_like(row), row], 1)
         grad_z, grad_art = _value_backward(start, (wires, diffs, alphas), plan, ctx.params, ctx.mode)
         grad_x, grad_scale = _input_grads(grad_z, wires[:, 0], ctx.params)
         return grad_x, None, (grad_art if grad_scale is None else grad_scale), None, None, None
