@@ -129,6 +129,17 @@ _NETWORK_COST = {
 }
 
 
+def _network_mask(kind: str) -> Callable[..., torch.Tensor]:
+    """The network mask, exact on every row of the extended reals by itself (no value read; it
+    bypasses :mod:`softtopk._extended`), with the ``hard`` option."""
+
+    def hard_or_soft(x: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
+        soft = network_mask(x, k, network=kind, **params)
+        return straight_through_mask(x, k, soft) if hard else soft
+
+    return hard_or_soft
+
+
 def _network_method(kind: str) -> _Method:
     ranks = _ranks_with_hard(functools.partial(network_ranks, network=kind))
 
@@ -153,7 +164,7 @@ def _network_method(kind: str) -> _Method:
         "art_lambda": functools.partial(check_real, low=0.0, below=1.0),
         "hard": check_bool,
     }
-    return _Method(info, ranks, _with_hard(functools.partial(network_mask, network=kind)), label_ranks, checks,
+    return _Method(info, ranks, _network_mask(kind), label_ranks, checks,
                    tensor_args=("steepness",))
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import random
 from dataclasses import dataclass
 
 import torch
@@ -81,9 +82,12 @@ def _diffsort_bitonic_layers(n: int) -> list[list[tuple[int, int]]]:
 
 def _sorts(n: int, layers: list[list[tuple[int, int]]]) -> bool:
     """Whether ``layers`` with exact comparators sort the 0-1 rows with a single 1 or a single 0 and
-    1024 seeded random rows (ascending: the maximum on the last wire)."""
+    1024 rows of uniform numbers from Python's ``random.Random(n)`` (ascending: the maximum on the
+    last wire). No torch random numbers: a network may be built inside ``torch.func.vmap``."""
+    rng = random.Random(n)
     eye = torch.eye(n, dtype=torch.float64)
-    rows = torch.cat([eye, 1 - eye, torch.randn(1024, n, generator=torch.Generator().manual_seed(n), dtype=torch.float64)])
+    uniform = torch.tensor([rng.random() for _ in range(1024 * n)], dtype=torch.float64).view(1024, n)
+    rows = torch.cat([eye, 1 - eye, uniform])
     wires = rows.clone()
     for layer in layers:
         if layer:

@@ -5,20 +5,33 @@ Each comparator of a network (:mod:`softtopk.ops.networks`) is replaced by a rel
 wire with its comparator partner, and the relaxed permutation is
 :math:`P = M_1 M_2 \\cdots M_L` with ``P[i, r]`` = weight of input ``i`` at rank ``r``.
 
-Nothing of size ``n x n`` per layer is ever built. One forward sweep computes the wire values and
-the swap probabilities (``O(L n)`` per row). Then, because every :math:`M_l` is symmetric:
+The sweeps hold the rows' wires as ``(n, ..., B)`` (a gather of partner wires copies whole
+contiguous rows); a whole layer is one gather of the partner wires and one lerp
+(``z' = z[p] + α (z - z[p])``, exact at ``α`` 0 and 1), nothing of size ``n x n`` is built:
 
-* top-k ranks ``P[:, :k]`` come from a reverse sweep of ``k`` columns (``O(L n k)``), as in
-  difftopk's reverse sweep but with one gather per layer instead of sparse matrices;
-* the mask ``P[:, :k].sum(-1)`` comes from a reverse sweep of a single column (``O(L n)``);
-* one row ``P[y, :]`` (what a classification loss needs) rides along the forward sweep (``O(L n)``).
+* the value sweep (``z_l = M_l z_{l-1}`` with ``α_l = f(sign · (z - z[p]))``) saves each layer's
+  differences and swap probabilities; rows of ``P^T`` may ride along (one row ``P[y, :]``, what a
+  classification loss needs);
+* top-k ranks ``P[:, :k]`` and the mask ``P[:, :k].sum(-1)`` come from a reverse sweep of ``k``
+  columns or of their sum, ``c_{l-1} = M_l c_l`` (every :math:`M_l` is symmetric).
 
-Both sweeps are ``torch.autograd.Function`` objects with hand-written backward passes. Each layer
-matrix is symmetric and its partner map is an involution, so the backward of a layer is the same
-gather-and-mix as its forward; swap slopes are analytic (:func:`~softtopk.ops.swaps.swap_slope`) and
-computed in backward. Only per-layer differences and swap probabilities are saved (no autograd graph
-per layer).
-Double backward is not supported.
+Backward (hand-written, one ``torch.autograd.Function`` per output): with ``r_0 = ∂L/∂c_0`` and
+``r_l = M_l r_{l-1}`` (a forward sweep of the gradient), the swap probabilities get
+``∂L/∂α_l = r_{l-1} (c_l - c_l[p])`` from the columns, computed for all layers at once; the value
+sweep is then run backwards: with ``g`` the gradient of ``z_l``, ``s = ∂α/∂d`` (analytic,
+:func:`~softtopk.ops.swaps.swap_slope`) and ``g_d = g (α + d s) + s ∂L/∂α_l``, the gradient of
+``z_{l-1}`` is ``g_d + (g - g_d)[p]`` (the partner map is an involution). The per-layer
+coefficients are computed for all layers at once, so each layer of each sweep costs a gather and
+one or two fused elementwise ops. Double backward is not supported.
+
+All distributions but ``logistic_phi`` are functions of ``β d``: the values are scaled by the
+steepness ``β`` first (its gradient, for a per-row tensor, comes from that product) and every
+sweep runs at unit steepness. ``±inf`` entries become ``±F`` (``F = finfo.max / 8``), so far out
+that a comparison with a finite value gives ``α`` exactly 0 or 1 and slope exactly 0 (checked once
+per distribution and dtype on fixed CPU numbers, see :func:`_infinities`); ``logistic_phi`` never
+saturates and decides those comparisons explicitly. Finite ``|β x| ≤ F/4`` are exact. Nothing reads
+tensor values; the index tensors of a network are built once per ``(network, n, k, device, dtype)``
+and are constants under ``torch.compile``.
 
 Reference: Petersen et al., "Differentiable Top-k Classification Learning", ICML 2022.
 """
@@ -26,44 +39,39 @@ Reference: Petersen et al., "Differentiable Top-k Classification Learning", ICML
 from __future__ import annotations
 
 import functools
-import itertools
 import math
+import operator
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from .compute import can_inspect
-from .networks import Network, build_network, layer_tensors
-from .swaps import ART_DELTA, swap_probability, swap_slope
+from .networks import build_network, layer_tensors
+from .swaps import ART_DELTA, signed_swap_probability, swap_slope
 
 
-def _layers(network: Network, like: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """Per layer: partner indices (n,) and signs (n, 1) in ``like``'s dtype, on its device."""
-    return _per_layer(network, str(like.device), like.dtype)[:2]
-
-
-def _comparator_slots(network: Network, like: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """Per layer: the max wires of the comparators (c,), and each wire's comparator slot (n,)
-    (idle wires point at slot 0; their sign is 0)."""
-    return _per_layer(network, str(like.device), like.dtype)[2:]
-
-
-def _layer_rows(maxima: tuple[torch.Tensor, ...]) -> list[slice]:
-    """Each layer's rows in the buffer that stacks the layers' max-wire rows."""
-    ends = list(itertools.accumulate(len(m) for m in maxima))
-    return [slice(end - len(m), end) for end, m in zip(ends, maxima)]
+@torch.compiler.assume_constant_result
+def _plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
+    """``(depth, partner (L, n), sign (L, n, 1), out_wires[:k] (k,), half (1,), starts, flat)`` of a
+    network, on ``device`` in ``dtype`` (constants of the traced graph under ``torch.compile``);
+    ``starts`` (k + 1, n): the indicators of the wires of ranks ``0..k-1``, then of all of them (the
+    mask's); ``flat`` (L n,): the partners as rows of the layers stacked (``l n + partner[l]``)."""
+    return _cached_plan(kind, n, k, device, dtype)
 
 
 @functools.lru_cache(maxsize=256)
-def _per_layer(network: Network, device: str, dtype: torch.dtype):
-    partner, sign = layer_tensors(network, torch.device(device))
-    maxima, slots = [], []
-    for layer in network.layers:
-        hi, lo = torch.tensor(layer, device=device).T
-        slot = torch.zeros(network.n, dtype=torch.long, device=device)
-        slot[hi] = slot[lo] = torch.arange(len(layer), device=device)
-        maxima.append(hi), slots.append(slot)
-    return partner.unbind(0), sign.to(dtype).unsqueeze(-1).unbind(0), tuple(maxima), tuple(slots)
+def _cached_plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
+    network = build_network(kind, n, k if kind == "splitter_selection" else n)
+    partner, sign = layer_tensors(network, torch.device("cpu"))
+    if not network.layers:  # one wire: an idle layer (every wire its own partner, sign 0) keeps it
+        partner, sign = torch.arange(n).unsqueeze(0), torch.zeros(1, n)
+    real = getattr(torch, dtype.removeprefix("torch."))
+    out = torch.tensor(network.out_wires[:k], dtype=torch.long)
+    half = torch.full((1,), 0.5, dtype=real)
+    starts = torch.zeros(k + 1, n, dtype=real)
+    starts[torch.arange(k), out] = starts[k, out] = 1.0
+    flat = (partner + n * torch.arange(len(partner)).unsqueeze(-1)).flatten()
+    tensors = (partner, sign.to(real).unsqueeze(-1), out, half, starts, flat)
+    return (len(partner), *(t.to(device) for t in tensors))
 
 
 def _far(dtype: torch.dtype) -> float:
@@ -71,245 +79,301 @@ def _far(dtype: torch.dtype) -> float:
 
 
 def _infinities(values: torch.Tensor, params: dict) -> str:
-    """How a sweep treats infinite values (n, B): ``'none'`` (there are none); ``'stand-in'``: each
-    becomes ``±finfo.max/8``, so far out that every comparison with it is exact in the dtype (swap
-    probability exactly 0 or 1 and slope exactly 0, checked at the smallest steepness); ``'exact'``:
-    comparisons with an infinity are decided explicitly in every layer (always inside
-    ``torch.compile``/``vmap``, and where no finite value saturates, e.g. ``logistic_phi``)."""
-    if not can_inspect(values):
+    """How the sweeps treat infinite values, decided from the dtype and distribution alone:
+    ``'stand-in'``: each is ``±F`` and every comparison with it saturates exactly; ``'exact'``:
+    comparisons with a difference beyond ``F/2`` are decided explicitly in every layer
+    (``logistic_phi``, and any distribution that does not saturate in the dtype)."""
+    if params["distribution"] == "logistic_phi":
         return "exact"
-    if bool(values.sum().isfinite()):
-        return "none"
-    far = _far(values.dtype)
-    if not bool(values.nan_to_num(nan=math.nan, posinf=0.0, neginf=0.0).abs().amax() <= far / 4):
-        return "exact"
-    steepness = params["steepness"]
-    probe = {**params, "steepness": steepness.amin() if isinstance(steepness, torch.Tensor) else steepness}
-    d = values.new_tensor(far / 2)
-    alpha = swap_probability(d, **probe)
-    return "stand-in" if bool((alpha == 1) & (swap_slope(d, alpha, **probe) == 0)) else "exact"
+    return "stand-in" if _saturates(params["distribution"], str(values.dtype)) else "exact"
 
 
-def _value_sweep(wires: torch.Tensor, network: Network, params: dict):
-    """Relaxed network on ``wires`` (n, r, B): the values are ``wires[:, 0]``; the other ``r - 1``
-    rows ride along (mixed with the same swap probabilities). Returns the final wires and, per layer
-    (preallocated), the differences ``z - z[partner]`` (L, n, r, B) and swap probabilities (L, n, B)."""
-    partner, sign = _layers(network, wires)
-    depth, (n, _, batch) = len(partner), wires.shape
-    diffs = wires.new_empty((depth, *wires.shape))
-    alphas = wires.new_empty((depth, n, batch))
-    z = wires
-    mode = _infinities(wires[:, 0], params)
-    if mode == "stand-in":
-        z = wires.clone()
-        z[:, 0] = z[:, 0].clamp(-_far(z.dtype), _far(z.dtype))
+@torch.compiler.assume_constant_result
+def _saturates(distribution: str, dtype: str) -> bool:
+    return _probe(distribution, dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(distribution: str, dtype: str) -> bool:
+    """Whether ``f(±F/2)`` is exactly 1 and 0 with slope exactly 0 at unit steepness (CPU)."""
+    real = getattr(torch, dtype.removeprefix("torch."))
+    d = torch.tensor([_far(real) / 2, -_far(real) / 2], dtype=real)
+    alpha = signed_swap_probability(d, torch.ones(2, dtype=real), distribution, 1.0, 0.0, d.new_full((1,), 0.5))
+    slope = swap_slope(d, alpha, distribution, 1.0, 0.0)
+    return alpha.tolist() == [1.0, 0.0] and slope.tolist() == [0.0, 0.0]
+
+
+def _unit(params: dict) -> dict:
+    """The sweeps' parameters: unit steepness where the values were scaled by it."""
+    return params if params["distribution"] == "logistic_phi" else {**params, "steepness": 1.0}
+
+
+def _wires(x: torch.Tensor, params: dict, rows: int) -> torch.Tensor:
+    """The sweeps' wires ``(n, rows, B)``: row 0 ``β x`` (``x`` alone for ``logistic_phi``) with the
+    infinities replaced by ``±F`` (NaN kept), the other rows zero."""
+    far = _far(x.dtype)
+    values = x.new_empty((x.shape[-1], x.shape[0]))  # contiguous along the wires
+    if params["distribution"] == "logistic_phi":
+        torch.clamp(x.T, -far, far, out=values)
+    else:
+        torch.mul(x.T, params["steepness"], out=values).clamp_(-far, far)
+    if rows == 1:
+        return values.unsqueeze(1)
+    wires = x.new_zeros((x.shape[-1], rows, x.shape[0]))
+    wires[:, 0] = values
+    return wires
+
+
+def _value_sweep(z: torch.Tensor, plan: tuple, params: dict, mode: str):
+    """Relaxed network on the wires ``z`` (n, r, B): row 0 the (scaled) values, the other rows ride
+    along. Returns the final wires, the differences ``z - z[p]`` (L, n, r, B) (row 0 zero where an
+    infinity decided the comparator, in mode ``'exact'``) and the swap probabilities (L, n, B)."""
+    depth, partner, sign, _, half = plan[:5]
+    unit, far = _unit(params), _far(z.dtype)
+    diffs, alphas = z.new_empty((depth, *z.shape)), z.new_empty((depth, z.shape[0], z.shape[-1]))
     for layer in range(depth):
         pulled = z.index_select(0, partner[layer])
-        diff = torch.sub(z, pulled, out=diffs[layer])
-        if mode != "exact":
-            alpha = swap_probability(sign[layer] * diff[:, 0], **params)
-            alphas[layer] = alpha
-            # lerp is exact at alpha 0 and 1: a stand-in never leaks into a finite value
-            mix = torch.lerp if mode == "stand-in" else lambda start, end, weight: torch.addcmul(start, weight, diff)
-            z = mix(pulled, z, alpha.unsqueeze(1))
-            continue
-        # a comparator with an infinite value swaps exactly (alpha 0 or 1, slope 0) and never mixes
-        # the infinity into a finite value; two equal infinities stay in place
-        value, other = z[:, 0], pulled[:, 0]
-        exact = value.isinf() | other.isinf()
-        d = sign[layer] * torch.where(exact, 0.0, diff[:, 0])
-        order = torch.where(value == other, 1.0, (sign[layer] * (value - other) > 0).to(value.dtype))
-        alpha = torch.where(exact, order, swap_probability(d, **params))
-        alphas[layer] = alpha
-        diff[:, 0] = torch.where(exact, 0.0, diff[:, 0])
-        mixed = torch.addcmul(pulled, alpha.unsqueeze(1), diff)
-        mixed[:, 0] = torch.where(exact, torch.where(alpha == 1, value, other), mixed[:, 0])
-        z = mixed
+        value_diff = torch.sub(z, pulled, out=diffs[layer])[:, 0]
+        if mode == "exact":
+            big = value_diff.abs() > far / 2
+            order = (value_diff * sign[layer] > 0).to(z.dtype)
+            value_diff.masked_fill_(big, 0.0)
+            soft = signed_swap_probability(value_diff, sign[layer], **unit, half=half)
+            alpha = torch.where(big, order, soft, out=alphas[layer])
+        else:
+            alpha = signed_swap_probability(value_diff, sign[layer], **unit, half=half, out=alphas[layer])
+        z = torch.lerp(pulled, z, alpha.unsqueeze(1))
     return z, diffs, alphas
 
 
-def _value_sweep_backward(grad, diffs, alphas, network, params, grad_alphas=None, grad_beta=None):
-    """Backward of :func:`_value_sweep`: ``grad`` (n, r, B) of its final wires → of its input wires.
-
-    Swap slopes are computed here from the saved differences and probabilities (they are needed
-    only in backward). ``grad_alphas`` (L tensors (n, B)) are gradients reaching the swap
-    probabilities from elsewhere. ``grad_beta`` (B,), if given, accumulates the gradient of a
-    per-row steepness β (in place)."""
-    partner, sign = _layers(network, grad)
-    for layer in range(len(partner) - 1, -1, -1):
-        alpha = alphas[layer]
-        slope = swap_slope(diffs[layer][:, 0], alpha, **params) * sign[layer]  # slopes are even in d
-        # a swap decided by an infinite value has d = 0 saved and alpha 0 or 1 (a finite tie has 1/2)
-        slope = torch.where((diffs[layer][:, 0] == 0) & (alpha != 0.5), 0.0, slope)
-        grad_alpha = (grad * diffs[layer]).sum(1)
-        if grad_alphas is not None:
-            grad_alpha += grad_alphas[layer]
-        grad_alpha = torch.where(slope == 0, 0.0, grad_alpha)  # a stand-in's huge difference: no inf * 0
-        if grad_beta is not None:
-            grad_beta += (grad_alpha * _alpha_by_beta(diffs[layer][:, 0] * sign[layer], alpha, slope, params)).sum(0)
-        grad_diff = grad * alpha.unsqueeze(1)
-        grad_diff[:, 0] += grad_alpha * slope
-        grad = grad_diff + (grad - grad_diff).index_select(0, partner[layer])
-    return grad
+def _slopes(diffs: torch.Tensor, alphas: torch.Tensor, sign: torch.Tensor, params: dict, mode: str):
+    """``∂α/∂d`` per layer and wire (L, n, B), from the saved differences of the values (slopes are
+    even in ``d``); Cauchy's ``sign / (π (1 + d²))`` in place on one buffer."""
+    if params["distribution"] == "cauchy":
+        slope = (diffs * diffs).add_(1.0).reciprocal_().mul_(sign).mul_(1.0 / math.pi)
+    else:
+        slope = swap_slope(diffs, alphas, **_unit(params)) * sign
+    if mode == "exact":  # a comparison decided by an infinity has d = 0 saved and α 0 or 1 (a tie 1/2)
+        slope = torch.where((diffs == 0) & (alphas != 0.5), 0.0, slope)
+    return slope
 
 
-def _alpha_by_beta(d: torch.Tensor, alpha: torch.Tensor, slope: torch.Tensor, params: dict) -> torch.Tensor:
-    """``∂α/∂β`` at signed differences ``d`` (n, B): ``α(1-α) h(d)`` for the ART form
-    ``α = σ(β h(d))``, else ``d F'(β d) = d · (∂α/∂d) / β`` (``slope`` is ``∂α/∂d`` times the sign)."""
+def _value_backward(grad, saved, plan, params, mode, alpha_grads=None):
+    """Backward of :func:`_value_sweep`: ``grad`` (n, r, B) of its final wires (None: zero) and
+    ``alpha_grads`` (L, n, B) reaching the swap probabilities from elsewhere → the gradient of
+    its input values (n, B) and, for ``logistic_phi`` with a per-row steepness, of that (B, 1)."""
+    z, diffs, alphas = saved
+    depth, partner, sign = plan[:3]
+    slope = _slopes(diffs[:, :, 0], alphas, sign, params, mode)
+    coef = torch.addcmul(alphas, diffs[:, :, 0], slope).unsqueeze(2)  # ∂(α d)/∂d
+    beta = params["steepness"]
+    by_beta = params["distribution"] == "logistic_phi" and isinstance(beta, torch.Tensor)
+    if alpha_grads is not None:  # a temporary of the caller's, kept only for a steepness gradient
+        bias = (alpha_grads * slope if by_beta else alpha_grads.mul_(slope)).unsqueeze(2)
+    else:
+        bias = None
+    cross = None if diffs.shape[2] == 1 else diffs[:, :, 1] * slope  # a riding row's share
+    rows = z.shape[1]
+    weights = coef if rows == 1 else torch.cat([coef, alphas.unsqueeze(2).expand(-1, -1, rows - 1, -1)], 2)
+    outputs = []  # the gradient of each layer's output, last layer first (for a steepness gradient)
+    for layer in range(depth - 1, -1, -1):
+        outputs.append(grad)
+        if grad is None:  # the values' final wires do not reach the output
+            grad = torch.index_add(bias[layer], 0, partner[layer], bias[layer], alpha=-1.0)
+            continue
+        grad_d = grad * weights[layer] if bias is None else torch.addcmul(bias[layer], grad, weights[layer])
+        if cross is not None:
+            grad_d[:, 0].addcmul_(grad[:, 1], cross[layer])
+        grad = grad_d.index_add_(0, partner[layer], grad - grad_d)
+    grad_z = torch.where(z[:, 0].abs() < _far(z.dtype), grad[:, 0], 0.0)  # none for the infinities
+    if not by_beta:
+        return grad_z, None
+    # ∂α/∂β = α (1 - α) h(sign d), h(d) = d (d² + δ²)^(-λ/2) odd; ∂L/∂α from the values and columns
+    outer = torch.stack([torch.zeros_like(grad) if g is None else g for g in outputs[::-1]])
+    total = (outer * diffs).sum(2) + (0.0 if alpha_grads is None else alpha_grads)
+    d = diffs[:, :, 0]
+    by_beta = alphas * (1 - alphas) * d * (d * d + ART_DELTA**2) ** (-0.5 * params["art_lambda"])
+    return grad_z, (total * by_beta * sign).sum((0, 1)).unsqueeze(-1)
+
+
+def _input_grads(grad_z: torch.Tensor, z: torch.Tensor, params: dict):
+    """Gradients of ``x`` (B, n) and of a per-row steepness (B, 1) from that of the wires
+    ``z = β x`` (n, B)."""
+    beta = params["steepness"]  # a float or (1, B)
     if params["distribution"] == "logistic_phi":
-        return alpha * (1 - alpha) * d * (d * d + ART_DELTA**2) ** (-0.5 * params["art_lambda"])
-    return d * slope.abs() / params["steepness"]
+        return grad_z.T, None
+    if not isinstance(beta, torch.Tensor):
+        return (grad_z * beta).T, None
+    return (grad_z * beta).T, ((grad_z * z).sum(0, keepdim=True) / beta).T
 
 
-def _vmap_by_folding(function, info, in_dims, tensors, others, place=None):
-    """vmap rule of the sweeps: they act on a trailing batch axis ``B`` already, so the vmapped axis
-    ``V`` is folded into it (``(..., B) -> (..., B * V)``) and unfolded from every output. The
-    arguments are the folded ``tensors`` then ``others``, or ``place(*folded)``."""
-    size = info.batch_size
-    folded = []
-    for tensor, dim in zip(tensors, in_dims):
-        tensor = tensor.unsqueeze(-1).expand(*tensor.shape, size) if dim is None else tensor.movedim(dim, -1)
-        folded.append(tensor.reshape(*tensor.shape[:-2], -1))
-    outputs = function.apply(*((*folded, *others) if place is None else place(*folded)))
-    return tuple(out.reshape(*out.shape[:-1], -1, size) for out in outputs), tuple(out.dim() for out in outputs)
+def _fold(tensor, dim, size):
+    """The vmapped axis ``dim`` (size ``size``) of ``tensor`` folded into its rows (axis 0)."""
+    if tensor is None:
+        return None
+    tensor = tensor.expand(size, *tensor.shape) if dim is None else tensor.movedim(dim, 0)
+    return tensor.reshape(-1, *tensor.shape[2:])
 
 
-def _save_sweep(ctx, network: Network, params: dict, saved: tuple[torch.Tensor, ...]) -> None:
-    """``setup_context`` of the sweeps: keep the network, its parameters and the saved outputs."""
-    ctx.network, ctx.params = network, params
+def _unfold(outputs, size):
+    """Inverse of :func:`_fold` on the outputs of a sweep, whose rows are their last axis."""
+    outputs = tuple(o.unflatten(-1, (size, -1)) for o in outputs)
+    return outputs, tuple(o.dim() - 2 for o in outputs)
+
+
+def _save(ctx, x, key, params, mode, saved):
+    ctx.plan_key = (*key, str(x.device), str(x.dtype))
+    ctx.params, ctx.mode = params, mode
     ctx.save_for_backward(*saved)
     ctx.mark_non_differentiable(*saved)
     ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
 
 
-class _LabelRowSweep(torch.autograd.Function):
-    """``wires (n, 2, B)`` = (values, one row of ``P^T``) → the row pushed through the network."""
-
-    @staticmethod
-    def forward(wires, network, params):
-        z, diffs, alphas = _value_sweep(wires, network, params)
-        return z[:, 1], diffs, alphas
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _save_sweep(ctx, inputs[1], inputs[2], output[1:])
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_row, *unused):
-        if grad_row is None:  # only the saved (non-differentiable) outputs were used
-            return None, None, None
-        diffs, alphas = ctx.saved_tensors
-        grad = torch.stack([torch.zeros_like(grad_row), grad_row], dim=1)
-        return _value_sweep_backward(grad, diffs, alphas, ctx.network, ctx.params), None, None
-
-    @staticmethod
-    def vmap(info, in_dims, wires, network, params):
-        return _vmap_by_folding(_LabelRowSweep, info, in_dims[:1], (wires,), (network, params))
+def _with_scale(params: dict, scale):
+    """The sweeps' parameters: a per-row steepness ``scale`` (B, 1) as (1, B), along the wires."""
+    return params if scale is None else {**params, "steepness": scale.T}
 
 
 class _ColumnSweep(torch.autograd.Function):
-    """``(wires (n, B), columns (n, c, B))`` → ``M_1 ... M_L columns`` (columns of ``P``).
-
-    Saves the value differences and swap probabilities of each layer and, of the column differences
-    ``z - z[partner]``, only the rows of the comparators' max wires: a min wire's difference is the
-    negative of its partner's and an idle wire's is zero."""
+    """``(x (B, n), scale)`` → columns ``(n, c, B)`` of ``P``: the top-k ranks' (``c = k``) or their
+    sum, the mask (``c = 1``). ``scale``: a per-row steepness (B, 1) or None (``params``' float)."""
 
     @staticmethod
-    def forward(wires, columns, network, params, beta):
-        # beta: None (params' float steepness) or a per-row steepness (B,)
-        params = params if beta is None else {**params, "steepness": beta}
-        _, diffs, alphas = _value_sweep(wires.unsqueeze(1), network, params)
-        partner, _ = _layers(network, wires)
-        maxima, _ = _comparator_slots(network, wires)
-        # one buffer for all layers (fewer, larger allocations: less heap fragmentation)
-        max_wire_diffs = columns.new_empty((sum(len(m) for m in maxima), *columns.shape[1:]))
-        max_wire_rows = _layer_rows(maxima)
-        for layer in range(len(partner) - 1, -1, -1):
-            pulled = columns.index_select(0, partner[layer])
-            column_diff = columns - pulled
-            torch.index_select(column_diff, 0, maxima[layer], out=max_wire_diffs[max_wire_rows[layer]])
-            columns = torch.addcmul(pulled, alphas[layer].unsqueeze(1), column_diff)
-        return columns, diffs, alphas, max_wire_diffs
+    def forward(x, scale, key, params, mode, ranks):
+        params = _with_scale(params, scale)
+        plan = _plan(*key, str(x.device), str(x.dtype))
+        depth, partner, _, _, _, starts = plan[:6]
+        z = _wires(x, params, 1)
+        _, diffs, alphas = _value_sweep(z, plan, params, mode)
+        start = (starts[:-1] if ranks else starts[-1:]).T.unsqueeze(-1)  # (n, c, 1)
+        columns = x.new_empty((depth, x.shape[-1], start.shape[1], x.shape[0]))  # [l] enters layer l
+        columns[depth - 1] = start
+        for layer in range(depth - 1, 0, -1):
+            c = columns[layer]
+            torch.lerp(c.index_select(0, partner[layer]), c, alphas[layer].unsqueeze(1), out=columns[layer - 1])
+        c = columns[0]
+        return torch.lerp(c.index_select(0, partner[0]), c, alphas[0].unsqueeze(1)), z, diffs, alphas, columns
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, _, network, params, beta = inputs
-        _save_sweep(ctx, network, params if beta is None else {**params, "steepness": beta}, output[1:])
+        x, scale, key, params, mode, _ = inputs
+        _save(ctx, x, key, _with_scale(params, scale), mode, output[1:])
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_columns, *unused):
-        if grad_columns is None:  # only the saved (non-differentiable) outputs were used
-            return None, None, None, None, None
-        grad_columns = grad_columns.contiguous()  # often a permuted view of the caller's gradient
-        diffs, alphas, max_wire_diffs = ctx.saved_tensors
-        partner, sign = _layers(ctx.network, grad_columns)
-        maxima, slots = _comparator_slots(ctx.network, grad_columns)
-        max_wire_rows = _layer_rows(maxima)
-        grad_alphas = []  # a list, not an out= buffer: the backward also runs under torch.func.vmap
-        for layer in range(len(partner)):  # the columns went through the layers in reverse
-            alpha = alphas[layer]
-            column_diff = max_wire_diffs[max_wire_rows[layer]].index_select(0, slots[layer])  # up to the sign
-            grad_alphas.append((grad_columns * column_diff).sum(1) * sign[layer])
-            mixed = (1.0 - alpha).unsqueeze(1) * grad_columns
-            grad_columns = grad_columns - mixed + mixed.index_select(0, partner[layer])
-        grad_beta = grad_columns.new_zeros(grad_columns.shape[-1]) if ctx.needs_input_grad[4] else None
-        grad_wires = _value_sweep_backward(
-            torch.zeros_like(grad_columns[:, :1]), diffs, alphas, ctx.network, ctx.params, grad_alphas, grad_beta
-        )[:, 0]
-        return grad_wires, (grad_columns if ctx.needs_input_grad[1] else None), None, None, grad_beta
+    def backward(ctx, grad, *unused):
+        if grad is None:  # only the saved (non-differentiable) outputs were used
+            return None, None, None, None, None, None
+        z, diffs, alphas, columns = ctx.saved_tensors
+        plan = _plan(*ctx.plan_key)
+        depth, partner, flat = plan[0], plan[1], plan[6]
+        # r_0 = ∂L/∂c_0, r_l = M_l r_(l-1): what each layer's output gets; a list and out-of-place
+        # products, not out= buffers: the backward also runs under torch.func.vmap
+        sweep = [grad]
+        for layer in range(depth - 1):
+            r = sweep[-1]
+            sweep.append(torch.lerp(r.index_select(0, partner[layer]), r, alphas[layer].unsqueeze(1)))
+        # ∂L/∂α_l = r_(l-1) (c_l - c_l[p]) for all layers at once
+        stacked = columns.flatten(0, 1)
+        alpha_grads = torch.sub(stacked, stacked.index_select(0, flat)).view_as(columns) * torch.stack(sweep)
+        alpha_grads = alpha_grads[:, :, 0] if alpha_grads.shape[2] == 1 else alpha_grads.sum(2)
+        grad_z, grad_art = _value_backward(None, (z, diffs, alphas), plan, ctx.params, ctx.mode, alpha_grads)
+        grad_x, grad_scale = _input_grads(grad_z, z[:, 0], ctx.params)
+        return grad_x, (grad_art if grad_scale is None else grad_scale), None, None, None, None
 
     @staticmethod
-    def vmap(info, in_dims, wires, columns, network, params, beta):
-        if beta is None:
-            return _vmap_by_folding(_ColumnSweep, info, in_dims[:2], (wires, columns), (network, params, None))
-        return _vmap_by_folding(_ColumnSweep, info, (*in_dims[:2], in_dims[4]), (wires, columns, beta), (),
-                                lambda w, c, b: (w, c, network, params, b))
+    def vmap(info, in_dims, x, scale, key, params, mode, ranks):
+        size = info.batch_size
+        outputs = _ColumnSweep.apply(_fold(x, in_dims[0], size), _fold(scale, in_dims[1], size), key, params,
+                                     mode, ranks)
+        return _unfold(outputs, size)
 
 
-def _network(kind: str, n: int, k: int) -> Network:
-    return build_network(kind, n, k if kind == "splitter_selection" else n)
+class _LabelSweep(torch.autograd.Function):
+    """``(x (B, n), position (B,), scale)`` → ``P[b, position[b], :]`` at the output wires (k, B):
+    the one-hot row of ``position`` rides along the value sweep."""
+
+    @staticmethod
+    def forward(x, position, scale, key, params, mode):
+        params = _with_scale(params, scale)
+        plan = _plan(*key, str(x.device), str(x.dtype))
+        wires = _wires(x, params, 2)
+        wires[:, 1].scatter_(0, position.unsqueeze(0), 1.0)
+        final, diffs, alphas = _value_sweep(wires, plan, params, mode)
+        return final[:, 1].index_select(0, plan[3]), wires, diffs, alphas
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, _, scale, key, params, mode = inputs
+        _save(ctx, x, key, _with_scale(params, scale), mode, output[1:])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad, *unused):
+        if grad is None:
+            return None, None, None, None, None, None
+        wires, diffs, alphas = ctx.saved_tensors
+        plan = _plan(*ctx.plan_key)
+        row = torch.zeros_like(wires[:, 1]).index_copy(0, plan[3], grad)
+        start = torch.stack([torch.zeros_like(row), row], 1)
+        grad_z, grad_art = _value_backward(start, (wires, diffs, alphas), plan, ctx.params, ctx.mode)
+        grad_x, grad_scale = _input_grads(grad_z, wires[:, 0], ctx.params)
+        return grad_x, None, (grad_art if grad_scale is None else grad_scale), None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, position, scale, key, params, mode):
+        size = info.batch_size
+        outputs = _LabelSweep.apply(_fold(x, in_dims[0], size), _fold(position, in_dims[1], size),
+                                    _fold(scale, in_dims[2], size), key, params, mode)
+        return _unfold(outputs, size)
 
 
-def _rank_columns(network: Network, k: int, x: torch.Tensor) -> torch.Tensor:
-    """``E`` (n, k, B): column ``r`` is the indicator of the wire that holds rank ``r``."""
-    start = torch.zeros(network.n, k, 1, dtype=x.dtype, device=x.device)
-    start[torch.tensor(network.out_wires[:k]), torch.arange(k)] = 1.0
-    return start.expand(network.n, k, x.shape[0])
-
-
-def _split_beta(params: dict, x: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
-    """A per-row steepness tensor ((B, 1) or scalar) as ``beta`` (B,), apart from the other params."""
+def _split_scale(params: dict, x: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
+    """A per-row steepness tensor ((B, 1) or scalar) as ``scale`` (B, 1), apart from the params."""
     steepness = params["steepness"]
     if not isinstance(steepness, torch.Tensor):
         return params, None
-    return {**params, "steepness": 1.0}, steepness.to(x.dtype).expand(x.shape[0], 1).reshape(-1)
+    return {**params, "steepness": 1.0}, steepness.to(x.dtype).expand(x.shape[0], 1)
+
+
+def _key(network: str, x: torch.Tensor, k: int) -> tuple[str, int, int]:
+    """The network's cache key; ``operator.index`` makes a dynamic row length static (a guard)
+    under ``torch.compile``, since the layout depends on it."""
+    return network, operator.index(x.shape[-1]), k
+
+
+def _columns(x: torch.Tensor, k: int, network: str, params: dict, ranks: bool) -> torch.Tensor:
+    params, scale = _split_scale(params, x)
+    mode = _infinities(x, params)
+    return _ColumnSweep.apply(x, scale, _key(network, x, k), params, mode, ranks)[0]
 
 
 def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """Relaxed top-k attribution ``(B, n, k)`` of a sorting/selection network for ``x`` (B, n);
     ``steepness`` a float or a per-row (B, 1) tensor (with gradients)."""
-    net = _network(network, x.shape[-1], k)
-    params, beta = _split_beta(params, x)
-    columns = _ColumnSweep.apply(x.T.contiguous(), _rank_columns(net, k, x), net, params, beta)[0]
-    return columns.permute(2, 0, 1).contiguous()
+    return _columns(x, k, network, params, ranks=True).permute(2, 0, 1)
 
 
 def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
-    """Relaxed top-k mask ``(B, n)``: the row sums of the top-k ranks, from one reverse sweep."""
-    net = _network(network, x.shape[-1], k)
-    start = _rank_columns(net, k, x).sum(1, keepdim=True)
-    params, beta = _split_beta(params, x)
-    return _ColumnSweep.apply(x.T.contiguous(), start, net, params, beta)[0][:, 0].T
+    """Relaxed top-k mask ``(B, n)``: the row sums of the top-k ranks, from one reverse sweep, on
+    every row of the extended reals (:mod:`softtopk._extended`'s semantics): the sweep is exact on
+    rows with ``p`` entries at ``+inf`` and ``q`` at ``-inf`` when ``p < k < n - q``; where ``p >= k``
+    the ``+inf`` entries share ``k`` equally, and where ``n - q <= k`` every entry above ``-inf``
+    has mask 1 and the ``-inf`` entries share the rest, all with gradient 0."""
+    mask = _columns(x, k, network, params, ranks=False)[:, 0].T
+    n = x.shape[-1]
+    positive, negative = x == float("inf"), x == float("-inf")
+    p = positive.sum(-1, keepdim=True, dtype=x.dtype)
+    q = negative.sum(-1, keepdim=True, dtype=x.dtype)
+    full, short = p >= k, q >= n - k
+    closed = torch.where(full, torch.where(positive, k / p, 0.0), torch.where(negative, (q + (k - n)) / q, 1.0))
+    return torch.where(full | short, closed, mask)
 
 
 def network_label_ranks(
     x: torch.Tensor, position: torch.Tensor, k: int, *, network: str, **params
 ) -> torch.Tensor:
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` lands, in one sweep."""
-    n = x.shape[-1]
-    net = _network(network, n, k)
-    row = torch.nn.functional.one_hot(position, n).to(x.dtype)
-    row = _LabelRowSweep.apply(torch.stack([x, row], dim=1).permute(2, 1, 0).contiguous(), net, params)[0]
-    return row.index_select(0, torch.tensor(net.out_wires[:k], device=x.device)).T
+    params, scale = _split_scale(params, x)
+    mode = _infinities(x, params)
+    return _LabelSweep.apply(x, position, scale, _key(network, x, k), params, mode)[0].T

@@ -61,6 +61,30 @@ def swap_probability(d: torch.Tensor, distribution: str, steepness: float, art_l
     raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
 
 
+def signed_swap_probability(
+    d: torch.Tensor,
+    sign: torch.Tensor,
+    distribution: str,
+    steepness: float,
+    art_lambda: float,
+    half: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``f(sign * d)`` for ``sign`` in ``{-1, 0, 1}`` (one per wire; ``half`` a tensor holding 1/2),
+    written to ``out`` if given.
+
+    Cauchy takes its odd part ``atan(v)/π`` and adds ``sign`` times it to 1/2 (``f(-v) = 1 - f(v)``),
+    one launch fewer than :func:`swap_probability`; the product ``atan(v) · (1/π)`` is rounded before
+    the sum, so a saturated comparison gives exactly 0 or 1 as there.
+    """
+    if distribution == "cauchy":
+        unit = isinstance(steepness, float) and steepness == 1.0
+        odd = torch.atan(d if unit else d * steepness).mul_(1.0 / math.pi)
+        return torch.addcmul(half, sign, odd, out=out)
+    alpha = swap_probability(sign * d, distribution, steepness, art_lambda)
+    return alpha if out is None else out.copy_(alpha)
+
+
 def swap_slope(
     d: torch.Tensor, alpha: torch.Tensor, distribution: str, steepness: float, art_lambda: float
 ) -> torch.Tensor:
