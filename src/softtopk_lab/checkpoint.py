@@ -1,7 +1,7 @@
 """Atomic, code-free checkpoints and the complete random state of a training process.
 
 A checkpoint written by :func:`save_atomic` is either the old file or the new one, never a torn
-write (:func:`softtopk_lab.rundir.replace_atomic`). It holds tensors, numbers, strings and
+write (:func:`softtopk_lab.files.replace_atomic`). It holds tensors, numbers, strings and
 containers only (numpy's random state is stored as a tensor), so :func:`load_checkpoint` reads it
 with ``torch.load(..., weights_only=True)``: a planted file cannot run code, and a file that is not
 a checkpoint of this format is a one-line error.
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .errors import UsageError
-from .rundir import replace_atomic
+from .files import replace_atomic
 
 #: the ``format`` entry of every checkpoint this version writes and reads
 FORMAT = "softtopk-lab-checkpoint/2"
@@ -67,7 +67,7 @@ def save_atomic(obj: dict[str, Any], path: Path) -> None:
     Raises:
         UsageError: the disk is full or the directory cannot be written (the old checkpoint stays).
     """
-    replace_atomic(Path(path), lambda temporary: torch.save({**obj, "format": FORMAT}, temporary))
+    replace_atomic(Path(path), lambda stream: torch.save({**obj, "format": FORMAT}, stream))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
