@@ -142,6 +142,19 @@ def test_no_run_file_is_written_through_a_planted_link(data_file, tmp_path, note
     assert code in (0, 2)
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX's")
+def test_a_planted_fifo_is_one_line_not_a_hang(data_file, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    rundir.claim(out, "train-embeddings")
+    os.mkfifo(out / "metrics.csv")
+    done = subprocess.run([sys.executable, "-m", "softtopk_lab.cli", "train-embeddings", "-d", str(data_file),
+                           "--method", "softmax_cross_entropy", "--p_k", "1", "--n_epochs", "1", "--quiet",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "metrics.csv" in done.stderr, done.stderr
+    assert "no checkpoint was written yet" in done.stderr
+
+
 def test_the_demo_deletes_no_run_it_did_not_start(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--n_epochs", "1", "--out", str(out)]) == 0

@@ -266,13 +266,14 @@ class Run:
         """
         if not self.is_main:
             return
+        after = ("no checkpoint was written yet" if self.checkpoint_step is None else
+                 f"the last checkpoint is intact; continue with --resume {self.dir}")
         for name, text in (("metrics.jsonl", lambda empty: json.dumps(record) + "\n"),
                            ("metrics.csv", lambda empty: metrics_csv([record], header=empty))):
             try:
                 append_text(self.dir / name, text)
             except OSError as error:
-                raise write_failure(self.dir / name, error, "the last checkpoint is intact; continue with "
-                                    f"--resume {self.dir}") from None
+                raise write_failure(self.dir / name, error, after) from None
         if self.print_lines:
             print(progress_line(record, self.total_steps), flush=True)
         if self.writer is not None:
