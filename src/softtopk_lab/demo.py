@@ -12,6 +12,11 @@ on the built-in WordNet dataset.
    time per step; ``demo.json`` and ``demo.png`` (validation top-5 over steps) go to ``--out``,
    next to each run's own directory.
 
+``--out`` is marked as a demo's directory and locked (:mod:`.rundir`); each run's marker names the
+demo as its parent, and a second demo into the same ``--out`` replaces only those runs: a run there
+that it did not start (a user's own ``train-embeddings --out D/cross_entropy``) is a one-line error,
+and nothing is deleted.
+
 About 18 seconds on this project's 2-vCPU machine (17.7-19.1 s in four runs on a quiet machine).
 """
 
