@@ -236,7 +236,10 @@ def _edit_checkpoint(run: Path, change) -> None:
 
 @pytest.mark.parametrize("change, words", [
     (lambda state: state.pop("optimizer"), "missing or malformed: optimizer"),
-    (lambda state: state.pop("train_seconds"), "missing train_seconds"),
+    (lambda state: state.pop("train_seconds"), "missing or malformed: train_seconds"),
+    (lambda state: state.update(losses_since_evaluation=["1"]), "missing or malformed: losses_since_evaluation"),
+    (lambda state: state.update(best={"top1": {}}), "is not a best-validation entry"),
+    (lambda state: state.update(last_evaluation=({"top1": "x"}, {"top1": 0.5})), "does not fit this run"),
     (lambda state: state.update(model={"0.weight": torch.zeros(3, 3), "0.bias": torch.zeros(3)}),
      "does not fit this run"),
     (lambda state: state.update(epoch=98), "claims epoch 99 (step 21) of a run of 1 epochs"),

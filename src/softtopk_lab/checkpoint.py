@@ -12,6 +12,7 @@ from __future__ import annotations
 import pickle
 import random
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,26 @@ from .files import replace_atomic
 
 #: the ``format`` entry of every checkpoint this version writes and reads
 FORMAT = "softtopk-lab-checkpoint/2"
+#: the entries of every tool's checkpoint (``Run.save_checkpoint``)
+ENTRIES = ("model", "optimizer", "epoch", "step", "best", "last_evaluation", "rng", "elapsed")
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is an int or a float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+#: what the checked entries must hold (numbers; per-step losses as one-element tensors)
+_CHECKS = {
+    "epoch": is_number, "step": is_number, "elapsed": is_number, "train_seconds": is_number,
+    "losses_since_evaluation": lambda value: isinstance(value, (list, tuple)) and all(
+        isinstance(loss, torch.Tensor) and loss.numel() == 1 for loss in value),
+}
+
+
+def malformed_entries(state: dict[str, Any], keys: Iterable[str] = ENTRIES) -> list[str]:
+    """The entries of ``keys`` that ``state`` lacks or that do not hold what a run writes."""
+    return [key for key in keys if key not in state or not _CHECKS.get(key, lambda value: True)(state[key])]
 
 
 def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_checkpoint, rng_state, save_atomic, set_rng_state
+from .checkpoint import is_number, load_checkpoint, malformed_entries, rng_state, save_atomic, set_rng_state
 from .config import Cifar100Config, EmbeddingConfig, KnnConfig
 from .errors import UsageError
 from .files import append_text, remove_stale_temporaries, replace_atomic, write_failure, write_text_atomic
@@ -46,8 +46,6 @@ from .rundir import RunLock, check_new_run_directory, claim, owned
 #: the run of this process, for the line an interruption prints (``softtopk_lab.cli``)
 ACTIVE: "Run | None" = None
 RESUME_IGNORED = ("out", "resume", "no_progress", "quiet", "tensorboard", "device", "experiment_id")
-#: the entries of every tool's checkpoint (:meth:`Run.save_checkpoint`)
-CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "step", "best", "last_evaluation", "rng", "elapsed")
 
 
 def resolve_device(text: str, local_rank: int | None = None) -> torch.device:
@@ -212,10 +210,10 @@ class Run:
             self.resumed = load_checkpoint(checkpoint_path)
         except UsageError as error:
             raise UsageError(f"--resume {self.dir}: {error}") from None
-        missing = [key for key in CHECKPOINT_KEYS if key not in self.resumed]
-        if missing or not all(isinstance(self.resumed[key], (int, float)) for key in ("epoch", "step", "elapsed")):
+        missing = malformed_entries(self.resumed)
+        if missing:
             raise UsageError(f"--resume {self.dir}: checkpoint.pt is not a checkpoint of this run (missing or "
-                             f"malformed: {', '.join(missing) or 'epoch, step, elapsed'})")
+                             f"malformed: {', '.join(missing)})")
 
     # ---- model and batches -------------------------------------------------------------------
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -323,18 +321,19 @@ class Run:
         state = self.resumed
         if state is None:
             return None
-        missing = [key for key in keys if key not in state]
+        missing = malformed_entries(state, keys)
         if missing:
             raise UsageError(f"--resume {self.dir}: checkpoint.pt is not a checkpoint of softtopk {self.command} "
-                             f"(missing {', '.join(missing)})")
+                             f"(missing or malformed: {', '.join(missing)})")
         epoch, step = state["epoch"], state["step"]
         if not (isinstance(epoch, int) and 0 <= epoch < n_epochs and step == (epoch + 1) * steps_per_epoch):
             raise UsageError(f"--resume {self.dir}: checkpoint.pt claims epoch {epoch + 1} (step {step}) of a run of "
                              f"{n_epochs} epochs of {steps_per_epoch} steps; it is not this run's checkpoint")
         try:
             valid, test = state["last_evaluation"]
-            if not isinstance(valid, dict) or not isinstance(test, dict):
-                raise TypeError("last_evaluation is not two dicts of metrics")
+            if not (isinstance(valid, dict) and isinstance(test, dict) and valid.keys() == test.keys()
+                    and all(is_number(value) for value in (*valid.values(), *test.values()))):
+                raise TypeError("last_evaluation is not two dicts of the same metrics")
             set_rng_state(state["rng"], generators)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
