@@ -217,7 +217,7 @@ def test_a_full_disk_is_one_line_and_the_checkpoint_stays_loadable(tmp_path, mon
     save_atomic({"step": 1}, path)
 
     def full(obj, target):
-        Path(target).write_bytes(b"partial")
+        target.write(b"partial")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(torch, "save", full)
@@ -242,10 +242,10 @@ def test_a_full_disk_during_a_run_is_one_line_and_resumable(data_file, tmp_path,
     real_save = torch.save
 
     def fills_up(obj, target, *args, **kwargs):
-        if Path(str(target)).name.startswith(".softtopk-tmp-checkpoint.pt"):
+        if Path(target.name).name.startswith(".softtopk-tmp-checkpoint.pt"):
             calls.append(target)
-        if len(calls) == 2 and calls[-1] == target:  # the second epoch's checkpoint
-            Path(target).write_bytes(b"partial")
+        if len(calls) == 2 and calls[-1] is target:  # the second epoch's checkpoint
+            target.write(b"partial")
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_save(obj, target, *args, **kwargs)
 

@@ -1,7 +1,7 @@
 """Atomic, code-free checkpoints and the complete random state of a training process.
 
 A checkpoint written by :func:`save_atomic` is either the old file or the new one, never a torn
-write (:func:`softtopk_lab.rundir.replace_atomic`). It holds tensors, numbers, strings and
+write (:func:`softtopk_lab.files.replace_atomic`). It holds tensors, numbers, strings and
 containers only (numpy's random state is stored as a tensor), so :func:`load_checkpoint` reads it
 with ``torch.load(..., weights_only=True)``: a planted file cannot run code, and a file that is not
 a checkpoint of this format is a one-line error.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import pickle
 import random
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,30 @@ import numpy as np
 import torch
 
 from .errors import UsageError
-from .rundir import replace_atomic
+from .files import replace_atomic
 
 #: the ``format`` entry of every checkpoint this version writes and reads
 FORMAT = "softtopk-lab-checkpoint/2"
+#: the entries of every tool's checkpoint (``Run.save_checkpoint``)
+ENTRIES = ("model", "optimizer", "epoch", "step", "best", "last_evaluation", "rng", "elapsed")
+
+
+def is_number(value: Any) -> bool:
+    """Whether ``value`` is an int or a float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+#: what the checked entries must hold (numbers; per-step losses as one-element tensors)
+_CHECKS = {
+    "epoch": is_number, "step": is_number, "elapsed": is_number, "train_seconds": is_number,
+    "losses_since_evaluation": lambda value: isinstance(value, (list, tuple)) and all(
+        isinstance(loss, torch.Tensor) and loss.numel() == 1 for loss in value),
+}
+
+
+def malformed_entries(state: dict[str, Any], keys: Iterable[str] = ENTRIES) -> list[str]:
+    """The entries of ``keys`` that ``state`` lacks or that do not hold what a run writes."""
+    return [key for key in keys if key not in state or not _CHECKS.get(key, lambda value: True)(state[key])]
 
 
 def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
@@ -67,7 +88,7 @@ def save_atomic(obj: dict[str, Any], path: Path) -> None:
     Raises:
         UsageError: the disk is full or the directory cannot be written (the old checkpoint stays).
     """
-    replace_atomic(Path(path), lambda temporary: torch.save({**obj, "format": FORMAT}, temporary))
+    replace_atomic(Path(path), lambda stream: torch.save({**obj, "format": FORMAT}, stream))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -124,13 +124,13 @@ def train_cifar100(config: Cifar100Config) -> dict[str, Any]:
     loss_fn = build_loss(config.loss, CIFAR100_CLASSES, class_counts, noise).to(run.device)
     generators, best = {"loss_noise": noise, "augment": augment}, BestTracker()
     start_epoch, step, valid, test = 0, 0, None, None
-    state = run.restore(generators, model, optimizer, best)
+    steps_per_epoch = len(train_y) // config.batch_size  # drop_last
+    run.total_steps = config.n_epochs * steps_per_epoch
+    state = run.restore(generators, model, optimizer, best, n_epochs=config.n_epochs, steps_per_epoch=steps_per_epoch)
     if state is not None:
         start_epoch, step = state["epoch"] + 1, state["step"]
         valid, test = state["last_evaluation"]
     kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
-    steps_per_epoch = len(train_y) // config.batch_size  # drop_last
-    run.total_steps = config.n_epochs * steps_per_epoch
 
     for epoch in range(start_epoch, config.n_epochs):
         net.train()

@@ -9,7 +9,8 @@ one place that parses flags (:mod:`softtopk_lab.flags`) and turns them into a ty
 command runs, so ``softtopk --help`` and ``--version`` import neither torch nor numpy. Refused flags
 (:class:`~softtopk_lab.errors.UsageError`) and bad data (:class:`~softtopk_lab.errors.DataError`)
 exit with status 2 and one line ``softtopk <command>: error: <message>`` on stderr; unexpected
-exceptions keep their traceback.
+exceptions keep their traceback. Without the packages of the ``lab`` extra every command is the one
+line that names the install command.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from .errors import DataError, UsageError
 from .flags import build_parser, resume_target, use_stored_flags
 
 TRAINING_TOOLS = ("train-embeddings", "train-cifar100", "knn")
+#: the packages of the ``lab`` extra (``pyproject.toml``), which every command needs
+LAB_EXTRA = ("numpy", "tqdm", "matplotlib")
 
 
 def _demo(config: DemoConfig) -> None:
@@ -119,6 +122,20 @@ def _where(name: str) -> str:
             f"softtopk {name} --resume {run.dir}")
 
 
+def _missing_lab_extra() -> list[str]:
+    """The packages of the ``lab`` extra that cannot be imported."""
+    import importlib.util
+
+    missing = []
+    for package in LAB_EXTRA:
+        try:
+            if importlib.util.find_spec(package) is None:
+                missing.append(package)
+        except (ImportError, ValueError):
+            missing.append(package)
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``softtopk`` command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     if "SOFTTOPK_SWEEP_PID" in os.environ:  # a run of a sweep ends with the sweep
@@ -137,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     name = args.command if args.command != "data" else f"data {args.data_command}"
     config_type, handler, data_flag = _COMMANDS[name]
+    missing = _missing_lab_extra()
+    if missing:
+        print(f"softtopk {name}: error: the lab needs the 'lab' extra ({', '.join(missing)} not installed); "
+              "install it with: pip install 'softtopk[lab]'", file=sys.stderr)
+        return 2
     try:
         handler(config_type.from_args(args))
     except KeyboardInterrupt:

@@ -124,7 +124,7 @@ class LossConfig(Config):
     """The loss of ``train-embeddings`` / ``train-cifar100`` (:func:`softtopk_lab.train_losses.build_loss`)."""
 
     method: str
-    p_k: tuple[float, ...]
+    p_k: tuple[float, ...] | None  # None: (1,) for softmax_cross_entropy, refused for the other methods
     inverse_temperature: float = 1.0
     m: int | None = 16
     distribution: str | None = None
@@ -138,7 +138,10 @@ class LossConfig(Config):
     scale: float = 50.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "p_k", check_p_k(self.p_k))
+        if self.p_k is None and self.method != "softmax_cross_entropy":
+            raise UsageError(f"--p_k is required for --method {self.method} (weights of ranks 1..k summing to 1, "
+                             "e.g. --p_k .2 .2 .2 .2 .2)")
+        object.__setattr__(self, "p_k", check_p_k((1.0,) if self.p_k is None else self.p_k))
         if self.m is not None and self.m < 1:
             raise UsageError(f"-m/--m must be >= 1, got {self.m}")
         _positive(inverse_temperature=self.inverse_temperature)

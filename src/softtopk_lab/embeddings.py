@@ -77,8 +77,9 @@ def _val_size(val_size: int | None, data: dict[str, Any]) -> int:
     return size
 
 
-def train_embeddings(config: EmbeddingConfig) -> dict[str, Any]:
-    """Run ``softtopk train-embeddings``; returns the content of ``results.json``.
+def train_embeddings(config: EmbeddingConfig, parent: str | None = None) -> dict[str, Any]:
+    """Run ``softtopk train-embeddings``; returns the content of ``results.json`` (``parent``: the run
+    id of the command that started it, recorded in the run's marker).
 
     Raises:
         UsageError: a flag value refused here (device, run directory, loss, ``--val_size``).
@@ -87,7 +88,7 @@ def train_embeddings(config: EmbeddingConfig) -> dict[str, Any]:
     data = load_data(config.data_path)
     if "valid" not in data:  # a file: the validation rows are carved from its training set
         data = split_validation(data, config.seed, _val_size(config.val_size, data))
-    run = Run(config)
+    run = Run(config, parent=parent)
     torch.manual_seed(config.seed)
     (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = data["train"], data["valid"], data["test"]
     model_args = {"dim": train_x.shape[1], "n_classes": data["n_classes"], "hidden_dims": list(config.hidden_dims),
@@ -100,16 +101,17 @@ def train_embeddings(config: EmbeddingConfig) -> dict[str, Any]:
     loss_fn = build_loss(config.loss, data["n_classes"], data["train_class_counts"], noise).to(run.device)
     generators, best = {"loss_noise": noise}, BestTracker()
     start_epoch, step, losses, train_seconds = 0, 0, [], 0.0
-    state = run.restore(generators, model, optimizer, best)
+    steps_per_epoch = -(-len(train_y) // config.batch_size)
+    total_steps = config.n_epochs * steps_per_epoch
+    run.total_steps = config.n_epochs * steps_per_epoch
+    state = run.restore(generators, model, optimizer, best, n_epochs=config.n_epochs, steps_per_epoch=steps_per_epoch,
+                        keys=("losses_since_evaluation", "train_seconds"))
     if state is not None:
         start_epoch, step = state["epoch"] + 1, state["step"]
         valid, test = state["last_evaluation"]
         losses = list(state["losses_since_evaluation"])
         train_seconds = state["train_seconds"]
     kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
-    steps_per_epoch = -(-len(train_y) // config.batch_size)
-    total_steps = config.n_epochs * steps_per_epoch
-    run.total_steps = config.n_epochs * steps_per_epoch
 
     def evaluation() -> tuple[dict, dict]:
         valid = evaluate(model, valid_x, valid_y, batch_size=config.batch_size, device=run.device)

@@ -140,8 +140,9 @@ def _loss_flags(parser: argparse.ArgumentParser, *, m: int | None, m_help: str, 
     p = parser.add_argument
     p("--method", type=str, required=True, choices=TRAIN_METHODS, metavar="METHOD",
       help="loss: " + ", ".join(TRAIN_METHODS))
-    p("--p_k", type=float, nargs="+", required=True,
-      help="P_K, weights of ranks 1..k (non-negative, sum 1); the SVM/noised losses use k = last nonzero index + 1")
+    p("--p_k", type=float, nargs="+", default=None,
+      help="P_K, weights of ranks 1..k (non-negative, sum 1); the SVM/noised losses use k = last nonzero index + 1; "
+           "required except for softmax_cross_entropy (default there: 1)")
     p("--inverse_temperature", type=float, default=1.0,
       help="steepness of sorting networks; 1/tau for neuralsort/softsort/other ranks methods; tau of "
            "smooth_topk/smooth_hard_topk (default 1)")

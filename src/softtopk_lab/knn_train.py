@@ -184,16 +184,17 @@ def train_knn(config: KnnConfig) -> dict[str, Any]:
     knn = build_knn(config, noise)
     generators, best = {"method_noise": noise}, BestTracker()
     start_epoch, step, train_seconds = 0, 0, 0.0
-    state = run.restore(generators, model, optimizer, best)
+    train_x, train_y = data["train"]
+    n_train = len(train_y)
+    steps_per_epoch = n_train // config.num_queries
+    run.total_steps = config.n_epochs * steps_per_epoch
+    state = run.restore(generators, model, optimizer, best, n_epochs=config.n_epochs, steps_per_epoch=steps_per_epoch,
+                        keys=("train_seconds",))
     if state is not None:
         start_epoch, step = state["epoch"] + 1, state["step"]
         valid, test = state["last_evaluation"]
         train_seconds = state["train_seconds"]
     kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
-    train_x, train_y = data["train"]
-    n_train = len(train_y)
-    steps_per_epoch = n_train // config.num_queries
-    run.total_steps = config.n_epochs * steps_per_epoch
 
     def evaluation(losses: list[torch.Tensor]) -> tuple[dict, dict]:
         valid_acc, test_acc = knn_accuracy(model, knn, data, config, run.device)

@@ -87,7 +87,15 @@ class BestTracker:
         return {name: dict(entry) for name, entry in self.best.items()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore the values of :meth:`state_dict`."""
+        """Restore the values of :meth:`state_dict`.
+
+        Raises:
+            ValueError: an entry is not ``{"valid": number, "test": number, "step": int}``.
+        """
+        for name, entry in state.items():
+            if not (isinstance(entry, dict) and all(isinstance(entry.get(key), (int, float)) for key in
+                                                    ("valid", "test")) and isinstance(entry.get("step"), int)):
+                raise ValueError(f"best[{name!r}] is not a best-validation entry")
         self.best = {name: dict(entry) for name, entry in state.items()}
 
     def reported(self) -> dict[str, float]:

@@ -2,7 +2,8 @@
 
 A :class:`Run` owns one training run:
 
-* **run directory** (``--out DIR``, default ``runs/<command>-<YYYYmmdd-HHMMSS>``): ``config.json``
+* **run directory** (``--out DIR``, default ``runs/<command>-<YYYYmmdd-HHMMSS>``; marked and locked
+  as :mod:`.rundir` says, every file written as :mod:`.files` says): ``config.json``
   (every flag, softtopk/torch versions, git commit when available, world size), ``metrics.jsonl``
   (one JSON object per evaluation), ``checkpoint.pt`` (atomic, end of every epoch),
   ``results.json`` and ``curves.png`` (written by :meth:`Run.finish`).
@@ -10,7 +11,8 @@ A :class:`Run` owns one training run:
   the last completed epoch); evaluations logged after that checkpoint are dropped from
   ``metrics.jsonl`` because they are replayed. A flag that changes the result (anything but
   ``RESUME_IGNORED`` and the tool's own extra list) must equal the stored config, else
-  :class:`UsageError`.
+  :class:`UsageError`; so is a checkpoint that lacks an entry, holds another model's weights or an
+  epoch this run never reaches, and a missing or damaged ``metrics.jsonl``.
 * **device** (``--device cpu|cuda|cuda:N``) and **multi-process** training: launched by
   ``torchrun`` (env ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``), the run initialises
   ``torch.distributed`` (gloo on CPU, nccl on CUDA; ``cuda`` means ``cuda:LOCAL_RANK``), wraps the
@@ -21,8 +23,6 @@ A :class:`Run` owns one training run:
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import subprocess
@@ -35,11 +35,13 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_checkpoint, rng_state, save_atomic, set_rng_state
+from .checkpoint import is_number, load_checkpoint, malformed_entries, rng_state, save_atomic, set_rng_state
 from .config import Cifar100Config, EmbeddingConfig, KnnConfig
 from .errors import UsageError
-from .rundir import RunLock, check_new_run_directory, claim, owned, remove_stale_temporaries, replace_atomic, \
-    write_text_atomic
+from .files import append_text, remove_stale_temporaries, replace_atomic, write_failure, write_text_atomic
+from .interrupts import interrupt_after
+from .records import metrics_csv, progress_line
+from .rundir import RunLock, check_new_run_directory, claim, owned
 
 #: the run of this process, for the line an interruption prints (``softtopk_lab.cli``)
 ACTIVE: "Run | None" = None
@@ -91,47 +93,17 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def metrics_csv(records: list[dict[str, Any]], header: bool) -> str:
-    """``metrics.jsonl`` records as CSV rows: step, epoch, train_loss, elapsed, then ``valid_<metric>``
-    and ``test_<metric>`` for every metric (with a header row first if ``header``)."""
-    if not records:
-        return ""
-    metrics = list(records[0]["valid"])
-    columns = ["step", "epoch", "train_loss", "elapsed", *(f"{split}_{name}" for split in ("valid", "test")
-                                                          for name in metrics)]
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    if header:
-        writer.writerow(columns)
-    for record in records:
-        flat = {**record, **{f"{split}_{name}": record[split][name] for split in ("valid", "test") for name in metrics}}
-        writer.writerow(["" if flat.get(column) is None else flat[column] for column in columns])
-    return buffer.getvalue()
-
-
-def progress_line(record: dict[str, Any], total_steps: int | None) -> str:
-    """One evaluation as a plain line: step, training loss, validation metrics, elapsed time, ETA."""
-    step, elapsed = record["step"], record["elapsed"]
-    parts = [f"step {step}" + (f"/{total_steps}" if total_steps else "")]
-    if record.get("train_loss") is not None:
-        parts.append(f"loss {record['train_loss']:.4f}")
-    parts += [f"valid {name} {100 * value:.2f}%" for name, value in record["valid"].items()]
-    parts.append(f"elapsed {elapsed:.0f}s")
-    if total_steps and step:
-        parts.append(f"ETA {elapsed / step * (total_steps - step):.0f}s")
-    return ", ".join(parts)
-
-
 class Run:
     """One training run (see the module docstring).
 
     Args:
         config: the tool's config; its command names the default directory.
         resume_ignored: extra flag names that may differ on ``--resume``.
+        parent: the run id of the command that started this run (the demo), stored in its marker.
     """
 
     def __init__(self, config: EmbeddingConfig | Cifar100Config | KnnConfig,
-                 resume_ignored: Iterable[str] = ()) -> None:
+                 resume_ignored: Iterable[str] = (), parent: str | None = None) -> None:
         self.command = command = config.command
         output = config.output
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -151,20 +123,21 @@ class Run:
         self.lock: RunLock | None = None
         if output.resume is not None:
             self.dir = Path(output.resume)
+            self._check_resumable()
             if self.is_main:
                 self._lock("--resume")
             self._check_resume(resume_ignored)
         else:
             self.dir = Path(output.out) if output.out is not None else self._default_dir()
-            check_new_run_directory(self.dir, "--out")
+            check_new_run_directory(self.dir, "--out", command, parent)
             if self.is_main:
                 try:
                     self.dir.mkdir(parents=True, exist_ok=True)
                 except OSError as error:
                     raise UsageError(f"--out {self.dir}: cannot be created ({error.strerror or error})") from None
                 self._lock("--out")
-                check_new_run_directory(self.dir, "--out")  # again, now that no other writer can start
-                claim(self.dir, command)
+                check_new_run_directory(self.dir, "--out", command, parent)  # again, now that no other writer can start
+                claim(self.dir, command, parent)
         if self.distributed:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             if self.device.type == "cuda":
@@ -197,24 +170,36 @@ class Run:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise UsageError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
+        if (self.dir / "tensorboard").is_symlink():
+            raise UsageError(f"--tensorboard: {self.dir / 'tensorboard'} is a symbolic link; softtopk never writes "
+                             "through a link (remove it)")
         purge = self.checkpoint_step + 1 if self.checkpoint_step is not None else None
         return SummaryWriter(log_dir=str(self.dir / "tensorboard"), purge_step=purge)
 
     def _lock(self, flag: str) -> None:
         """Hold the run directory's lock for the rest of the process; drop stale temporary files."""
         self.lock = RunLock(self.dir, flag)
-        remove_stale_temporaries(self.dir)
+        try:
+            remove_stale_temporaries(self.dir)
+        except UsageError:
+            self.lock.release()
+            raise
 
-    def _check_resume(self, resume_ignored: Iterable[str]) -> None:
-        config_path, checkpoint_path = self.dir / "config.json", self.dir / "checkpoint.pt"
-        if not config_path.is_file() or not checkpoint_path.is_file():
+    def _check_resumable(self) -> None:
+        """Refuse a ``--resume`` directory without a run's files or its marker (before taking its lock)."""
+        if not (self.dir / "config.json").is_file() or not (self.dir / "checkpoint.pt").is_file():
             raise UsageError(f"--resume {self.dir}: no config.json and checkpoint.pt there (nothing to resume)")
         if not owned(self.dir):
             raise UsageError(f"--resume {self.dir}: not a run directory of this softtopk version (no .softtopk-run "
                              "marker); start a new run with --out")
+
+    def _check_resume(self, resume_ignored: Iterable[str]) -> None:
+        config_path, checkpoint_path = self.dir / "config.json", self.dir / "checkpoint.pt"
         try:
             stored = json.loads(config_path.read_text())["flags"]
-        except (ValueError, KeyError, TypeError):
+            if not isinstance(stored, dict):
+                raise TypeError
+        except (OSError, ValueError, KeyError, TypeError):
             raise UsageError(f"--resume {self.dir}: config.json is damaged (not the JSON a run writes)") from None
         ignored = set(RESUME_IGNORED) | set(resume_ignored)
         for name in sorted(set(stored) | set(self.config)):
@@ -225,6 +210,10 @@ class Run:
             self.resumed = load_checkpoint(checkpoint_path)
         except UsageError as error:
             raise UsageError(f"--resume {self.dir}: {error}") from None
+        missing = malformed_entries(self.resumed)
+        if missing:
+            raise UsageError(f"--resume {self.dir}: checkpoint.pt is not a checkpoint of this run (missing or "
+                             f"malformed: {', '.join(missing)})")
 
     # ---- model and batches -------------------------------------------------------------------
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -275,14 +264,14 @@ class Run:
         """
         if not self.is_main:
             return
-        try:
-            with open(self.dir / "metrics.jsonl", "a") as stream:
-                stream.write(json.dumps(record) + "\n")
-            with open(self.dir / "metrics.csv", "a") as stream:
-                stream.write(metrics_csv([record], header=stream.tell() == 0))
-        except OSError as error:
-            raise UsageError(f"cannot write {self.dir / 'metrics.jsonl'}: {error.strerror or error} (the last "
-                             f"checkpoint is intact; continue with --resume {self.dir})") from None
+        after = ("no checkpoint was written yet" if self.checkpoint_step is None else
+                 f"the last checkpoint is intact; continue with --resume {self.dir}")
+        for name, text in (("metrics.jsonl", lambda empty: json.dumps(record) + "\n"),
+                           ("metrics.csv", lambda empty: metrics_csv([record], header=empty))):
+            try:
+                append_text(self.dir / name, text)
+            except OSError as error:
+                raise write_failure(self.dir / name, error, after) from None
         if self.print_lines:
             print(progress_line(record, self.total_steps), flush=True)
         if self.writer is not None:
@@ -294,11 +283,13 @@ class Run:
             self.writer.flush()
 
     def save_checkpoint(self, state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
-        """Write ``checkpoint.pt`` atomically: ``state`` plus every RNG state and the elapsed time."""
+        """Write ``checkpoint.pt`` atomically: ``state`` plus every RNG state and the elapsed time (a
+        Ctrl-C meanwhile waits for the end, so the line it prints names the checkpoint on disk)."""
         if self.is_main:
             payload = dict(state, rng=rng_state(generators), elapsed=self.elapsed())
-            save_atomic(payload, self.dir / "checkpoint.pt")
-            self.checkpoint_step = state["step"]
+            with interrupt_after():
+                save_atomic(payload, self.dir / "checkpoint.pt")
+                self.checkpoint_step = state["step"]
 
     def save_best(self, model: torch.nn.Module, model_args: dict[str, Any], improved: set[str],
                   best: Any, metric: str = "top1") -> None:
@@ -313,26 +304,60 @@ class Run:
             entry = best.best[metric]
             state = {"format": "softtopk-lab-best/1", "model": model.state_dict(), "model_args": model_args,
                      "metric": metric, **entry}
-            replace_atomic(self.dir / "best.pt", lambda path: torch.save(state, path))
+            replace_atomic(self.dir / "best.pt", lambda stream: torch.save(state, stream))
 
     def restore(self, generators: dict[str, torch.Generator], model: torch.nn.Module,
-                optimizer: torch.optim.Optimizer, best: Any) -> dict[str, Any] | None:
+                optimizer: torch.optim.Optimizer, best: Any, *, n_epochs: int, steps_per_epoch: int,
+                keys: Iterable[str] = ()) -> dict[str, Any] | None:
         """On ``--resume``: restore the RNG states, ``model``, ``optimizer`` and ``best`` (a
         :class:`~softtopk_lab.metrics.BestTracker`), trim ``metrics.jsonl`` and return the
-        checkpoint; ``None`` for a new run."""
-        if self.resumed is None:
+        checkpoint; ``None`` for a new run.
+
+        Raises:
+            UsageError: the checkpoint lacks one of the tool's ``keys``, holds another model's
+                weights, or an epoch and step that a run of ``n_epochs`` epochs of
+                ``steps_per_epoch`` steps never writes; ``metrics.jsonl`` is missing or damaged.
+        """
+        state = self.resumed
+        if state is None:
             return None
-        set_rng_state(self.resumed["rng"], generators)
-        model.load_state_dict(self.resumed["model"])
-        optimizer.load_state_dict(self.resumed["optimizer"])
-        best.load_state_dict(self.resumed["best"])
+        missing = malformed_entries(state, keys)
+        if missing:
+            raise UsageError(f"--resume {self.dir}: checkpoint.pt is not a checkpoint of softtopk {self.command} "
+                             f"(missing or malformed: {', '.join(missing)})")
+        epoch, step = state["epoch"], state["step"]
+        if not (isinstance(epoch, int) and 0 <= epoch < n_epochs and step == (epoch + 1) * steps_per_epoch):
+            raise UsageError(f"--resume {self.dir}: checkpoint.pt claims epoch {epoch + 1} (step {step}) of a run of "
+                             f"{n_epochs} epochs of {steps_per_epoch} steps; it is not this run's checkpoint")
+        try:
+            valid, test = state["last_evaluation"]
+            if not (isinstance(valid, dict) and isinstance(test, dict) and valid.keys() == test.keys()
+                    and all(is_number(value) for value in (*valid.values(), *test.values()))):
+                raise TypeError("last_evaluation is not two dicts of the same metrics")
+            set_rng_state(state["rng"], generators)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            best.load_state_dict(state["best"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as error:
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise UsageError(f"--resume {self.dir}: checkpoint.pt does not fit this run ({reason[:160]})") from None
         if self.is_main:
-            path = self.dir / "metrics.jsonl"
-            kept = [line for line in path.read_text().splitlines()
-                    if line and json.loads(line)["step"] <= self.resumed["step"]]
-            write_text_atomic(path, "".join(line + "\n" for line in kept))
-            write_text_atomic(self.dir / "metrics.csv", metrics_csv([json.loads(line) for line in kept], header=True))
-        return self.resumed
+            self._trim_metrics(step)
+        return state
+
+    def _trim_metrics(self, step: int) -> None:
+        """Drop the evaluations after the checkpoint's ``step`` from ``metrics.jsonl`` and ``metrics.csv``."""
+        path = self.dir / "metrics.jsonl"
+        try:
+            lines = [line for line in path.read_text().splitlines() if line]
+            records = [json.loads(line) for line in lines]
+            kept = [index for index, record in enumerate(records) if record["step"] <= step]
+            csv_text = metrics_csv([records[index] for index in kept], header=True)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            raise UsageError(f"--resume {self.dir}: metrics.jsonl is missing or damaged (not the lines a run "
+                             "writes); start a new run with --out") from None
+        write_text_atomic(path, "".join(lines[index] + "\n" for index in kept))
+        write_text_atomic(self.dir / "metrics.csv", csv_text)
 
     def finish(self, results: dict[str, Any], summary: str) -> None:
         """Write ``curves.png`` then ``results.json`` (each atomically: a ``results.json`` means a
@@ -349,7 +374,7 @@ class Run:
             torch.distributed.barrier()  # no rank closes its connections while a peer still uses them
             torch.distributed.destroy_process_group()
 
-    def _plot(self, path: Path) -> None:
+    def _plot(self, stream: Any) -> None:
         import matplotlib
 
         matplotlib.use("Agg")
@@ -367,5 +392,5 @@ class Run:
         # beside the panel, not on it: a legend never hides a line
         right.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
         figure.tight_layout()
-        figure.savefig(path, dpi=100, format="png")
+        figure.savefig(stream, dpi=100, format="png")
         plt.close(figure)

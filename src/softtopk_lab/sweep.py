@@ -7,7 +7,10 @@ one). ``softtopk sweep SUITE --seeds 0 1 2`` runs every setting with every seed 
 ``OUT/SUITE/<setting>/seed<S>`` (its command in ``seed<S>.command``, its output in ``seed<S>.log``).
 A run whose ``results.json`` exists is kept; one with only a checkpoint is continued with
 ``--resume``, so an interrupted sweep picks up where it stopped. A directory holding a run of a
-different command (other ``--n_epochs``, or a changed suite) is an error, never mixed in.
+different command (other ``--n_epochs``, or a changed suite) is an error, never mixed in. The
+sweep writes only into its own tree: ``OUT/SUITE`` must be new or carry a sweep's marker
+(:mod:`.rundir`); a setting or run directory that is a link, a log that is a link, or a damaged
+``results.json`` is a one-line error.
 
 ``OUT/SUITE/summary.json`` and ``summary.md`` then give, per setting, the mean ± sample standard
 deviation (``ddof = 1``) over seeds of each metric (the test value at the best validation value of
@@ -33,7 +36,8 @@ from typing import Any
 
 from .config import SweepConfig
 from .errors import UsageError
-from .rundir import RunLock, write_text_atomic
+from .files import open_for_writing, write_text_atomic
+from .rundir import LOCK, RunLock, claim, read_marker
 from .suites import SUITES, Setting, Suite
 
 
@@ -69,14 +73,22 @@ def stop_with_parent() -> None:
 
 
 def _run_one(argv: list[str], run_dir: Path, quiet: bool = False) -> None:
+    for path in (run_dir.parent, run_dir):
+        if path.is_symlink():
+            raise UsageError(f"{path} is a symbolic link, which softtopk sweep did not make; remove it")
     if (run_dir / "results.json").exists():  # written atomically, last: the run is finished
         return
     start = time.perf_counter()
     where = ["--resume", str(run_dir)] if (run_dir / "checkpoint.pt").exists() else ["--out", str(run_dir)]
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(_recorded(run_dir), shlex.join(argv))
+    log_path = run_dir.parent / f"{run_dir.name}.log"
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(_recorded(run_dir), shlex.join(argv))
+        log = os.fdopen(open_for_writing(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
+    except OSError as error:
+        raise UsageError(f"cannot write {log_path}: {error.strerror or error}") from None
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", PARENT_ENV: str(os.getpid())}
-    with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
+    with log:
         done = subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *argv, *where, "--no-progress"], env=env,
                               stdout=log, stderr=subprocess.STDOUT, check=False)
     if done.returncode != 0:
@@ -94,16 +106,40 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+def _results(run_dir: Path) -> dict[str, Any]:
+    """A finished run's ``results.json``.
+
+    Raises:
+        UsageError: it is not the JSON a finished run writes.
+    """
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+        if not isinstance(results, dict):
+            raise TypeError
+    except (OSError, ValueError, TypeError):
+        raise UsageError(f"{run_dir / 'results.json'} is damaged (not the JSON a finished run writes); delete "
+                         f"{run_dir} and run the sweep again to redo that run") from None
+    return results
+
+
 def metric_value(run_dir: Path, metric: str) -> float:
     """One run's value of ``metric``: ``top1`` etc. the test value at the best validation value,
-    ``valid_top1`` etc. the best validation value, ``untrained_top1`` etc. the test value at step 0."""
-    if metric.startswith("untrained_"):
-        with open(run_dir / "metrics.jsonl") as lines:
-            return json.loads(lines.readline())["test"][metric.removeprefix("untrained_")]
-    results = json.loads((run_dir / "results.json").read_text())
-    if metric.startswith("valid_"):
-        return results["best"][metric.removeprefix("valid_")]["valid"]
-    return results["reported_test_at_best_valid"][metric]
+    ``valid_top1`` etc. the best validation value, ``untrained_top1`` etc. the test value at step 0.
+
+    Raises:
+        UsageError: the run's files do not hold the value (damaged).
+    """
+    try:
+        if metric.startswith("untrained_"):
+            with open(run_dir / "metrics.jsonl") as lines:
+                return float(json.loads(lines.readline())["test"][metric.removeprefix("untrained_")])
+        results = _results(run_dir)
+        if metric.startswith("valid_"):
+            return float(results["best"][metric.removeprefix("valid_")]["valid"])
+        return float(results["reported_test_at_best_valid"][metric])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        raise UsageError(f"{run_dir}: its results.json or metrics.jsonl lacks {metric} (damaged); delete "
+                         f"{run_dir} and run the sweep again to redo that run") from None
 
 
 def summarize(suite_name: str, settings: list[Setting], seeds: list[int], out: Path,
@@ -112,15 +148,19 @@ def summarize(suite_name: str, settings: list[Setting], seeds: list[int], out: P
     suite, rows = SUITES[suite_name], []
     for setting in settings:
         run_dirs = [out / setting.label / f"seed{seed}" for seed in seeds]
-        results = [json.loads((run_dir / "results.json").read_text()) for run_dir in run_dirs]
+        results = [_results(run_dir) for run_dir in run_dirs]
         row: dict[str, Any] = {"label": setting.label, "family": setting.family, "seeds": seeds,
                                "command": "softtopk " + shlex.join(command(suite, setting, 0, n_epochs)[:-1]) + " S"}
         for metric in suite.metrics:
             values = [metric_value(run_dir, metric) for run_dir in run_dirs]
             mean, std = mean_std(values)
             row[metric] = {"values": values, "mean": mean, "std": std}
-        row["ms_per_step"] = mean_std([r["ms_per_step"] for r in results])[0]
-        row["seconds_per_run"] = mean_std([r["elapsed"] for r in results])[0]
+        try:
+            row["ms_per_step"] = mean_std([float(r["ms_per_step"]) for r in results])[0]
+            row["seconds_per_run"] = mean_std([float(r["elapsed"]) for r in results])[0]
+        except (KeyError, TypeError, ValueError):
+            raise UsageError(f"a results.json of {out / setting.label} lacks ms_per_step or elapsed (damaged); "
+                             "delete that run and run the sweep again") from None
         rows.append(row)
     total = sum(row["seconds_per_run"] * len(seeds) for row in rows)
     summary = {"suite": suite_name, "about": suite.about, "tool": suite.tool, "metrics": list(suite.metrics),
@@ -155,6 +195,21 @@ def render(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _claim_suite(suite_dir: Path, out: Path) -> None:
+    """Mark ``suite_dir`` as a sweep's (it must be empty or a sweep's already): a sweep writes only
+    into its own tree."""
+    marker = read_marker(suite_dir)
+    if marker is None:
+        others = sorted(path.name for path in suite_dir.iterdir() if path.name != LOCK)
+        if others:
+            raise UsageError(f"--out {out}: {suite_dir} holds {', '.join(others[:5])}, not written by softtopk sweep; "
+                             "choose another --out")
+        claim(suite_dir, "sweep")
+    elif marker.get("command") != "sweep":
+        raise UsageError(f"--out {out}: {suite_dir} holds a run of softtopk {marker.get('command')}, not a sweep; "
+                         "choose another --out")
+
+
 def run_sweep(config: SweepConfig) -> dict[str, Any] | None:
     """Run ``softtopk sweep``; returns the summary (``None`` for ``--dry-run``).
 
@@ -177,17 +232,20 @@ def run_sweep(config: SweepConfig) -> dict[str, Any] | None:
     except OSError as error:
         raise UsageError(f"--out {config.out}: cannot be created ({error.strerror or error})") from None
     lock = RunLock(suite_dir, "--out")  # one sweep per suite directory, until this process ends
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=config.jobs) as pool:
-        futures = [pool.submit(_run_one, argv, run_dir, config.quiet) for argv, run_dir in jobs]
-        try:
-            for future in futures:
-                future.result()
-        except UsageError:  # a failed run: start no further runs
-            pool.shutdown(cancel_futures=True)
-            raise
-    summary = summarize(config.suite, settings, list(config.seeds), suite_dir, config.n_epochs)
-    lock.release()
+    try:
+        _claim_suite(suite_dir, config.out)
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=config.jobs) as pool:
+            futures = [pool.submit(_run_one, argv, run_dir, config.quiet) for argv, run_dir in jobs]
+            try:
+                for future in futures:
+                    future.result()
+            except UsageError:  # a failed run: start no further runs
+                pool.shutdown(cancel_futures=True)
+                raise
+        summary = summarize(config.suite, settings, list(config.seeds), suite_dir, config.n_epochs)
+    finally:
+        lock.release()
     print(render(summary))
     print(f"{len(jobs)} runs, {time.perf_counter() - start:.0f} s; wrote {config.out / config.suite / 'summary.md'}")
     return summary

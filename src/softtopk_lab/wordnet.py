@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .files import replace_atomic, write_text_atomic
 from .wordnet_db import (
     BALANCED_DEPTH,
     Synset,
@@ -322,7 +323,7 @@ def build_wordnet(
                 strict=True,
             )
         )
-        np.savez_compressed(out_dir / f"{plan.name}.npz", **arrays)
+        replace_atomic(out_dir / f"{plan.name}.npz", lambda stream: np.savez_compressed(stream, **arrays))
         split_counts = {name: int(np.sum(plan.split == code)) for code, name in enumerate(SPLITS)}
         train_counts = np.bincount(plan.labels[plan.split == 0], minlength=len(plan.class_offsets))
         class_names = [f"{synsets[int(o)].words[0]}:{int(o):08d}" for o in plan.class_offsets]
@@ -357,9 +358,7 @@ def build_wordnet(
             },
             "sha256": {key: _array_sha256(value) for key, value in arrays.items()},
         }
-        (out_dir / f"{plan.name}.json").write_text(
-            json.dumps(metadata, indent=1) + "\n", encoding="utf-8"
-        )
+        write_text_atomic(out_dir / f"{plan.name}.json", json.dumps(metadata, indent=1) + "\n")
         summary[plan.name] = {
             key: metadata[key]
             for key in (
