@@ -8,12 +8,18 @@ the set ``0 < y < 1``, at value ``t``). The magnitude variant (top-k of ``|x|``,
 and ``Σ u = k``, again PAV's solution written through its block value ``θ``.
 
 **Solver.** ``t`` lies in ``[s_k - λ, s_k]`` (``s_k`` the k-th largest), so only entries above
-``s_k - λ`` matter: a ``topk`` with a few more than ``k`` candidates (doubled until every row's
-threshold is above its last candidate; a full sort inside ``torch.compile`` or ``vmap``). On the
-sorted candidates, clamped to the bracket so every power sum stays of size ``λ``, the sum is
-evaluated at every breakpoint with float64 prefix moments and ``searchsorted``; inside the right
-segment ``t`` is closed form (p = 2) or the single real root of a monotone cubic (p = 4/3, Cardano
-plus two Newton steps). O(n) memory; never an ``n × n`` matrix.
+``s_k - λ`` matter, but any number of them may lie above ``t`` (all ``n`` when λ is large against
+the row's spread): no fixed number of ``topk`` candidates is enough for every row, and choosing the
+number from the values would read them on the host. Each row is therefore sorted once, with no
+data-dependent shape or branch. On the sorted row, clamped to the bracket so every power sum stays
+of size ``λ``, the sum is evaluated at every breakpoint with float64 prefix moments and
+``searchsorted`` (saturation counts among the ``k + 1`` largest only: at most ``k`` entries
+saturate); inside the right segment ``t`` is closed form (p = 2) or the single real root of a
+monotone cubic (p = 4/3, Cardano plus two Newton steps). O(n) memory; never an ``n × n`` matrix.
+
+**±inf** (``softtopk._extended``): in the usual rows an infinite entry is exactly saturated or
+zero; the two degenerate cases (``p >= k`` entries at ``+inf``; at most ``k`` entries above
+``-inf``) are recognised from per-row counts and written through the kernel's own formula.
 
 **Backward** (implicit function theorem; the Jacobian is PAV's block structure). Mask:
 ``∂L/∂x = d ⊙ (g - Σ d g / Σ d)``, ``d_i = r z_i^{r-1} / λ`` on ``0 < z_i < 1`` (0 elsewhere); a
