@@ -104,22 +104,22 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     prefix = _power_sums(u, r)
 
     def total(at: torch.Tensor, above: torch.Tensor | None) -> torch.Tensor:  # Σ_i h(.) at ``at`` (B, M)
-        if magnitude:
-            theta = at + sk
-            reach = -(lam * theta.clamp_min(0).pow(1.0 / r)) - at
-            scale = lam**r * theta
-        else:
-            reach, scale = -at - 1.0, torch.ones_like(at)
+        theta = at + sk
+        reach = -(lam * theta.clamp_min(0).pow(1.0 / r)) - at if magnitude else -at - 1.0
         sat = torch.searchsorted(top, reach.contiguous(), right=True)
         if above is None:
-            above = torch.searchsorted(neg, (-at).contiguous(), right=False)
-        window = _window_power(prefix, sat, above.clamp_min(sat), at, r)
-        return sat.to(at.dtype) + window / scale.where(scale > 0, torch.ones_like(scale))
+            above = torch.searchsorted(neg, (-at).contiguous(), right=False).clamp_min(sat)
+        window = _window_power(prefix, sat, above, at, r)
+        if magnitude:
+            scale = lam**r * theta
+            window = window / scale.where(scale > 0, torch.ones_like(scale))
+        return window.add_(sat)
 
     # a breakpoint within rounding of the root counts as reached: its entry is at 0 (or 1) either way
     slack = 1e-9 * k
     # at the i-th entry's own value the i entries before it are above (ties add 0: their window
-    # terms vanish); at its saturation knot the i + 1 largest saturate, so only i <= k can be <= k
+    # terms vanish; the saturated ones come first, sat <= i); at its saturation knot the i + 1
+    # largest saturate, so only i <= k can be <= k
     position = torch.arange(big, device=s.device).expand(s.shape[0], big)
     n_above = (total(u, position) < k - slack).sum(-1, keepdim=True)
     knots = u[:, : k + 1]
