@@ -221,15 +221,14 @@ _REGISTRY["sparse"] = _Method(
         name="sparse",
         outputs=("mask",),
         stochastic=False,
-        cost="'pav': O(n) memory, a topk of a few more than k (sort when many entries tie near the "
-        "threshold); 'dykstra': O(n_iter n) after a sort",
+        cost="'pav': O(n) memory after a sort of each row; 'dykstra': O(n_iter n) after a sort",
         params={"l": 0.1, "p": 4.0 / 3.0, "solver": "pav", "n_iter": 500, "hard": False},
         summary="sparse soft top-k (Sander et al. 2023): p-norm regularised, exact zeros, in [0, 1], "
         "sums to k; p = 2 piecewise linear, p = 4/3 smooth where entries leave 0; l may be a per-row "
         "tensor (with gradients)",
     ),
     None,
-    _with_hard(sparse_mask_rows),
+    sparse_mask_rows,  # ±inf and ``hard`` inside the kernel (no value read)
     checks={"l": check_positive_or_tensor, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": _count,
             "hard": check_bool},
     tensor_args=("l",),

@@ -8,12 +8,18 @@ the set ``0 < y < 1``, at value ``t``). The magnitude variant (top-k of ``|x|``,
 and ``Σ u = k``, again PAV's solution written through its block value ``θ``.
 
 **Solver.** ``t`` lies in ``[s_k - λ, s_k]`` (``s_k`` the k-th largest), so only entries above
-``s_k - λ`` matter: a ``topk`` with a few more than ``k`` candidates (doubled until every row's
-threshold is above its last candidate; a full sort inside ``torch.compile`` or ``vmap``). On the
-sorted candidates, clamped to the bracket so every power sum stays of size ``λ``, the sum is
-evaluated at every breakpoint with float64 prefix moments and ``searchsorted``; inside the right
-segment ``t`` is closed form (p = 2) or the single real root of a monotone cubic (p = 4/3, Cardano
-plus two Newton steps). O(n) memory; never an ``n × n`` matrix.
+``s_k - λ`` matter, but any number of them may lie above ``t`` (all ``n`` when λ is large against
+the row's spread): no fixed number of ``topk`` candidates is enough for every row, and choosing the
+number from the values would read them on the host. Each row is therefore sorted once, with no
+data-dependent shape or branch. On the sorted row, clamped to the bracket so every power sum stays
+of size ``λ``, the sum is evaluated at every breakpoint with float64 prefix moments and
+``searchsorted`` (saturation counts among the ``k + 1`` largest only: at most ``k`` entries
+saturate); inside the right segment ``t`` is closed form (p = 2) or the single real root of a
+monotone cubic (p = 4/3, Cardano plus two Newton steps). O(n) memory; never an ``n × n`` matrix.
+
+**±inf** (``softtopk._extended``): in the usual rows an infinite entry is exactly saturated or
+zero; the two degenerate cases (``p >= k`` entries at ``+inf``; at most ``k`` entries above
+``-inf``) are recognised from per-row counts and written through the kernel's own formula.
 
 **Backward** (implicit function theorem; the Jacobian is PAV's block structure). Mask:
 ``∂L/∂x = d ⊙ (g - Σ d g / Σ d)``, ``d_i = r z_i^{r-1} / λ`` on ``0 < z_i < 1`` (0 elsewhere); a
@@ -28,7 +34,6 @@ from __future__ import annotations
 
 import torch
 
-from .compute import can_inspect
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
 P_VALUES = (2.0, 4.0 / 3.0)
@@ -92,25 +97,34 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     else:  # scaled before clamping, so that the bracket cannot round away
         u, lam_u = ((s - sk) / lam).clamp(-1.0, 1.0), 1.0
     neg = (-u).contiguous()
+    # at every threshold in the bracket at most k entries saturate, all among the k + 1 largest; a
+    # count capped there overstates a sum that exceeds k anyway (the capped entries enter the
+    # window at power >= 1), so every comparison with k below is unchanged
+    top = neg[:, : k + 1].contiguous()
     prefix = _power_sums(u, r)
 
-    def total(at: torch.Tensor) -> torch.Tensor:  # Σ_i h(.) at thresholds ``at`` (B, M), centred
-        if magnitude:
-            theta = at + sk
-            reach = -(lam * theta.clamp_min(0).pow(1.0 / r)) - at
-            scale = lam**r * theta
-        else:
-            reach, scale = -at - 1.0, torch.ones_like(at)
-        sat = torch.searchsorted(neg, reach.contiguous(), right=True)
-        above = torch.searchsorted(neg, (-at).contiguous(), right=False).clamp_min(sat)
+    def total(at: torch.Tensor, above: torch.Tensor | None) -> torch.Tensor:  # Σ_i h(.) at ``at`` (B, M)
+        theta = at + sk
+        reach = -(lam * theta.clamp_min(0).pow(1.0 / r)) - at if magnitude else -at - 1.0
+        sat = torch.searchsorted(top, reach.contiguous(), right=True)
+        if above is None:
+            above = torch.searchsorted(neg, (-at).contiguous(), right=False).clamp_min(sat)
         window = _window_power(prefix, sat, above, at, r)
-        return sat.to(at.dtype) + window / scale.where(scale > 0, torch.ones_like(scale))
+        if magnitude:
+            scale = lam**r * theta
+            window = window / scale.where(scale > 0, torch.ones_like(scale))
+        return window.add_(sat)
 
-    sat_knots = (_saturation_knot(u + sk, lam, r) - sk) if magnitude else u - 1.0
     # a breakpoint within rounding of the root counts as reached: its entry is at 0 (or 1) either way
     slack = 1e-9 * k
-    n_above = (total(u) < k - slack).sum(-1, keepdim=True)
-    n_sat = (total(sat_knots) <= k + slack).sum(-1, keepdim=True).clamp_max(n_above)
+    # at the i-th entry's own value the i entries before it are above (ties add 0: their window
+    # terms vanish; the saturated ones come first, sat <= i); at its saturation knot the i + 1
+    # largest saturate, so only i <= k can be <= k
+    position = torch.arange(big, device=s.device).expand(s.shape[0], big)
+    n_above = (total(u, position) < k - slack).sum(-1, keepdim=True)
+    knots = u[:, : k + 1]
+    sat_knots = (_saturation_knot(knots + sk, lam, r) - sk) if magnitude else knots - 1.0
+    n_sat = (total(sat_knots, None) <= k + slack).sum(-1, keepdim=True).clamp_max(n_above)
     deficit = k - n_sat.to(s.dtype)
     window_prefix = [p.gather(-1, n_above) - p.gather(-1, n_sat) for p in prefix]
     count = (n_above - n_sat).to(s.dtype)
@@ -147,61 +161,61 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
 
 
 def threshold(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnitude: bool):
-    """Exact threshold per row of ``x`` (B, n), float64, as :func:`_solve_sorted` returns it."""
-    n = x.shape[-1]
+    """Exact threshold per row of ``x`` (B, n), float64, as :func:`_solve_sorted` returns it, from the
+    fully sorted row: the one candidate count that is enough for every row (any number of entries
+    may lie above the threshold), with no value read and no data-dependent shape."""
     scores = x.detach().abs() if magnitude else x.detach()
-    branch = can_inspect(x)
-    size = min(n, 2 * k + 8) if branch else n
-    while True:
-        vals = scores.topk(size, -1).values if size < n else scores.sort(-1, descending=True).values
-        vals = vals.to(torch.float64)
-        found = _solve_sorted(vals, k, lam, r, magnitude)
-        t = found if magnitude else found[0] + found[1] * lam
-        # exact once every non-candidate lies at or below the threshold
-        if size == n or bool((vals[:, -1:] <= t).all()):
-            return found
-        size = min(n, 4 * size)
+    return _solve_sorted(scores.sort(-1, descending=True).values.to(torch.float64), k, lam, r, magnitude)
 
 
 class _MaskFn(torch.autograd.Function):
-    """``y = clip((x - s_k)/λ - a, 0, 1)^r`` with the threshold ``t = s_k + a λ`` (solved outside) differentiated
-    implicitly through ``Σ y = k``: with ``u = (x - t)/λ`` and ``d = ∂y/∂x = r u^{r-1}/λ`` on the
-    interior (0 elsewhere), ``∂t/∂x = d/Σd``, ``∂t/∂λ = -ū`` with ``ū = Σ d u / Σ d``, so
+    """``y = clip((x - s_k)/λ - a, 0, 1)^r`` with the threshold ``t = s_k + a λ`` (solved outside)
+    differentiated implicitly through ``Σ y = k``: with ``u = (x - t)/λ`` and ``d = ∂y/∂x = r u^{r-1}/λ``
+    on the interior (0 elsewhere), ``∂t/∂x = d/Σd``, ``∂t/∂λ = -ū`` with ``ū = Σ d u / Σ d``, so
     ``∂L/∂x = d (g - Σ d g / Σ d)`` and, for a tensor ``λ``, ``∂L/∂λ = Σ g d (ū - u)`` (per row),
-    evaluated as ``Σ g d (x̄ - x) / λ`` with ``x̄ = Σ d x / Σ d`` (interior ``x`` only: no ``0 · inf``)."""
+    evaluated as ``Σ g d (x̄ - x) / λ`` with ``x̄ = Σ d x / Σ d`` (interior ``x`` only: no ``0 · inf``).
+
+    The forward also returns ``w = u^{r-1}`` on the interior (0 elsewhere; ``d = r w / λ``), the one
+    tensor the backward needs. Rows of the degenerate ``±inf`` cases come with ``(s_k, a)`` that put
+    every finite entry at 0 or 1, times ``scale`` (``k/p`` for the ``+inf`` entries of a row with
+    ``p >= k`` of them); ``-inf`` entries get ``share`` (0 but in rows with at most ``k`` entries above
+    ``-inf``). ``hard`` forwards the k-hot mask of ``x``'s top ``k`` (``torch.topk``'s choice)."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, sk: torch.Tensor, a: torch.Tensor, lam: float | torch.Tensor, r: int) -> torch.Tensor:
-        return ((x - sk) / lam - a).clamp(0, 1).pow(r)
+    def forward(x: torch.Tensor, sk: torch.Tensor, a: torch.Tensor, scale: torch.Tensor, share: torch.Tensor,
+                lam: float | torch.Tensor, r: int, k: int, hard: bool):
+        z = ((x - sk) / lam - a).clamp(0, 1)
+        w = ((z > 0) & (z < 1)).to(z.dtype) if r == 1 else torch.where(z < 1, z.square(), 0.0)
+        if hard:
+            return torch.zeros_like(x).scatter_(-1, x.topk(k, -1).indices, 1.0), w
+        return torch.where(x == -torch.inf, share, z.pow(r).mul_(scale)), w
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, _, _, lam, r = inputs
+        x, _, _, _, _, lam, r, _, _ = inputs
+        ctx.mark_non_differentiable(output[1])
         ctx.tensor_lam = isinstance(lam, torch.Tensor)
         # ū - u = (x̄ - x)/λ from x itself: u's differences cancel when λ is large against x's spread
-        lam_x = ((lam, x) if ctx.needs_input_grad[3] else (lam,)) if ctx.tensor_lam else ()
-        ctx.save_for_backward(output, *lam_x)
+        lam_x = ((lam, x) if ctx.needs_input_grad[5] else (lam,)) if ctx.tensor_lam else ()
+        ctx.save_for_backward(output[1], *lam_x)
         ctx.lam_value, ctx.r = (None if ctx.tensor_lam else lam), r
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        y, *lam_x = ctx.saved_tensors
+    def backward(ctx, grad: torch.Tensor, _w: torch.Tensor):
+        w, *lam_x = ctx.saved_tensors
         lam = lam_x[0] if lam_x else ctx.lam_value
-        inside = (y > 0) & (y < 1)
-        # d = r u^{r-1} / λ with y = u^r: 1/λ (p = 2), 3 y^{2/3} / λ (p = 4/3)
-        d = inside / lam if ctx.r == 1 else y.pow(2.0 / 3.0).mul_(3.0 / lam).mul_(inside)
-        d = d.to(grad.dtype)
-        total = d.sum(-1, keepdim=True)
-        safe = total.where(total > 0, torch.ones_like(total))
-        gbar = torch.linalg.vecdot(d, grad).unsqueeze(-1) / safe
+        rate = ctx.r / lam  # d = rate * w
+        total = w.sum(-1, keepdim=True).clamp_min_(torch.finfo(w.dtype).tiny)
+        gbar = torch.linalg.vecdot(w, grad).unsqueeze_(-1).div_(total)
+        grad_x = (grad - gbar).mul_(w).mul_(rate)
         grad_lam = None
-        if len(lam_x) == 2:  # Σ g d (ū - u) = Σ g d (x̄ - x) / λ, x̄ = Σ d x / Σ d (interior x: no ±inf)
-            x = lam_x[1].where(inside, 0).to(grad.dtype)
-            xbar = torch.linalg.vecdot(d, x).unsqueeze(-1) / safe
-            grad_lam = (torch.linalg.vecdot(grad * d, xbar - x).unsqueeze(-1) / lam).sum_to_size(lam.shape)
-        return d * (grad - gbar), None, None, grad_lam, None
+        if len(lam_x) == 2:  # Σ g d (x̄ - x)/λ, x̄ = Σ d x / Σ d (interior x: no ±inf)
+            x = lam_x[1].where(w > 0, 0)
+            xbar = torch.linalg.vecdot(w, x).unsqueeze(-1) / total
+            grad_lam = (torch.linalg.vecdot(grad * w, xbar - x).unsqueeze(-1) * rate / lam).sum_to_size(lam.shape)
+        return grad_x, None, None, None, None, grad_lam, None, None, None
 
 
 class _MagFn(torch.autograd.Function):
@@ -247,43 +261,75 @@ class _MagFn(torch.autograd.Function):
         return grad_s.mul_(sign), None, None, None
 
 
-def _exact(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnitude: bool) -> torch.Tensor:
-    if k >= x.shape[-1]:
-        return x * 1 if magnitude else x * 0 + 1
-    if magnitude:
-        return _MagFn.apply(x, threshold(x, k, lam, r, magnitude).to(x.dtype), lam, r)[0]
+def _ones(x: torch.Tensor) -> torch.Tensor:
+    """The mask for ``k >= n``: 1 everywhere (``±inf`` and NaN entries too), gradient 0."""
+    return x.nan_to_num(0.0, 0.0, 0.0).mul(0).add_(1)
+
+
+def _exact_mask(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, hard: bool):
+    """The exact mask of rows ``x`` (B, n), ``k < n``, on the extended reals (``softtopk._extended``:
+    with ``p`` entries at ``+inf`` and ``q`` at ``-inf``, a row with ``p >= k`` shares ``k`` among
+    its ``+inf`` entries, a row with at most ``k`` entries above ``-inf`` selects them and shares the
+    rest among its ``-inf`` entries; other rows are the kernel's), and those degenerate rows (B, 1)."""
+    n = x.shape[-1]
+    p = (x == torch.inf).sum(-1, keepdim=True)
+    q = (x == -torch.inf).sum(-1, keepdim=True)
+    full = p >= k
+    short = (n - q <= k) & ~full
+    degenerate = full | short
     # a tensor λ: the threshold from its float64 values, taken before rounding to x's dtype (as a float l is)
     wide = lam.detach().to(torch.float64) if isinstance(lam, torch.Tensor) else lam
-    sk, a = (v.to(x.dtype) for v in threshold(x, k, wide, r, magnitude))
-    return _MaskFn.apply(x, sk, a, lam.to(x.dtype) if isinstance(lam, torch.Tensor) else lam, r)
+    sk, a = threshold(torch.where(degenerate, 0.0, x), k, wide, r, False)
+    # degenerate rows: every finite entry at 0 (full) or 1 (short); +inf at 1, -inf at 0 before scale/share
+    big = torch.finfo(x.dtype).max
+    sk = torch.where(full, big, torch.where(short, -big, sk)).to(x.dtype)
+    a = torch.where(full, 1.0, torch.where(short, -1.0, a)).to(x.dtype)
+    p, q = p.to(x.dtype), q.to(x.dtype)
+    scale = torch.where(full, k / p.clamp_min(1), 1.0)
+    share = torch.where(short, (k - n + q) / q.clamp_min(1), 0.0)
+    lam_x = lam.to(x.dtype) if isinstance(lam, torch.Tensor) else lam
+    return _MaskFn.apply(x, sk, a, scale, share, lam_x, r, k, hard)[0], degenerate
 
 
-def _rows(x: torch.Tensor, k: int, lam: float | torch.Tensor, p: float, solver: str, n_iter: int, magnitude: bool):
-    r = exponent(p)
-    if solver != "dykstra":
-        return _exact(x, k, lam, r, magnitude)
-    # not clamped: every iterate sums to k, and before convergence it may leave [0, 1] (the
-    # original's README prints 1.0000229 after 100 projections); no graph through its iterations
-    rows = dykstra_mag_rows if magnitude else dykstra_mask_rows
-    approx = rows(x.detach(), k, lam.detach().to(x.dtype) if isinstance(lam, torch.Tensor) else lam, n_iter)
-    wanted = x.requires_grad or (isinstance(lam, torch.Tensor) and lam.requires_grad)
-    if not (torch.is_grad_enabled() and wanted):
-        return approx
-    # Dykstra's value, the exact problem's Jacobian: the truncation error stays out of the gradient
-    exact = _exact(x, k, lam, r, magnitude)
-    return exact + (approx - exact).detach()
+def _exact_mag(x: torch.Tensor, k: int, lam: float, r: int) -> torch.Tensor:
+    if k >= x.shape[-1]:
+        return x * 1
+    return _MagFn.apply(x, threshold(x, k, lam, r, True).to(x.dtype), lam, r)[0]
 
 
 def sparse_mask_rows(x: torch.Tensor, k: int, *, l: float | torch.Tensor, p: float, solver: str,  # noqa: E741
-                     n_iter: int) -> torch.Tensor:
-    """Sparse soft top-k mask of rows ``x`` (B, n): exact (``'pav'``) or Dykstra (``'dykstra'``).
-    ``l`` is a positive float or a per-row tensor (B, 1) of any floating dtype, with a gradient."""
-    return _rows(x, k, l, p, solver, n_iter, magnitude=False)
+                     n_iter: int, hard: bool = False) -> torch.Tensor:
+    """Sparse soft top-k mask of rows ``x`` (B, n): exact (``'pav'``) or Dykstra (``'dykstra'``), on
+    the extended reals (``±inf`` as in ``softtopk._extended``); ``hard`` forwards the k-hot mask of
+    the ``k`` largest and backpropagates the exact mask's gradient. ``l`` is a positive float or a
+    per-row tensor (B, 1) of any floating dtype, with a gradient. No value is read on the host."""
+    if k >= x.shape[-1]:
+        return _ones(x)
+    r = exponent(p)
+    exact, degenerate = _exact_mask(x, k, l, r, hard)
+    if solver != "dykstra" or hard:
+        return exact
+    # not clamped: every iterate sums to k, and before convergence it may leave [0, 1] (the
+    # original's README prints 1.0000229 after 100 projections); no graph through its iterations
+    approx = dykstra_mask_rows(x.detach(), k, l.detach().to(x.dtype) if isinstance(l, torch.Tensor) else l, n_iter)
+    approx = torch.where(degenerate, exact.detach(), approx)
+    wanted = x.requires_grad or (isinstance(l, torch.Tensor) and l.requires_grad)
+    if not (torch.is_grad_enabled() and wanted):
+        return approx
+    # Dykstra's value, the exact problem's Jacobian: the truncation error stays out of the gradient
+    return exact + (approx - exact).detach()
 
 
 def sparse_mag_rows(x: torch.Tensor, k: int, *, l: float, p: float, solver: str, n_iter: int) -> torch.Tensor:  # noqa: E741
     """Sparse soft top-k in magnitude of rows ``x`` (B, n); ``l`` a positive float."""
-    return _rows(x, k, l, p, solver, n_iter, magnitude=True)
+    r = exponent(p)
+    if solver != "dykstra":
+        return _exact_mag(x, k, l, r)
+    approx = dykstra_mag_rows(x.detach(), k, l, n_iter)
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return approx
+    exact = _exact_mag(x, k, l, r)
+    return exact + (approx - exact).detach()
 
 
 def hard_mask_rows(x: torch.Tensor, k: int) -> torch.Tensor:
