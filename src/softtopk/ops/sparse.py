@@ -10,12 +10,15 @@ and ``Σ u = k``, again PAV's solution written through its block value ``θ``.
 **Solver.** ``t`` lies in ``[s_k - λ, s_k]`` (``s_k`` the k-th largest), so only entries above
 ``s_k - λ`` matter, but any number of them may lie above ``t`` (all ``n`` when λ is large against
 the row's spread): no fixed number of ``topk`` candidates is enough for every row, and choosing the
-number from the values would read them on the host. Each row is therefore sorted once, with no
-data-dependent shape or branch. On the sorted row, clamped to the bracket so every power sum stays
-of size ``λ``, the sum is evaluated at every breakpoint with float64 prefix moments and
-``searchsorted`` (saturation counts among the ``k + 1`` largest only: at most ``k`` entries
-saturate); inside the right segment ``t`` is closed form (p = 2) or the single real root of a
-monotone cubic (p = 4/3, Cardano plus two Newton steps). O(n) memory; never an ``n × n`` matrix.
+number from the values reads them on the host. On accelerators (and under ``torch.compile`` or
+``vmap``) each row is therefore sorted once, with no data-dependent shape or branch; on a CPU
+tensor, where a read is no synchronisation, :func:`threshold` tries a few more than ``k``
+candidates first and reads one boolean to confirm them. On the sorted candidates, clamped to the
+bracket so every power sum stays of size ``λ``, the sum is evaluated at every breakpoint with
+float64 prefix moments and ``searchsorted`` (saturation counts among the ``k + 1`` largest only: at
+most ``k`` entries saturate); inside the right segment ``t`` is closed form (p = 2) or the single
+real root of a monotone cubic (p = 4/3, Cardano plus two Newton steps). O(n) memory; never an
+``n × n`` matrix.
 
 **±inf** (``softtopk._extended``): in the usual rows an infinite entry is exactly saturated or
 zero; the two degenerate cases (``p >= k`` entries at ``+inf``; at most ``k`` entries above
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from .compute import can_inspect
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
 P_VALUES = (2.0, 4.0 / 3.0)
@@ -161,11 +165,26 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
 
 
 def threshold(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnitude: bool):
-    """Exact threshold per row of ``x`` (B, n), float64, as :func:`_solve_sorted` returns it, from the
-    fully sorted row: the one candidate count that is enough for every row (any number of entries
-    may lie above the threshold), with no value read and no data-dependent shape."""
+    """Exact threshold per row of ``x`` (B, n), float64, as :func:`_solve_sorted` returns it.
+
+    On an accelerator, under ``torch.compile`` and inside ``vmap`` every row is sorted: any number of
+    entries may lie above the threshold, and no fixed number of candidates is enough for every row
+    without reading values. On a CPU tensor, where reading a value costs no synchronisation, the
+    ``2k + 8`` largest are tried first and the count grows only while some row's threshold lies
+    below its last candidate (one boolean read per try); both give the same exact threshold."""
     scores = x.detach().abs() if magnitude else x.detach()
-    return _solve_sorted(scores.sort(-1, descending=True).values.to(torch.float64), k, lam, r, magnitude)
+    n = scores.shape[-1]
+    size = min(n, 2 * k + 8) if can_inspect(x) else n
+    while True:
+        vals = scores.topk(size, -1).values if size < n else scores.sort(-1, descending=True).values
+        vals = vals.to(torch.float64)
+        found = _solve_sorted(vals, k, lam, r, magnitude)
+        if size == n:
+            return found
+        t = found if magnitude else found[0] + found[1] * lam
+        if bool((vals[:, -1:] <= t).all()):  # every non-candidate at or below the threshold: exact
+            return found
+        size = min(n, 4 * size)
 
 
 class _MaskFn(torch.autograd.Function):
