@@ -107,15 +107,17 @@ def _solve(x: torch.Tensor, tau: float | torch.Tensor, k: int | torch.Tensor, bi
     z = scaled - tt
     half = torch.rsub(z.abs(), -_LN2).exp_()  # F'(z) = e^{-|z|} / 2
     m_top = torch.where(z >= 0, 1 - half, half)
-    d_top = torch.where(keep, half / wide_tau, 0.0)
+    # a degenerate row has no gradient in x (cut here for an int k, in backward for a tensor k,
+    # whose gradient the model's d gives: the tied entries' mean upstream gradient)
+    d_top = half / wide_tau if isinstance(k, torch.Tensor) else torch.where(keep, half / wide_tau, 0.0)
     scale = half[:, -1:]  # F'(z) = F(z) of the last candidate, below t: the other entries' scale
     shift = torch.where(short, scale, 0.0)  # a short row's -inf entries outside the candidates
-    d_scale = torch.where(keep, scale / wide_tau, 0.0)
+    d_scale = scale / wide_tau if isinstance(k, torch.Tensor) else torch.where(keep, scale / wide_tau, 0.0)
     if negate:
         m_top, scale, shift = 1 - m_top, -scale, 1 - shift
     dtype = x.dtype
     pieces = (m_top.to(dtype), d_top.to(dtype), scale.to(dtype), shift.to(dtype), d_scale.to(dtype))
-    return idx, terms, pieces, ref, j < big + (big == n)
+    return idx, terms, pieces, ref, keep, j < big + (big == n)
 
 
 def _assemble(base: torch.Tensor, terms, idx, top, scale, shift=None) -> torch.Tensor:
@@ -133,21 +135,21 @@ class _LaplaceMask(torch.autograd.Function):
     def forward(x: torch.Tensor, tau, k, big: int, negate: bool = False, hard: int = 0):
         # x (B, n); tau a float or broadcastable to (B, 1); k an int or (B, 1); big = K candidates;
         # hard > 0: the output is the k-hot mask of torch.topk(x, hard), the gradient the soft one's
-        idx, terms, (m_top, d_top, scale, shift, d_scale), ref, valid = _solve(x, tau, k, big, negate)
+        idx, terms, (m_top, d_top, scale, shift, d_scale), ref, keep, valid = _solve(x, tau, k, big, negate)
         d = _assemble(x, terms, idx, d_top, d_scale)
         if hard:
             mask = torch.zeros_like(x).scatter_(-1, x.topk(hard, -1).indices, 1.0)
         else:
             mask = _assemble(x, terms, idx, m_top, scale, shift)
-        return mask, d, ref, valid
+        return mask, d, ref, keep, valid
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         x, tau, k = inputs[:3]
         negate = len(inputs) > 4 and inputs[4]
-        _, d, ref, _ = output
+        _, d, ref, keep, _ = output
         tau_t = tau if isinstance(tau, torch.Tensor) else None
-        ctx.save_for_backward(x, d, ref, tau_t)
+        ctx.save_for_backward(x, d, ref, keep, tau_t)
         ctx.tau, ctx.negate = tau, negate
         ctx.k_shape = k.shape if isinstance(k, torch.Tensor) else None
         ctx.set_materialize_grads(False)
@@ -155,23 +157,25 @@ class _LaplaceMask(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, *_):
-        x, d, ref, tau_t = ctx.saved_tensors
+        x, d, ref, keep, tau_t = ctx.saved_tensors
         none = (None,) * (len(ctx.needs_input_grad) - 3)
         if grad is None:
             return None, None, None, *none
-        return (*_backward(ctx, x, d, ref, tau_t, grad), *none)
+        return (*_backward(ctx, x, d, ref, keep, tau_t, grad), *none)
 
 
-def _backward(ctx, x, d, ref, tau_t, grad):
+def _backward(ctx, x, d, ref, keep, tau_t, grad):
     """``d ⊙ (g - ḡ)`` with ``ḡ = Σ d g / Σ d``, and the gradients of ``τ`` and ``k``."""
     dot = torch.bmm(d.unsqueeze(-2), grad.unsqueeze(-1)).squeeze(-1)
     gbar = dot / d.sum(-1, keepdim=True).clamp_min_(torch.finfo(d.dtype).tiny)  # Σd = 0: a hard row
     grad_x = grad_tau = grad_k = None
     if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
         grad_x = (grad - gbar).mul_(d)
+        if ctx.k_shape is not None:
+            grad_x = torch.where(keep, grad_x, 0.0)
     if ctx.needs_input_grad[1]:
-        # -(1/τ) Σ (x - ref) ∂L/∂x, with the ±inf entries (d = 0) left out
-        centred = torch.where(d > 0, (-x if ctx.negate else x) - ref, 0.0)
+        # -(1/τ) Σ (x - ref) ∂L/∂x, with the ±inf entries (d = 0) and degenerate rows left out
+        centred = torch.where((d > 0) & keep, (-x if ctx.negate else x) - ref, 0.0)
         grad_tau = _sum_to(-torch.linalg.vecdot(centred, grad_x).unsqueeze(-1) / tau_t, tau_t.shape)
         grad_tau = -grad_tau if ctx.negate else grad_tau
     if ctx.needs_input_grad[2]:
@@ -195,9 +199,13 @@ def lapsum_mask(x: torch.Tensor, k: int | torch.Tensor, tau: float | torch.Tenso
         tau = tau.to(x.dtype)
     if isinstance(k, torch.Tensor):
         k_t = k.to(x.dtype)
-        full = k_t >= n  # mask 1 and gradient 0; the kernel gets a harmless k there (no NaN backward)
+        # k = n: every entry above -inf is 1 and the q entries at -inf share k - (n - q) (their
+        # gradient in k is 1/q); the kernel gets a harmless k there (no NaN backward)
+        full = k_t >= n
         mask = _LaplaceMask.apply(x, tau, torch.where(full, 0.5 * n, k_t), n)[0]
-        return torch.where(full, 1.0, mask)
+        neg = x == -math.inf
+        share = (k_t - n) / neg.sum(-1, keepdim=True).clamp_min(1)
+        return torch.where(full, torch.where(neg, share + 1, 1.0), mask)
     if k >= n:
         return torch.where(x.isnan(), x, 1.0)
     if 2 * k > n:
