@@ -60,8 +60,10 @@ def _roots(a: torch.Tensor, e: torch.Tensor, rest: torch.Tensor, k: int | torch.
     big = a.shape[-1]
     p = torch.nn.functional.pad(e.reciprocal(), (1, 0), value=_FLOOR).cumsum(-1)  # P_j, j = 0..K
     q = torch.cat([e, rest], -1).flip(-1).cumsum(-1).flip(-1)  # Q_j, j = 0..K
-    c = (k - torch.arange(big + 1, device=a.device, dtype=_WIDE)) if isinstance(k, int) else \
-        k.to(_WIDE) - torch.arange(big + 1, device=a.device, dtype=_WIDE)
+    if isinstance(k, int):  # c = k - j
+        c = torch.arange(k, k - big - 1, -1, device=a.device, dtype=_WIDE)
+    else:
+        c = k.to(_WIDE) - torch.arange(big + 1, device=a.device, dtype=_WIDE)
     g = (p * q).rsqrt_()
     roots = (q * g).log_().sub_(torch.asinh(c * g))  # ½ log(Q/P) - asinh(c/√PQ)
     j = (roots[:, :big] < a).sum(-1, keepdim=True)
@@ -69,62 +71,65 @@ def _roots(a: torch.Tensor, e: torch.Tensor, rest: torch.Tensor, k: int | torch.
 
 
 def _solve(x: torch.Tensor, tau: float | torch.Tensor, k: int | torch.Tensor, big: int, negate: bool):
-    """The soft mask's pieces for rows ``x`` (B, n) (of ``-x`` with ``negate``): candidate indices
-    (B, K), their masks and ``d`` (B, K), the exponential terms of the row (B, n, or None when
-    ``K = n``) with the affine map ``(scale, shift)`` giving the other entries' masks and their
-    ``d`` scale, the per-row reference score and whether the segment lay among the candidates."""
+    """The soft mask's pieces for rows ``x`` (B, n) (the complement's, ``1 - m(-x)``, with
+    ``negate``): candidate indices (B, K), their masks and ``d`` (B, K), the exponential terms of
+    the row (B, n, or None when ``K = n``) with the affine map ``(scale, shift)`` giving the other
+    entries' masks and their ``d`` scale, the per-row reference score (of ``±x``), the rows without
+    gradient in ``x`` and whether the segment lay among the candidates."""
     n = x.shape[-1]
     info = torch.finfo(x.dtype)
     if big == n:
         vals, idx = x.sort(-1, descending=not negate)
     else:
         vals, idx = x.topk(big, -1, largest=not negate)
-    if negate:
-        vals = -vals
+    top = -math.inf if negate else math.inf  # +inf of the scores ±x
     # ±inf become the ends of the finite range: the degenerate rows solve as ties there
     clamped = vals.clamp(info.min, info.max)
     ref = _at(clamped, k, 0.0)
-    below = _at(vals, k, 1.0)
-    short = below == -math.inf  # at most k entries above -inf
-    keep = (_at(vals, k, 0.0) < math.inf) & ~short
-    wide_tau = tau.to(_WIDE) if isinstance(tau, torch.Tensor) else tau
-    scaled = (clamped - ref).to(_WIDE).div_(wide_tau)
-    last = clamped[:, -1:]
+    short = _at(vals, k, 1.0) == -top  # at most k entries above -inf
+    drop = (_at(vals, k, 0.0) == top) | short  # degenerate: no gradient in x
+    # (±x - ref)/τ, descending, in float64
+    scaled = (torch.sub(ref, clamped) if negate else torch.sub(clamped, ref)).to(_WIDE).div_(
+        tau.to(_WIDE) if isinstance(tau, torch.Tensor) else tau)
+    a = scaled.clamp(-_C, _C)
+    e = a.exp()
     if big == n:
         terms, rest = None, torch.full_like(scaled[:, :1], _FLOOR)
     else:
-        # Σ_{not among the K largest} e^{(x - s_K)/τ}: every term in [0, 1]; the candidates count 1
-        # each (at least ... ) unless -inf, when the rest is all -inf; a short row's rest is its -inf
-        # entries, tied with the last candidate
-        terms = (torch.sub(-last, x) if negate else torch.sub(x, last)).div_(tau).clamp_(max=0.0).exp_()
+        # Σ_{not among the K largest} e^{(±x - s_K)/τ}, every term in [0, 1]: the candidates count 1
+        # each, but a -inf one counts 0 (then the rest is all -inf, and the clamp gives 0); a short
+        # row's rest is its -inf entries, tied with the last candidate
+        last = clamped[:, -1:]
+        terms = (torch.sub(last, x) if negate else torch.sub(x, last)).div_(tau).clamp_(max=0.0).exp_()
         count = terms.sum(-1, keepdim=True, dtype=_WIDE).sub_(big).clamp_min(1e-30)
-        count = torch.where(short, float(n - big), count)
-    a = scaled.clamp(-_C, _C)
-    e = a.exp()
-    if terms is not None:
-        rest = count * e[:, -1:]
+        rest = count.masked_fill_(short, n - big).mul_(e[:, -1:])
     tt, j = _roots(a, e, rest, k)
     z = scaled - tt
-    half = torch.rsub(z.abs(), -_LN2).exp_()  # F'(z) = e^{-|z|} / 2
-    m_top = torch.where(z >= 0, 1 - half, half)
-    # a degenerate row has no gradient in x (cut here for an int k, in backward for a tensor k,
-    # whose gradient the model's d gives: the tied entries' mean upstream gradient)
-    d_top = half / wide_tau if isinstance(k, torch.Tensor) else torch.where(keep, half / wide_tau, 0.0)
+    half = torch.rsub(z.abs(), -_LN2).exp_().to(x.dtype)  # F'(z) = e^{-|z|} / 2
+    above = z >= 0
+    m_top = torch.where(above, 1 - half, half)
+    if negate:  # 1 - m(-x), as it rounds: exactly 0 where m(-x) rounds to 1
+        m_top = 1 - m_top
+    # a degenerate row has no gradient in x: cut here for an int k, in backward for a tensor k,
+    # whose gradient the model's d gives (the tied entries' mean upstream gradient)
+    d_top = half / tau
     scale = half[:, -1:]  # F'(z) = F(z) of the last candidate, below t: the other entries' scale
-    shift = torch.where(short, scale, 0.0)  # a short row's -inf entries outside the candidates
-    d_scale = scale / wide_tau if isinstance(k, torch.Tensor) else torch.where(keep, scale / wide_tau, 0.0)
-    if negate:
-        m_top, scale, shift = 1 - m_top, -scale, 1 - shift
-    dtype = x.dtype
-    pieces = (m_top.to(dtype), d_top.to(dtype), scale.to(dtype), shift.to(dtype), d_scale.to(dtype))
-    return idx, terms, pieces, ref, keep, j < big + (big == n)
+    d_scale = scale / tau
+    if not isinstance(k, torch.Tensor):
+        d_top, d_scale = d_top.masked_fill_(drop, 0.0), d_scale.masked_fill_(drop, 0.0)
+    shift = scale * short  # a short row's -inf entries outside the candidates
+    return idx, terms, (m_top, d_top, scale, shift, d_scale), ref, drop, j < big + (big == n)
 
 
-def _assemble(base: torch.Tensor, terms, idx, top, scale, shift=None) -> torch.Tensor:
-    """A row quantity: ``terms * scale + shift`` with the candidates' values ``top`` in place."""
+def _assemble(base: torch.Tensor, terms, idx, top, scale, shift=None, negate=False) -> torch.Tensor:
+    """A row quantity: ``terms * scale + shift`` (``1 - ...`` with ``negate``) with the candidates'
+    values ``top`` in place."""
     if terms is None:  # the candidates are the whole row
         return torch.scatter(base, -1, idx, top)
-    rest = terms * scale if shift is None else torch.addcmul(shift, terms, scale)
+    if shift is None:
+        rest = terms * scale
+    else:
+        rest = torch.addcmul(1 - shift, terms, scale, value=-1) if negate else torch.addcmul(shift, terms, scale)
     return rest.scatter(-1, idx, top)
 
 
@@ -135,21 +140,21 @@ class _LaplaceMask(torch.autograd.Function):
     def forward(x: torch.Tensor, tau, k, big: int, negate: bool = False, hard: int = 0):
         # x (B, n); tau a float or broadcastable to (B, 1); k an int or (B, 1); big = K candidates;
         # hard > 0: the output is the k-hot mask of torch.topk(x, hard), the gradient the soft one's
-        idx, terms, (m_top, d_top, scale, shift, d_scale), ref, keep, valid = _solve(x, tau, k, big, negate)
+        idx, terms, (m_top, d_top, scale, shift, d_scale), ref, drop, valid = _solve(x, tau, k, big, negate)
         d = _assemble(x, terms, idx, d_top, d_scale)
         if hard:
             mask = torch.zeros_like(x).scatter_(-1, x.topk(hard, -1).indices, 1.0)
         else:
-            mask = _assemble(x, terms, idx, m_top, scale, shift)
-        return mask, d, ref, keep, valid
+            mask = _assemble(x, terms, idx, m_top, scale, shift, negate)
+        return mask, d, ref, drop, valid
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
         x, tau, k = inputs[:3]
         negate = len(inputs) > 4 and inputs[4]
-        _, d, ref, keep, _ = output
+        _, d, ref, drop, _ = output
         tau_t = tau if isinstance(tau, torch.Tensor) else None
-        ctx.save_for_backward(x, d, ref, keep, tau_t)
+        ctx.save_for_backward(x, d, ref, drop, tau_t)
         ctx.tau, ctx.negate = tau, negate
         ctx.k_shape = k.shape if isinstance(k, torch.Tensor) else None
         ctx.set_materialize_grads(False)
@@ -157,14 +162,14 @@ class _LaplaceMask(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, *_):
-        x, d, ref, keep, tau_t = ctx.saved_tensors
+        x, d, ref, drop, tau_t = ctx.saved_tensors
         none = (None,) * (len(ctx.needs_input_grad) - 3)
         if grad is None:
             return None, None, None, *none
-        return (*_backward(ctx, x, d, ref, keep, tau_t, grad), *none)
+        return (*_backward(ctx, x, d, ref, drop, tau_t, grad), *none)
 
 
-def _backward(ctx, x, d, ref, keep, tau_t, grad):
+def _backward(ctx, x, d, ref, drop, tau_t, grad):
     """``d ⊙ (g - ḡ)`` with ``ḡ = Σ d g / Σ d``, and the gradients of ``τ`` and ``k``."""
     dot = torch.bmm(d.unsqueeze(-2), grad.unsqueeze(-1)).squeeze(-1)
     gbar = dot / d.sum(-1, keepdim=True).clamp_min_(torch.finfo(d.dtype).tiny)  # Σd = 0: a hard row
@@ -172,10 +177,10 @@ def _backward(ctx, x, d, ref, keep, tau_t, grad):
     if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
         grad_x = (grad - gbar).mul_(d)
         if ctx.k_shape is not None:
-            grad_x = torch.where(keep, grad_x, 0.0)
+            grad_x = grad_x.masked_fill_(drop, 0.0)
     if ctx.needs_input_grad[1]:
         # -(1/τ) Σ (x - ref) ∂L/∂x, with the ±inf entries (d = 0) and degenerate rows left out
-        centred = torch.where((d > 0) & keep, (-x if ctx.negate else x) - ref, 0.0)
+        centred = (torch.sub(ref, x) if ctx.negate else torch.sub(x, ref)).masked_fill_((d == 0) | drop, 0.0)
         grad_tau = _sum_to(-torch.linalg.vecdot(centred, grad_x).unsqueeze(-1) / tau_t, tau_t.shape)
         grad_tau = -grad_tau if ctx.negate else grad_tau
     if ctx.needs_input_grad[2]:
