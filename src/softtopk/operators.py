@@ -18,6 +18,7 @@ from ._layout import along_rows, per_row
 from ._registry import register_tensor_params, resolve
 from ._validation import check_bool, check_dim, check_k, check_k_tensor, check_scales, check_scores, check_topk_args
 from .ops.compute import compute_dtype
+from .ops.lapsum import lapsum_topk
 from .ops.sparse import hard_mask_rows, sparse_mag_rows
 
 __all__ = [
@@ -268,10 +269,12 @@ def topk(
         >>> out.indices, out.weights.detach().round(decimals=3)
         (tensor([[1, 3]]), tensor([[0.9590, 0.8890]]))
         >>> hard = softtopk.topk(x, 2, tau=0.5, hard=True)
-        >>> hard.weights
-        tensor([[1., 1.]], grad_fn=<GatherBackward0>)
+        >>> hard.weights.detach(), hard.weights.requires_grad
+        (tensor([[1., 1.]]), True)
     """
     x, dim, k = check_topk_args(x, k, dim)
+    if method == "lapsum":  # one kernel for the selection and the weights
+        return _lapsum_topk(x, k, dim, check_bool("largest", largest), params)
     mask = soft_topk(x, k, method=method, dim=dim, largest=largest, **params)
     moved = x.movedim(dim, -1)
     rows = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
@@ -280,6 +283,18 @@ def topk(
     shape = (*moved.shape[:-1], k)
     indices = index.reshape(shape).movedim(-1, dim)
     return TopK(x.gather(dim, indices), indices, mask.gather(dim, indices))
+
+
+def _lapsum_topk(x: torch.Tensor, k: int, dim: int, largest: bool, params: dict[str, Any]) -> TopK:
+    spec, params = resolve("lapsum", params, "mask")
+    check_scales(params, x.dtype)
+    _per_row_params(spec, params, x, dim)
+    moved = x.movedim(dim, -1)
+    rows = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
+    values, index, weights = lapsum_topk(rows if largest else -rows, k, params["tau"], hard=params["hard"])
+    shape = (*moved.shape[:-1], k)
+    values = (values if largest else -values).to(x.dtype)
+    return TopK(*(t.reshape(shape).movedim(-1, dim) for t in (values, index, weights.to(x.dtype))))
 
 
 class SoftTopK(torch.nn.Module):

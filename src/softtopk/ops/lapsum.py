@@ -155,7 +155,7 @@ class _LaplaceMask(torch.autograd.Function):
         _, d, ref, drop, _ = output
         tau_t = tau if isinstance(tau, torch.Tensor) else None
         ctx.save_for_backward(x, d, ref, drop, tau_t)
-        ctx.tau, ctx.negate = tau, negate
+        ctx.negate = negate
         ctx.k_shape = k.shape if isinstance(k, torch.Tensor) else None
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*output[1:])
@@ -169,23 +169,75 @@ class _LaplaceMask(torch.autograd.Function):
         return (*_backward(ctx, x, d, ref, drop, tau_t, grad), *none)
 
 
+class _LaplaceWeights(torch.autograd.Function):
+    """The mask at ``index`` (B, k), ``torch.topk(x, k)``'s (``2k <= n``): the first ``k``
+    candidates' masks, the same values, without the row's mask; ones forward with ``hard``."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, tau, k: int, index: torch.Tensor, hard: bool):
+        idx, terms, (m_top, d_top, _, _, d_scale), ref, drop, _ = _solve(x, tau, k, 2 * k, False)
+        d = _assemble(x, terms, idx, d_top, d_scale)
+        weights = torch.ones_like(m_top[:, :k]) if hard else m_top[:, :k]
+        return weights, d, d_top[:, :k], ref, drop
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, tau, _, index, _ = inputs
+        _, d, picked, ref, drop = output
+        ctx.save_for_backward(x, index, d, picked, ref, drop, tau if isinstance(tau, torch.Tensor) else None)
+        ctx.negate, ctx.k_shape = False, None
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(*output[1:])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, *_):
+        x, index, d, picked, ref, drop, tau_t = ctx.saved_tensors
+        if grad is None:
+            return None, None, None, None, None
+        picked = picked * grad  # d g at the k entries, 0 elsewhere
+        gbar = picked.sum(-1, keepdim=True) / d.sum(-1, keepdim=True).clamp_min_(torch.finfo(d.dtype).tiny)
+        grad_x = (d * -gbar).scatter_add_(-1, index, picked)
+        return (grad_x if ctx.needs_input_grad[0] else None), _tau_grad(ctx, x, d, ref, drop, tau_t, grad_x), \
+            None, None, None
+
+
+def lapsum_topk(x: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0, *, hard: bool = False):
+    """``torch.topk(x, k)`` of rows ``x`` (B, n) with the Laplace mask at the chosen entries
+    (differentiable; ones forward with ``hard``): ``(values, indices, weights)``."""
+    if isinstance(tau, torch.Tensor):
+        tau = tau.to(x.dtype)
+    top = x.topk(k, -1)
+    if 2 * k <= x.shape[-1]:
+        weights = _LaplaceWeights.apply(x, tau, k, top.indices, hard)[0]
+    else:
+        weights = lapsum_mask(x, k, tau, hard=hard).gather(-1, top.indices)
+    return top.values, top.indices, weights
+
+
 def _backward(ctx, x, d, ref, drop, tau_t, grad):
     """``d ⊙ (g - ḡ)`` with ``ḡ = Σ d g / Σ d``, and the gradients of ``τ`` and ``k``."""
     dot = torch.bmm(d.unsqueeze(-2), grad.unsqueeze(-1)).squeeze(-1)
     gbar = dot / d.sum(-1, keepdim=True).clamp_min_(torch.finfo(d.dtype).tiny)  # Σd = 0: a hard row
-    grad_x = grad_tau = grad_k = None
+    grad_x = grad_k = None
     if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
         grad_x = (grad - gbar).mul_(d)
         if ctx.k_shape is not None:
             grad_x = grad_x.masked_fill_(drop, 0.0)
-    if ctx.needs_input_grad[1]:
-        # -(1/τ) Σ (x - ref) ∂L/∂x, with the ±inf entries (d = 0) and degenerate rows left out
-        centred = (torch.sub(ref, x) if ctx.negate else torch.sub(x, ref)).masked_fill_((d == 0) | drop, 0.0)
-        grad_tau = _sum_to(-torch.linalg.vecdot(centred, grad_x).unsqueeze(-1) / tau_t, tau_t.shape)
-        grad_tau = -grad_tau if ctx.negate else grad_tau
     if ctx.needs_input_grad[2]:
         grad_k = _sum_to(gbar, ctx.k_shape)
-    return (grad_x if ctx.needs_input_grad[0] else None), grad_tau, grad_k
+    return (grad_x if ctx.needs_input_grad[0] else None), _tau_grad(ctx, x, d, ref, drop, tau_t, grad_x), grad_k
+
+
+def _tau_grad(ctx, x, d, ref, drop, tau_t, grad_x):
+    """``∂L/∂τ = -(1/τ) Σ (x - ref) ∂L/∂x`` (None unless ``τ`` is a tensor that needs it)."""
+    if not ctx.needs_input_grad[1]:
+        return None
+    # the ±inf entries (d = 0) and degenerate rows left out; -x's reference for the complement
+    centred = (torch.sub(ref, x) if ctx.negate else torch.sub(x, ref)).masked_fill_((d == 0) | drop, 0.0)
+    grad_tau = -torch.linalg.vecdot(centred, grad_x).unsqueeze(-1) / tau_t
+    return _sum_to(-grad_tau if ctx.negate else grad_tau, tau_t.shape)
 
 
 def _sum_to(value: torch.Tensor, shape: torch.Size) -> torch.Tensor:
