@@ -113,10 +113,10 @@ def _solve(x: torch.Tensor, tau: float | torch.Tensor, k: int | torch.Tensor, bi
     # a degenerate row has no gradient in x: cut here for an int k, in backward for a tensor k,
     # whose gradient the model's d gives (the tied entries' mean upstream gradient)
     d_top = half / tau
-    scale = half[:, -1:]  # F'(z) = F(z) of the last candidate, below t: the other entries' scale
-    d_scale = scale / tau
     if not isinstance(k, torch.Tensor):
-        d_top, d_scale = d_top.masked_fill_(drop, 0.0), d_scale.masked_fill_(drop, 0.0)
+        d_top = d_top.masked_fill_(drop, 0.0)
+    # F'(z) = F(z) of the last candidate, below t: the other entries' scale (of m and of d)
+    scale, d_scale = half[:, -1:], d_top[:, -1:]
     shift = scale * short  # a short row's -inf entries outside the candidates
     return idx, terms, (m_top, d_top, scale, shift, d_scale), ref, drop, j < big + (big == n)
 
