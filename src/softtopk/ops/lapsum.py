@@ -14,7 +14,9 @@ largest entries: one ``topk(2k)`` gives every segment, and the rest of the row e
 ``rest``, one exponential sum over the row. ``P`` and ``Q`` are two cumulative sums in float64 of
 ``e^{∓a}`` with ``a`` clamped to ``±C``: no overflow, and ``PQ <= K (K + n)`` since ``a`` is sorted.
 The segment holding the root is the number of segments whose root lies below their lowest score
-(``S`` decreases, so those segments come first). ``k > n/2`` uses ``m(x, k) = 1 - m(-x, n-k)``; a
+(``S`` decreases, so those segments come first). A score more than ``Cτ`` from the k-th largest
+counts as ``Cτ`` away in the solve (``C = 300``): the masks, taken from the exact scores, move by
+less than ``e^{-C/2}``. ``k > n/2`` uses ``m(x, k) = 1 - m(-x, n-k)``; a
 per-row tensor ``k`` sorts the whole row (``K = n``, the last segment has every entry above ``t``).
 
 **±inf in the same pass.** The candidates are clamped to the finite range: then the degenerate rows
@@ -38,6 +40,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from .compute import compute_dtype
 
 _WIDE = torch.float64
 _C = 300.0  # |a| clamp: e^{±C} and the products of the sums stay normal float64 numbers
@@ -203,17 +207,23 @@ class _LaplaceWeights(torch.autograd.Function):
             None, None, None
 
 
-def lapsum_topk(x: torch.Tensor, k: int, tau: float | torch.Tensor = 1.0, *, hard: bool = False):
-    """``torch.topk(x, k)`` of rows ``x`` (B, n) with the Laplace mask at the chosen entries
-    (differentiable; ones forward with ``hard``): ``(values, indices, weights)``."""
-    if isinstance(tau, torch.Tensor):
-        tau = tau.to(x.dtype)
-    top = x.topk(k, -1)
-    if 2 * k <= x.shape[-1]:
-        weights = _LaplaceWeights.apply(x, tau, k, top.indices, hard)[0]
+def lapsum_topk(x: torch.Tensor, k: int, dim: int, largest: bool, *, tau: float | torch.Tensor = 1.0,
+                hard: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.topk(x, k, dim, largest)`` with the Laplace mask at the chosen entries
+    (differentiable; ones forward with ``hard``): ``(values, indices, weights)``; a tensor ``tau``
+    is (B, 1), aligned with the rows of ``x`` along ``dim``."""
+    moved = x.movedim(dim, -1)
+    rows = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
+    rows = rows if largest else -rows
+    tau = tau.to(rows.dtype) if isinstance(tau, torch.Tensor) else tau
+    values, index = rows.topk(k, -1)
+    if 2 * k <= rows.shape[-1]:
+        weights = _LaplaceWeights.apply(rows, tau, k, index, hard)[0]
     else:
-        weights = lapsum_mask(x, k, tau, hard=hard).gather(-1, top.indices)
-    return top.values, top.indices, weights
+        weights = lapsum_mask(rows, k, tau, hard=hard).gather(-1, index)
+    values = values if largest else -values
+    return tuple(t.reshape(*moved.shape[:-1], k).movedim(-1, dim) for t in
+                 (values.to(x.dtype), index, weights.to(x.dtype)))
 
 
 def _backward(ctx, x, d, ref, drop, tau_t, grad):
