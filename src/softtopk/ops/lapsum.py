@@ -105,7 +105,8 @@ def _solve(x: torch.Tensor, tau: float | torch.Tensor, k: int | torch.Tensor, bi
         # row's rest is its -inf entries, tied with the last candidate
         last = clamped[:, -1:]
         terms = (torch.sub(last, x) if negate else torch.sub(x, last)).div_(tau).clamp_(max=0.0).exp_()
-        count = terms.sum(-1, keepdim=True, dtype=_WIDE).sub_(big).clamp_min(1e-30)
+        # (summed in the score dtype: a float64 sum of float32 terms casts the whole row first)
+        count = terms.sum(-1, keepdim=True).to(_WIDE).sub_(big).clamp_min(1e-30)
         rest = count.masked_fill_(short, n - big).mul_(e[:, -1:])
     tt, j = _roots(a, e, rest, k)
     z = scaled - tt
@@ -134,7 +135,7 @@ def _assemble(base: torch.Tensor, terms, idx, top, scale, shift=None, negate=Fal
         rest = terms * scale
     else:
         rest = torch.addcmul(1 - shift, terms, scale, value=-1) if negate else torch.addcmul(shift, terms, scale)
-    return rest.scatter(-1, idx, top)
+    return rest.scatter_(-1, idx, top)
 
 
 class _LaplaceMask(torch.autograd.Function):
