@@ -212,7 +212,8 @@ _REGISTRY["lapsum"] = _Method(
         "smooth, dense, in (0, 1); tau and a per-row k may be tensors (with gradients)",
     ),
     None,
-    _with_hard(lambda x, k, tau: lapsum_mask(x, k, tau)),
+    # ±inf and hard=True inside the kernel: one topk and no value read
+    lambda x, k, *, hard, tau: lapsum_mask(x, k, tau, hard=hard),
     checks={"tau": check_positive_or_tensor, "hard": check_bool},
     tensor_args=("k", "tau"),
 )

@@ -18,6 +18,7 @@ from ._layout import along_rows, per_row
 from ._registry import register_tensor_params, resolve
 from ._validation import check_bool, check_dim, check_k, check_k_tensor, check_scales, check_scores, check_topk_args
 from .ops.compute import compute_dtype
+from .ops.lapsum import lapsum_topk
 from .ops.sparse import hard_mask_rows, sparse_mag_rows
 
 __all__ = [
@@ -255,11 +256,9 @@ def topk(
 ) -> TopK:
     """Hard top-k with differentiable weights, for routers (mixture of experts) and pruning.
 
-    ``values`` and ``indices`` are ``torch.topk(x, k, dim, largest)`` (sorted, ``torch.topk``'s
-    choice among ties); ``weights`` is :func:`soft_topk`'s mask (same ``method`` and parameters)
-    gathered at ``indices``: differentiable in ``x`` (and in tensor parameters such as ``tau``).
-    With ``hard=True`` the weights are exactly 1 in the forward pass and carry the soft mask's
-    gradient, so the dispatch is the hard top-k and the router still learns.
+    ``values``, ``indices``: ``torch.topk(x, k, dim, largest)``'s (its choice among ties); ``weights``:
+    :func:`soft_topk`'s mask (same ``method`` and parameters) at ``indices``, differentiable in ``x``
+    and tensor parameters; ``hard=True``: exactly 1 forward with the soft mask's gradient (routers).
 
     Example:
         >>> import torch, softtopk
@@ -267,19 +266,20 @@ def topk(
         >>> out = softtopk.topk(x, 2, tau=0.5)
         >>> out.indices, out.weights.detach().round(decimals=3)
         (tensor([[1, 3]]), tensor([[0.9590, 0.8890]]))
-        >>> hard = softtopk.topk(x, 2, tau=0.5, hard=True)
-        >>> hard.weights
-        tensor([[1., 1.]], grad_fn=<GatherBackward0>)
+        >>> softtopk.topk(x, 2, tau=0.5, hard=True).weights  # ones, with the soft mask's gradient
+        tensor([[1., 1.]], grad_fn=<PermuteBackward0>)
     """
     x, dim, k = check_topk_args(x, k, dim)
+    if method == "lapsum":  # one solve gives the selection and the weights
+        spec, params = resolve(method, params, "mask")
+        check_scales(params, x.dtype)
+        _per_row_params(spec, params, x, dim)
+        return TopK(*lapsum_topk(x, k, dim, check_bool("largest", largest), **params))
     mask = soft_topk(x, k, method=method, dim=dim, largest=largest, **params)
-    moved = x.movedim(dim, -1)
-    rows = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
-    # the hard selection of ``hard=True`` (the same rows, the same topk), so its weights are 1
-    index = (rows if largest else -rows).topk(k, dim=-1).indices
-    shape = (*moved.shape[:-1], k)
-    indices = index.reshape(shape).movedim(-1, dim)
+    rows = x.movedim(dim, -1).to(compute_dtype(x.dtype))
+    indices = (rows if largest else -rows).topk(k, dim=-1).indices.movedim(-1, dim)  # hard=True's, weights 1
     return TopK(x.gather(dim, indices), indices, mask.gather(dim, indices))
+
 
 
 class SoftTopK(torch.nn.Module):

@@ -5,18 +5,31 @@
     F(z) = \\begin{cases} \\tfrac12 e^{z} & z < 0 \\\\ 1 - \\tfrac12 e^{-z} & z \\ge 0 \\end{cases},
     \\qquad \\textstyle\\sum_i m_i = k .
 
-**Exact threshold without a full sort.** If ``j`` entries lie above ``t``, the sum is
-``j - A u / 2 + B / (2u)`` with ``u = e^{t/τ}``, ``A = Σ_{above} e^{-x/τ}``, ``B = Σ_{below} e^{x/τ}``:
-``A u² + 2(k-j) u - B = 0`` gives ``u`` in closed form. Every entry above ``t`` has ``m > 1/2``, so
-``j < 2k`` and (for ``k <= n/2``) the threshold lies among the ``K = 2k`` largest entries: one
-``topk(2k)`` gives every candidate segment; the rest of the row enters only through
-``R = Σ_{rest} e^{x/τ}``, one masked exponential sum. All sums are taken in log space (no overflow
-or underflow for any ``τ``). ``k > n/2`` uses ``m(x, k) = 1 - m(-x, n-k)``; a per-row tensor ``k``
-sorts the whole row (``K = n``).
+**Exact threshold without a full sort.** With the scaled scores ``a`` (descending, relative to the
+k-th largest) and ``j`` of them above ``t' = t/τ``, the sum is ``j - P u/2 + Q/(2u)``, ``u = e^{t'}``,
+``P = Σ_{i<j} e^{-a_i}``, ``Q = Σ_{i>=j} e^{a_i} + rest``; its root is
+``t'_j = ½ log(Q/P) - asinh((k - j)/√(PQ))`` (stable for either sign of ``k - j``). Every entry
+above ``t`` has ``m > 1/2``, so ``j < 2k`` and (for ``k <= n/2``) ``t`` lies among the ``K = 2k``
+largest entries: one ``topk(2k)`` gives every segment, and the rest of the row enters only through
+``rest``, one exponential sum over the row. ``P`` and ``Q`` are two cumulative sums in float64 of
+``e^{∓a}`` with ``a`` clamped to ``±C``: no overflow, and ``PQ <= K (K + n)`` since ``a`` is sorted.
+The segment holding the root is the number of segments whose root lies below their lowest score
+(``S`` decreases, so those segments come first). A score more than ``Cτ`` from the k-th largest
+counts as ``Cτ`` away in the solve (``C = 300``): the masks, taken from the exact scores, move by
+less than ``e^{-C/2}``. ``k > n/2`` uses ``m(x, k) = 1 - m(-x, n-k)``; a
+per-row tensor ``k`` sorts the whole row (``K = n``, the last segment has every entry above ``t``).
 
-**Analytic backward, O(n).** With ``d_i = F'(z_i)`` and ``w = d / Σd`` (implicit function theorem on
-``Σ m = k``): ``∂L/∂x = (d/τ) ⊙ (g - Σ w g)``, ``∂L/∂τ = -(1/τ) Σ g d (z - Σ w z)``,
-``∂L/∂k = Σ w g``. Since ``F' = min(F, 1-F)``, ``d`` is read off the mask.
+**±inf in the same pass.** The candidates are clamped to the finite range: then the degenerate rows
+of :mod:`softtopk._extended` come out of the same solve as ties at the end of the range: ``p >= k``
+entries at ``+inf`` (the k-th candidate is ``+inf``) tie at the top and share ``k``; with at most
+``k`` entries above ``-inf`` (the (k+1)-th candidate is ``-inf``) those are selected and the
+``-inf`` entries tie and share the rest. Those rows get gradient 0; in the others a ``+inf`` entry
+has mask 1 and a ``-inf`` entry mask 0, both with gradient 0 (``e^{∓inf} = 0``).
+
+**Analytic backward, O(n).** With ``d_i = F'(z_i)/τ`` and ``w = d / Σd`` (implicit function theorem
+on ``Σ m = k``): ``∂L/∂x = d ⊙ (g - Σ w g)``, ``∂L/∂k = Σ w g`` and, as the threshold cancels,
+``∂L/∂τ = -(1/τ) Σ (x - r) ∂L/∂x`` for any per-row ``r``. The forward saves ``d`` (the rest of the
+row has ``d = m/τ``, a scale of the exponential sum's terms).
 
 Reference: Struski et al., "LapSum - One Method to Differentiate Them All" (ICML 2025) for the
 Laplace-CDF sum; the threshold search above is this library's.
@@ -28,105 +41,214 @@ import math
 
 import torch
 
-from .compute import can_inspect
+from .compute import compute_dtype
 
-_NEG_INF = float("-inf")
-_SATURATED = 2.0**20  # |(x - ref)/τ| beyond which F is 0 or 1 and F' is 0 in float64
+_WIDE = torch.float64
+_C = 300.0  # |a| clamp: e^{±C} and the products of the sums stay normal float64 numbers
+_FLOOR = 1e-150  # stands for an empty sum in P (no entry above) and Q (no entry below)
+_LN2 = math.log(2.0)
 
 
-def _solve_log_threshold(a: torch.Tensor, log_rest: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``t/τ`` (B, 1) from the ``K`` largest scaled scores ``a`` (B, K, descending) and the log of the
-    rest's exponential sum ``log_rest`` (B, 1); ``k`` (B, 1) or a scalar tensor."""
+def _at(vals: torch.Tensor, k: int | torch.Tensor, offset: float) -> torch.Tensor:
+    """``vals[:, ceil(k + offset) - 1]`` as (B, 1): the k-th (``offset = 0``) or (floor k + 1)-th
+    (``offset = 1``, for a fractional ``k`` too) largest."""
+    if isinstance(k, int):
+        return vals[:, k - 1 + int(offset) : k + int(offset)]
+    index = (k.floor() + offset if offset else k.ceil()).long() - 1
+    return vals.gather(-1, index.clamp(0, vals.shape[-1] - 1).expand(vals.shape[0], 1))
+
+
+def _roots(a: torch.Tensor, e: torch.Tensor, rest: torch.Tensor, k: int | torch.Tensor):
+    """``t'`` (B, 1) and the segment index (B, 1) from the clamped scaled candidates ``a`` (B, K,
+    descending, float64), ``e = e^a`` and the rest's ``Σ e^a`` (B, 1), positive."""
     big = a.shape[-1]
-    # log A_j (j entries above): A_0 = 0, A_j = Σ_{i<j} e^{-a_i}
-    log_a = torch.cat([a.new_full((a.shape[0], 1), _NEG_INF), torch.logcumsumexp(-a[:, :-1], -1)], -1)
-    # log B_j = log(Σ_{i>=j} e^{a_i} + R)
-    log_b = torch.logaddexp(torch.logcumsumexp(a.flip(-1), -1).flip(-1), log_rest)
-    c = k - torch.arange(big, device=a.device, dtype=a.dtype)
-    log_c = c.abs().log()
-    log_root = 0.5 * torch.logaddexp(2 * log_c, log_a + log_b)  # log sqrt(c² + AB)
-    log_sum = torch.logaddexp(log_c, log_root)  # log(|c| + sqrt(c² + AB))
-    log_u = torch.where(c >= 0, log_b - log_sum, log_sum - log_a)
-    upper = torch.cat([a.new_full((a.shape[0], 1), float("inf")), a[:, :-1]], -1)
-    violation = (a - log_u).clamp_min(0) + (log_u - upper).clamp_min(0)
-    best, j = violation.min(-1, keepdim=True)
-    # a row is solved when its best segment holds t up to rounding; otherwise t lies below a_K
-    valid = best <= 1e-9 * (1 + a.gather(-1, j).abs())  # float64: rounding only
-    return log_u.gather(-1, j).clamp(a.gather(-1, j), upper.gather(-1, j)), valid
+    p = torch.nn.functional.pad(e.reciprocal(), (1, 0), value=_FLOOR).cumsum(-1)  # P_j, j = 0..K
+    q = torch.cat([e, rest], -1).flip(-1).cumsum(-1).flip(-1)  # Q_j, j = 0..K
+    if isinstance(k, int):  # c = k - j
+        c = torch.arange(k, k - big - 1, -1, device=a.device, dtype=_WIDE)
+    else:
+        c = k.to(_WIDE) - torch.arange(big + 1, device=a.device, dtype=_WIDE)
+    g = (p * q).rsqrt_()
+    roots = (q * g).log_().sub_(torch.asinh(c * g))  # ½ log(Q/P) - asinh(c/√PQ)
+    j = (roots[:, :big] < a).sum(-1, keepdim=True)
+    return roots.gather(-1, j), j
+
+
+def _solve(x: torch.Tensor, tau: float | torch.Tensor, k: int | torch.Tensor, big: int, negate: bool):
+    """The soft mask's pieces for rows ``x`` (B, n) (the complement's, ``1 - m(-x)``, with
+    ``negate``): candidate indices (B, K), their masks and ``d`` (B, K), the exponential terms of
+    the row (B, n, or None when ``K = n``) with the affine map ``(scale, shift)`` giving the other
+    entries' masks and their ``d`` scale, the per-row reference score (of ``±x``), the rows without
+    gradient in ``x`` and whether the segment lay among the candidates."""
+    n = x.shape[-1]
+    info = torch.finfo(x.dtype)
+    if big == n:
+        vals, idx = x.sort(-1, descending=not negate)
+    else:
+        vals, idx = x.topk(big, -1, largest=not negate)
+    top = -math.inf if negate else math.inf  # +inf of the scores ±x
+    # ±inf become the ends of the finite range: the degenerate rows solve as ties there
+    clamped = vals.clamp(info.min, info.max)
+    ref = _at(clamped, k, 0.0)
+    short = _at(vals, k, 1.0) == -top  # at most k entries above -inf
+    drop = (_at(vals, k, 0.0) == top) | short  # degenerate: no gradient in x
+    # (±x - ref)/τ, descending, in float64
+    scaled = (torch.sub(ref, clamped) if negate else torch.sub(clamped, ref)).to(_WIDE).div_(
+        tau.to(_WIDE) if isinstance(tau, torch.Tensor) else tau)
+    a = scaled.clamp(-_C, _C)
+    e = a.exp()
+    if big == n:
+        terms, rest = None, torch.full_like(scaled[:, :1], _FLOOR)
+    else:
+        # Σ_{not among the K largest} e^{(±x - s_K)/τ}, every term in [0, 1]: the candidates count 1
+        # each, but a -inf one counts 0 (then the rest is all -inf, and the clamp gives 0); a short
+        # row's rest is its -inf entries, tied with the last candidate
+        last = clamped[:, -1:]
+        terms = (torch.sub(last, x) if negate else torch.sub(x, last)).div_(tau).clamp_(max=0.0).exp_()
+        # (summed in the score dtype: a float64 sum of float32 terms casts the whole row first)
+        count = terms.sum(-1, keepdim=True).to(_WIDE).sub_(big).clamp_min(1e-30)
+        rest = count.masked_fill_(short, n - big).mul_(e[:, -1:])
+    tt, j = _roots(a, e, rest, k)
+    z = scaled - tt
+    half = torch.rsub(z.abs(), -_LN2).exp_().to(x.dtype)  # F'(z) = e^{-|z|} / 2
+    above = z >= 0
+    m_top = torch.where(above, 1 - half, half)
+    if negate:  # 1 - m(-x), as it rounds: exactly 0 where m(-x) rounds to 1
+        m_top = 1 - m_top
+    # a degenerate row has no gradient in x: cut here for an int k, in backward for a tensor k,
+    # whose gradient the model's d gives (the tied entries' mean upstream gradient)
+    d_top = half / tau
+    if not isinstance(k, torch.Tensor):
+        d_top = d_top.masked_fill_(drop, 0.0)
+    # F'(z) = F(z) of the last candidate, below t: the other entries' scale (of m and of d)
+    scale, d_scale = half[:, -1:], d_top[:, -1:]
+    shift = scale * short  # a short row's -inf entries outside the candidates
+    return idx, terms, (m_top, d_top, scale, shift, d_scale), ref, drop, j < big + (big == n)
+
+
+def _assemble(base: torch.Tensor, terms, idx, top, scale, shift=None, negate=False) -> torch.Tensor:
+    """A row quantity: ``terms * scale + shift`` (``1 - ...`` with ``negate``) with the candidates'
+    values ``top`` in place."""
+    if terms is None:  # the candidates are the whole row
+        return torch.scatter(base, -1, idx, top)
+    if shift is None:
+        rest = terms * scale
+    else:
+        rest = torch.addcmul(1 - shift, terms, scale, value=-1) if negate else torch.addcmul(shift, terms, scale)
+    return rest.scatter_(-1, idx, top)
 
 
 class _LaplaceMask(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, tau: torch.Tensor, k: torch.Tensor, big: int) -> torch.Tensor:
-        # x (B, n); tau, k broadcastable to (B, 1); big = number of candidates K
-        n = x.shape[-1]
-        inv_tau = tau.reciprocal()
-        # scores are measured from ``ref``, the k-th largest, near which t lies, and the (B, K)
-        # threshold search runs in float64: a row may span ~1e9 τ, far beyond float32's resolution
-        if big == n:  # whole row sorted; a -inf sentinel adds the segment "all n above t"
-            vals, idx = x.sort(-1, descending=True)
+    def forward(x: torch.Tensor, tau, k, big: int, negate: bool = False, hard: int = 0):
+        # x (B, n); tau a float or broadcastable to (B, 1); k an int or (B, 1); big = K candidates;
+        # hard > 0: the output is the k-hot mask of torch.topk(x, hard), the gradient the soft one's
+        idx, terms, (m_top, d_top, scale, shift, d_scale), ref, drop, valid = _solve(x, tau, k, big, negate)
+        d = _assemble(x, terms, idx, d_top, d_scale)
+        if hard:
+            mask = torch.zeros_like(x).scatter_(-1, x.topk(hard, -1).indices, 1.0)
         else:
-            vals, idx = x.topk(big, -1)
-        wide = torch.float64
-        kth = (k.expand(x.shape[0], 1).ceil().long() - 1).clamp(0, big - 1)
-        ref = vals.gather(-1, kth)
-        # clamped to ±C: an entry beyond C has mask exactly 0 or 1 and no weight in the threshold in
-        # float64 either way, and log-space sums of size C keep ~1e-10 absolute precision (unclamped,
-        # a spread of 1e20 τ rounds the threshold to the wrong segment); ±inf become ±C
-        a = ((vals - ref).to(wide) * inv_tau.to(wide)).clamp_(-_SATURATED, _SATURATED)
-        if big == n:
-            a = torch.cat([a, a.new_full((x.shape[0], 1), _NEG_INF)], -1)
-            log_rest = a.new_full((x.shape[0], 1), _NEG_INF)
-            scaled = torch.zeros_like(x)
-        else:
-            # rest: Σ_{not among the K largest} e^{(x - s_K)/τ}, every term in (0, 1]
-            # exp(max(z, floor)) - exp(floor): exactly 0 at -inf, within exp(floor) ~ 1e-35 of exp(z)
-            # elsewhere, with no branch (exp of -inf or of subnormal results takes libm's slow path,
-            # and a where on a random mask mispredicts: each costs as much as the exp on CPU); last
-            # is made finite so that -inf - last is never NaN
-            floor = math.log(torch.finfo(x.dtype).tiny) + 8.0
-            last = vals[:, -1:].clamp_min(torch.finfo(x.dtype).min)
-            scaled = ((x - last) * inv_tau).clamp_(floor, 0.0).exp_().sub_(math.exp(floor)).clamp_min_(0.0)
-            scaled = scaled.scatter_(-1, idx, 0.0)
-            log_rest = scaled.sum(-1, keepdim=True).to(wide).log_() + a[:, big - 1 : big]
-        tt, valid = _solve_log_threshold(a, log_rest, k.to(wide))
-        z_top = a[:, : vals.shape[-1]] - tt
-        half_e = 0.5 * torch.exp(-z_top.abs())
-        m_top = torch.where(z_top >= 0, 1 - half_e, half_e).to(x.dtype)
-        # the rest lies below t, where m = F'(z) = e^z / 2; d = F'(z)/τ is what backward needs
-        rest_scale = (0.5 * torch.exp(a[:, big - 1 : big] - tt)).to(x.dtype)
-        mask = (scaled * rest_scale).scatter_(-1, idx, m_top)
-        d = scaled.mul_(rest_scale * inv_tau).scatter_(-1, idx, half_e.to(x.dtype) * inv_tau)
-        total = ((0.5 * torch.exp(log_rest - tt) + half_e.sum(-1, keepdim=True)).to(x.dtype)) * inv_tau  # Σ d
-        tt = tt.to(x.dtype)
-        return mask, d, total, tt, ref, valid
+            mask = _assemble(x, terms, idx, m_top, scale, shift, negate)
+        return mask, d, ref, drop, valid
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, tau, k, _ = inputs
-        _, d, total, tt, ref, _ = output
-        ctx.save_for_backward(x, tau, d, total, tt, ref)
-        ctx.k_shape = k.shape
+        x, tau, k = inputs[:3]
+        negate = len(inputs) > 4 and inputs[4]
+        _, d, ref, drop, _ = output
+        tau_t = tau if isinstance(tau, torch.Tensor) else None
+        ctx.save_for_backward(x, d, ref, drop, tau_t)
+        ctx.negate = negate
+        ctx.k_shape = k.shape if isinstance(k, torch.Tensor) else None
+        ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*output[1:])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor, *_):
-        x, tau, d, total, tt, ref = ctx.saved_tensors
-        # total == 0 only when every F'(z) underflows: the mask is hard there and its gradient 0
-        safe = torch.where(total > 0, total, torch.ones_like(total))
-        gbar = torch.linalg.vecdot(d, grad).unsqueeze(-1) / safe
-        grad_x = grad_tau = grad_k = None
-        if ctx.needs_input_grad[0]:
-            grad_x = (grad - gbar).mul_(d)
-        if ctx.needs_input_grad[1]:
-            z = torch.where(d > 0, (x - ref) / tau - tt, 0.0)  # d = 0 at ±inf, where z is infinite
-            zbar = torch.linalg.vecdot(d, z).unsqueeze(-1) / safe
-            grad_tau = _sum_to(-torch.linalg.vecdot(grad * d, z - zbar).unsqueeze(-1), tau.shape)
-        if ctx.needs_input_grad[2]:
-            grad_k = _sum_to(gbar, ctx.k_shape)
-        return grad_x, grad_tau, grad_k, None
+        x, d, ref, drop, tau_t = ctx.saved_tensors
+        none = (None,) * (len(ctx.needs_input_grad) - 3)
+        if grad is None:
+            return None, None, None, *none
+        return (*_backward(ctx, x, d, ref, drop, tau_t, grad), *none)
+
+
+class _LaplaceWeights(torch.autograd.Function):
+    """The mask at ``index`` (B, k), ``torch.topk(x, k)``'s (``2k <= n``): the first ``k``
+    candidates' masks, the same values, without the row's mask; ones forward with ``hard``."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, tau, k: int, index: torch.Tensor, hard: bool):
+        idx, terms, (m_top, d_top, _, _, d_scale), ref, drop, _ = _solve(x, tau, k, 2 * k, False)
+        d = _assemble(x, terms, idx, d_top, d_scale)
+        weights = torch.ones_like(m_top[:, :k]) if hard else m_top[:, :k]
+        return weights, d, d_top[:, :k], ref, drop
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, tau, _, index, _ = inputs
+        _, d, picked, ref, drop = output
+        ctx.save_for_backward(x, index, d, picked, ref, drop, tau if isinstance(tau, torch.Tensor) else None)
+        ctx.negate, ctx.k_shape = False, None
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(*output[1:])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, *_):
+        x, index, d, picked, ref, drop, tau_t = ctx.saved_tensors
+        if grad is None:
+            return None, None, None, None, None
+        picked = picked * grad  # d g at the k entries, 0 elsewhere
+        gbar = picked.sum(-1, keepdim=True) / d.sum(-1, keepdim=True).clamp_min_(torch.finfo(d.dtype).tiny)
+        grad_x = (d * -gbar).scatter_add_(-1, index, picked)
+        return (grad_x if ctx.needs_input_grad[0] else None), _tau_grad(ctx, x, d, ref, drop, tau_t, grad_x), \
+            None, None, None
+
+
+def lapsum_topk(x: torch.Tensor, k: int, dim: int, largest: bool, *, tau: float | torch.Tensor = 1.0,
+                hard: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.topk(x, k, dim, largest)`` with the Laplace mask at the chosen entries
+    (differentiable; ones forward with ``hard``): ``(values, indices, weights)``; a tensor ``tau``
+    is (B, 1), aligned with the rows of ``x`` along ``dim``."""
+    moved = x.movedim(dim, -1)
+    rows = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
+    rows = rows if largest else -rows
+    tau = tau.to(rows.dtype) if isinstance(tau, torch.Tensor) else tau
+    values, index = rows.topk(k, -1)
+    if 2 * k <= rows.shape[-1]:
+        weights = _LaplaceWeights.apply(rows, tau, k, index, hard)[0]
+    else:
+        weights = lapsum_mask(rows, k, tau, hard=hard).gather(-1, index)
+    values = values if largest else -values
+    return tuple(t.reshape(*moved.shape[:-1], k).movedim(-1, dim) for t in
+                 (values.to(x.dtype), index, weights.to(x.dtype)))
+
+
+def _backward(ctx, x, d, ref, drop, tau_t, grad):
+    """``d ⊙ (g - ḡ)`` with ``ḡ = Σ d g / Σ d``, and the gradients of ``τ`` and ``k``."""
+    dot = torch.bmm(d.unsqueeze(-2), grad.unsqueeze(-1)).squeeze(-1)
+    gbar = dot / d.sum(-1, keepdim=True).clamp_min_(torch.finfo(d.dtype).tiny)  # Σd = 0: a hard row
+    grad_x = grad_k = None
+    if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+        grad_x = (grad - gbar).mul_(d)
+        if ctx.k_shape is not None:
+            grad_x = grad_x.masked_fill_(drop, 0.0)
+    if ctx.needs_input_grad[2]:
+        grad_k = _sum_to(gbar, ctx.k_shape)
+    return (grad_x if ctx.needs_input_grad[0] else None), _tau_grad(ctx, x, d, ref, drop, tau_t, grad_x), grad_k
+
+
+def _tau_grad(ctx, x, d, ref, drop, tau_t, grad_x):
+    """``∂L/∂τ = -(1/τ) Σ (x - ref) ∂L/∂x`` (None unless ``τ`` is a tensor that needs it)."""
+    if not ctx.needs_input_grad[1]:
+        return None
+    # the ±inf entries (d = 0) and degenerate rows left out; -x's reference for the complement
+    centred = (torch.sub(ref, x) if ctx.negate else torch.sub(x, ref)).masked_fill_((d == 0) | drop, 0.0)
+    grad_tau = -torch.linalg.vecdot(centred, grad_x).unsqueeze(-1) / tau_t
+    return _sum_to(-grad_tau if ctx.negate else grad_tau, tau_t.shape)
 
 
 def _sum_to(value: torch.Tensor, shape: torch.Size) -> torch.Tensor:
@@ -134,28 +256,26 @@ def _sum_to(value: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return value.sum().reshape(shape) if value.shape != shape else value
 
 
-def lapsum_mask(x: torch.Tensor, k: int | torch.Tensor, tau: float | torch.Tensor = 1.0) -> torch.Tensor:
-    """Laplace-CDF soft top-k mask of rows ``x`` (B, n); ``k`` an int or a (B, 1) tensor in (0, n];
-    ``tau`` a positive float or a tensor broadcastable to (B, 1). Returns (B, n), summing to ``k``."""
+def lapsum_mask(x: torch.Tensor, k: int | torch.Tensor, tau: float | torch.Tensor = 1.0, *,
+                hard: bool = False) -> torch.Tensor:
+    """Laplace-CDF soft top-k mask of rows ``x`` (B, n) (``±inf`` as in :mod:`softtopk._extended`);
+    ``k`` an int or a (B, 1) tensor in (0, n]; ``tau`` a positive float or a tensor broadcastable
+    to (B, 1). Returns (B, n), summing to ``k``; ``hard``: the k-hot mask of ``torch.topk`` forward
+    (int ``k``), this mask's gradient backward."""
     n = x.shape[-1]
-    tau_t = tau if isinstance(tau, torch.Tensor) else torch.tensor(float(tau), dtype=x.dtype, device=x.device)
-    tau_t = tau_t.to(x.dtype)
+    if isinstance(tau, torch.Tensor):
+        tau = tau.to(x.dtype)
     if isinstance(k, torch.Tensor):
         k_t = k.to(x.dtype)
-        full = k_t >= n  # mask 1 and gradient 0; the kernel gets a harmless k there (no NaN backward)
-        mask = _LaplaceMask.apply(x, tau_t, torch.where(full, 0.5 * n, k_t), n)[0]
-        return torch.where(full, torch.ones_like(mask), mask)
+        # k = n: every entry above -inf is 1 and the q entries at -inf share k - (n - q) (their
+        # gradient in k is 1/q); the kernel gets a harmless k there (no NaN backward)
+        full = k_t >= n
+        mask = _LaplaceMask.apply(x, tau, torch.where(full, 0.5 * n, k_t), n)[0]
+        neg = x == -math.inf
+        share = (k_t - n) / neg.sum(-1, keepdim=True).clamp_min(1)
+        return torch.where(full, torch.where(neg, share + 1, 1.0), mask)
     if k >= n:
-        return x * 0 + 1
+        return torch.where(x.isnan(), x, 1.0)
     if 2 * k > n:
-        return 1 - lapsum_mask(-x, n - k, tau_t)
-    k_t = torch.tensor(float(k), dtype=x.dtype, device=x.device)
-    # k + 3 + k/8 candidates hold the threshold in almost every row, and torch.topk on CPU is several
-    # times cheaper for K <= n/64 than above: try them first when only they fit under that bound
-    few = k + 3 + k // 8
-    if 64 * few <= n < 128 * k and can_inspect(x):
-        mask, *_, valid = _LaplaceMask.apply(x, tau_t, k_t, few)
-        if bool(valid.all()):
-            return mask
-    return _LaplaceMask.apply(x, tau_t, k_t, 2 * k)[0]
-
+        return _LaplaceMask.apply(x, tau, n - k, min(2 * (n - k), n), True, k if hard else 0)[0]
+    return _LaplaceMask.apply(x, tau, k, 2 * k, False, k if hard else 0)[0]
