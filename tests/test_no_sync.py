@@ -146,3 +146,21 @@ def test_applications_run_on_meta(name):
     x = torch.randn(12, 12, device="meta", requires_grad=True)
     _applications("meta")[name](x).backward()
     assert x.grad is not None
+
+
+@pytest.mark.parametrize("method", ["lapsum", "sparse", "neuralsort", "softsort"])
+def test_vmap_and_its_grad_do_not_warn(method, recwarn):
+    # functorch warns ("performance drop") where an op has no batching rule: in-place ops on a
+    # batched tensor fall back to a loop, and a library call should not warn about itself
+    x = torch.randn(3, 4, 20, generator=torch.Generator().manual_seed(3))
+    torch.vmap(lambda r: softtopk.soft_topk(r, 3, method=method))(x)
+    torch.func.vmap(torch.func.grad(lambda r: softtopk.soft_topk(r, 3, method=method)[..., 0].sum()))(x)
+    assert not [w for w in recwarn if "performance drop" in str(w.message)]
+
+
+@pytest.mark.parametrize("name", ["smooth-svm", "topk-ce-neuralsort", "bal-noised"])
+def test_class_losses_vmap_without_warnings(name, recwarn):
+    x = torch.randn(3, 4, 12, generator=torch.Generator().manual_seed(4))
+    target = torch.tensor([0, 3, 7, 11])
+    torch.func.vmap(torch.func.grad(lambda r: LOSSES[name](r, target)), randomness="different")(x)
+    assert not [w for w in recwarn if "performance drop" in str(w.message)]

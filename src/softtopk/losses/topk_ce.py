@@ -127,7 +127,7 @@ class _Select(torch.autograd.Function):
         label_score = logits.gather(-1, label)
         masked = label_score == -math.inf
         # the label is the only -inf key: never among the m - 1 others, even beside masked classes
-        key = logits.clamp_min(torch.finfo(logits.dtype).min).scatter_(-1, label, -math.inf)
+        key = logits.clamp_min(torch.finfo(logits.dtype).min).scatter(-1, label, -math.inf)  # vmap-friendly
         index = _top_indices(key, m - 1)
         top = logits.gather(-1, index)
         label_score = label_score.masked_fill(masked, 0.0)
@@ -153,7 +153,7 @@ class _Select(torch.autograd.Function):
         if grad is None:
             return None, None, None
         (index,) = ctx.saved_tensors
-        return grad.new_zeros(grad.shape[0], ctx.classes).scatter_(-1, index, grad), None, None
+        return grad.new_zeros(grad.shape[0], ctx.classes).scatter(-1, index, grad), None, None
 
 
 class _Head(torch.autograd.Function):
@@ -237,9 +237,9 @@ def topk_cross_entropy(
     k = len(p_k)
     if m is None and classes > _MANY_CLASSES:
         warnings.warn(
-            f"topk_cross_entropy relaxes all C = {classes} classes (m=None), which costs about 30x more than "
-            f"relaxing a few (at C = 1000: 153 ms against 4.8 ms per step); pass m=16 (difftopk's setting: only "
-            "the 16 largest scores, the label always included) unless every class must enter the relaxation",
+            f"topk_cross_entropy relaxes all C = {classes} classes (m=None), which costs far more than "
+            "relaxing a few (benchmarks/README.md); leave the default m=16 (difftopk's setting: only the 16 "
+            "largest scores, the label always included) unless every class must enter the relaxation",
             UserWarning, stacklevel=3,
         )
 
@@ -279,9 +279,9 @@ class TopKCrossEntropyLoss(ClassLoss):
         m: relax only the ``m`` largest scores (``K < m < C``), the label always included.
             Default 16 (difftopk's setting), more precisely ``min(16, C)``: with ``C <= 16``
             classes (or ``K >= 16``: ``K + 1``) the default relaxes every class. ``None`` relaxes
-            all ``C`` classes, which warns above 100 classes: its cost grows with ``C`` (at
-            ``C = 1000``, batch 256, splitter network: 153 ms per step against 4.8 ms with
-            ``m=16``). The selected scores enter in sorted (ascending) order, so the loss does not
+            all ``C`` classes, which warns above 100 classes: its cost grows with ``C``, while
+            ``m=16`` costs a fixed network of 16 wires. The selected scores enter in sorted
+            (ascending) order, so the loss does not
             depend on class order (difftopk put the label on wire 0).
         top1_mode: ``'sm'`` (default), ``'smce'`` or ``'sort'``.
         weight: optional per-class weights ``(C,)`` (a buffer), as in ``nn.CrossEntropyLoss``.

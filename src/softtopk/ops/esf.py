@@ -287,7 +287,7 @@ class _SmoothTopKRows(torch.autograd.Function):
         # a kth at the most negative finite number makes its margin -inf (loss 0) and a label at
         # -inf's margin +inf (loss inf); neither needs a mask afterwards
         shift = kth.masked_fill(kth == -math.inf, 0.0)  # differences before scaling: exact for large scores
-        y = others.scatter_(-1, index, -math.inf).sub_(shift).mul_(scale).exp_()
+        y = others.scatter(-1, index, -math.inf).sub_(shift).mul_(scale).exp_()  # vmap-friendly
         t = torch.sub(top, shift).mul_(scale).clamp_min_(0.0)
         W = (t @ subsets).exp_()
         G = (t @ joins).view(-1, k + 1, k + 1).exp_().masked_fill_(upper, 0.0)  # exp(T_a - T_j), a <= j
@@ -324,8 +324,8 @@ class _SmoothTopKRows(torch.autograd.Function):
         # top: pi^(k)_i - pi^(k-1)_i = ẽ^(-i)_{k-1} / ẽ_{k-1} - ẽ^(-i)_k / ẽ_k
         rest = (W @ without).view(-1, k, k + 1) @ GE[..., k - 1 :] / e[:, k - 1 :].unsqueeze(-2)
         top = (rest[..., 0] - rest[..., 1]).mul_(c)
-        grad_logits = (acc * y).scatter_(-1, index, top)
-        return grad_logits.scatter_(-1, label.unsqueeze(-1), c.neg()), None, None, None, None
+        grad_logits = (acc * y).scatter(-1, index, top)  # out of place: vmap has batching rules for these
+        return grad_logits.scatter(-1, label.unsqueeze(-1), c.neg()), None, None, None, None
 
 
 def smooth_topk_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:

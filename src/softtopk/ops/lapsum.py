@@ -104,7 +104,7 @@ def _solve(x: torch.Tensor, tau: float | torch.Tensor, k: int | torch.Tensor, bi
         # each, but a -inf one counts 0 (then the rest is all -inf, and the clamp gives 0); a short
         # row's rest is its -inf entries, tied with the last candidate
         last = clamped[:, -1:]
-        terms = (torch.sub(last, x) if negate else torch.sub(x, last)).div_(tau).clamp_(max=0.0).exp_()
+        terms = (torch.sub(last, x) if negate else torch.sub(x, last)).div_(tau).clamp(max=0.0).exp_()
         # (summed in the score dtype: a float64 sum of float32 terms casts the whole row first)
         count = terms.sum(-1, keepdim=True).to(_WIDE).sub_(big).clamp_min(1e-30)
         rest = count.masked_fill_(short, n - big).mul_(e[:, -1:])
@@ -135,7 +135,7 @@ def _assemble(base: torch.Tensor, terms, idx, top, scale, shift=None, negate=Fal
         rest = terms * scale
     else:
         rest = torch.addcmul(1 - shift, terms, scale, value=-1) if negate else torch.addcmul(shift, terms, scale)
-    return rest.scatter_(-1, idx, top)
+    return torch.scatter(rest, -1, idx, top)  # out of place: vmap has a batching rule for it
 
 
 class _LaplaceMask(torch.autograd.Function):
