@@ -271,7 +271,7 @@ ERRORS = [
     (lambda: sj.sparse_topk_mag(jnp.ones(3), 1, l=jnp.asarray(0.5)), TypeError, r"l must be a float for sparse_topk_mag \(a per-row tensor l is the mask's\), got a tensor"),
     (lambda: sj.sparse_topk_mag(jnp.ones(3), 1, l=1e31), ValueError, r"l must be at most 1e\+30 for sparse_topk_mag with p=4/3, got 1e\+31"),
     (lambda: sj.soft_topk(jnp.ones(3), 1, tau=0.0), ValueError, "tau must be a positive finite number, got 0.0"),
-    (lambda: sj.soft_topk(jnp.ones((2, 3)), jnp.asarray([1, 2])), TypeError, "k must be an int or a floating tensor, got a tensor of dtype int32"),
+    (lambda: sj.soft_topk(jnp.ones((2, 3)), jnp.asarray([True, False])), TypeError, "k must be an int or a real tensor of per-row counts, got a tensor of dtype bool"),
     (lambda: sj.soft_topk(jnp.ones((2, 3)), jnp.asarray([1.0, 3.5])), ValueError, r"k must lie in \(0, n = 3\] in every row, got 3.5"),
     (lambda: sj.soft_topk(jnp.ones((2, 3)), jnp.asarray([1.0, 2.0]), hard=True), ValueError, r"hard=True needs an int k \(its forward is the k-hot mask\), got a tensor k"),
     (lambda: sj.soft_topk(jnp.ones(3), 1, hard=1), TypeError, "hard must be a bool, got int 1"),

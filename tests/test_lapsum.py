@@ -652,11 +652,20 @@ def test_module_defaults_to_lapsum():
 X = torch.randn(3, 5)
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
-def test_integer_k_tensor(dtype):
-    message = _match("k must be an int or a floating tensor", f"got a tensor of dtype {dtype}")
+@pytest.mark.parametrize("dtype", [torch.bool, torch.complex64])
+def test_k_tensor_of_another_kind(dtype):
+    message = _match("k must be an int or a real tensor of per-row counts", f"got a tensor of dtype {dtype}")
     with pytest.raises(TypeError, match=message):
         softtopk.soft_topk(X, torch.ones(3, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_integer_k_tensor_counts_as_float(dtype):
+    # counts are integers in PyTorch: an integer per-row k is the same k as a float one
+    k = torch.tensor([1, 2, 4], dtype=dtype)
+    torch.testing.assert_close(softtopk.soft_topk(X, k), softtopk.soft_topk(X, k.float()))
+    with pytest.raises(ValueError, match=_match("k must lie in (0, n = 5] in every row", "got 0.0")):
+        softtopk.soft_topk(X, torch.tensor([1, 0, 2], dtype=dtype))
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, 5.5, float("nan"), float("inf")])

@@ -246,9 +246,12 @@ def check_topk_args(x: Any, k: Any, dim: Any) -> tuple[torch.Tensor, int, int]:
 
 
 def check_k_tensor(k: torch.Tensor, n: int) -> torch.Tensor:
-    """A floating tensor ``k`` of per-row values in ``(0, n]`` (values unchecked under compile/vmap)."""
+    """A tensor ``k`` of per-row values in ``(0, n]``, floating or integer (counts; returned as
+    float32), values checked on CPU tensors only (unchecked on accelerators, under compile/vmap)."""
+    if k.dtype == torch.bool or k.is_complex():
+        raise TypeError(f"k must be an int or a real tensor of per-row counts, got a tensor of dtype {k.dtype}")
     if not k.is_floating_point():
-        raise TypeError(f"k must be an int or a floating tensor, got a tensor of dtype {k.dtype}")
+        k = k.to(torch.float32)
     if can_inspect(k) and k.numel() and not bool(((k > 0) & (k <= n)).all()):
         bad = k[~((k > 0) & (k <= n))][0].item()
         raise ValueError(f"k must lie in (0, n = {n}] in every row, got {bad}")

@@ -56,9 +56,12 @@ def check_k(k: Any, n: int, axis: int) -> int:
 
 
 def check_k_array(k: Any, n: int) -> jax.Array:
-    """A floating array ``k`` of per-row values in ``(0, n]`` (values unchecked when traced)."""
+    """An array ``k`` of per-row values in ``(0, n]``, floating or integer (counts; returned as
+    float32), values unchecked when traced."""
+    if k.dtype == jnp.bool_ or not (jnp.issubdtype(k.dtype, jnp.floating) or jnp.issubdtype(k.dtype, jnp.integer)):
+        raise TypeError(f"k must be an int or a real tensor of per-row counts, got a tensor of dtype {k.dtype}")
     if not jnp.issubdtype(k.dtype, jnp.floating):
-        raise TypeError(f"k must be an int or a floating tensor, got a tensor of dtype {k.dtype}")
+        k = k.astype(jnp.float32)
     if is_concrete(k) and k.size and not bool(jnp.all((k > 0) & (k <= n))):
         bad = k[~((k > 0) & (k <= n))].ravel()[0]
         raise ValueError(f"k must lie in (0, n = {n}] in every row, got {float(bad)}")
