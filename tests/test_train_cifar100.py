@@ -21,6 +21,7 @@ from softtopk_lab.cli import main
 from softtopk_lab.cifar100 import load_splits
 
 SEED_README = next((Path(__file__).resolve().parents[2] / "shared" / "seeds").glob("000_*.txt"), None)  # ../shared
+SEED_MISSING = "needs difftopk's README with its published commands (shared/seeds/ beside the checkout)"
 N_TRAIN, N_TEST = 120, 40
 # 120 train: 40 validation (5 batches of 8), 80 training rows = 10 steps of 8 per epoch
 TINY = ["--val_size", "40", "--batch_size", "8", "--n_epochs", "1", "--device", "cpu", "--no-progress"]
@@ -109,7 +110,7 @@ def _readme_commands() -> list[list[str]]:
     return [*[c for c in full if c], *[m + p for m in methods for p in p_ks]]
 
 
-@pytest.mark.skipif(SEED_README is None, reason="difftopk README seed not available")
+@pytest.mark.skipif(SEED_README is None, reason=SEED_MISSING)
 def test_readme_commands_parse_and_the_examples_run(archive, tmp_path, monkeypatch):
     from softtopk_lab.config import Cifar100Config
     from softtopk_lab.errors import UsageError

@@ -21,6 +21,7 @@ import softtopk_lab
 from softtopk_lab.cli import main
 
 SEED_README = next((Path(__file__).resolve().parents[2] / "shared" / "seeds").glob("000_*.txt"), None)  # ../shared
+SEED_MISSING = "needs difftopk's README with its published commands (shared/seeds/ beside the checkout)"
 FAST = ["--n_epochs", "1", "--batch_size", "100", "--eval_freq", "2", "--nloglr", "2", "--no-progress"]
 
 
@@ -142,7 +143,7 @@ def _readme_commands() -> list[list[str]]:
     return [c[2:] for c in full if "--method" in c]  # c[:2] is "-d <file>"
 
 
-@pytest.mark.skipif(SEED_README is None, reason="difftopk README seed not available")
+@pytest.mark.skipif(SEED_README is None, reason=SEED_MISSING)
 def test_readme_commands_run_unchanged_apart_from_program_and_data(data_file, tmp_path, monkeypatch):
     commands = _readme_commands()
     assert len(commands) == 16 and all("--nloglr" in c for c in commands)
