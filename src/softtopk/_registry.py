@@ -222,7 +222,8 @@ _REGISTRY["sparse"] = _Method(
         name="sparse",
         outputs=("mask",),
         stochastic=False,
-        cost="'pav': O(n) memory after a sort of each row; 'dykstra': O(n_iter n) after a sort",
+        cost="'pav': O(n) memory; a topk of a few more than k on CPU tensors (a sort when many entries "
+        "lie near the threshold), a sort of each row on accelerators; 'dykstra': O(n_iter n) after a sort",
         params={"l": 0.1, "p": 4.0 / 3.0, "solver": "pav", "n_iter": 500, "hard": False},
         summary="sparse soft top-k (Sander et al. 2023): p-norm regularised, exact zeros, in [0, 1], "
         "sums to k; p = 2 piecewise linear, p = 4/3 smooth where entries leave 0; l may be a per-row "
