@@ -89,13 +89,13 @@ def mask_from_ranks(rows: torch.Tensor, k: int, ranks: Kernel) -> torch.Tensor:
     """The mask ``Σ_r ranks[..., r]`` of a rank kernel, extended as :func:`extended_ranks`, with the
     degenerate rows' closed form (an item's weights over the ranks of a full soft permutation of
     the finite entries need not sum to 1). In a usual row the ``+inf`` entries have mask 1, the
-    ``-inf`` entries 0, and a finite entry the sum of its first ``k - p`` kernel ranks, read off one
-    cumulative sum (no shifted copy of the ranks)."""
+    ``-inf`` entries 0, and a finite entry the sum of its first ``k - p`` kernel ranks (one masked
+    sum, no shifted copy of the ranks)."""
     c = _Counts(rows, k)
     n = rows.shape[-1]
     idle = c.full | (c.p + c.q == n)  # no rank is the kernel's (f = 0): give it a harmless row
     body = ranks(torch.where(idle, 0.0, torch.where(c.pos, float("-inf"), rows)), k)
-    last = (k - 1 - c.p.long()).clamp(0, k - 1)  # (B, 1): the kernel's rank k - p - 1
-    finite = body.cumsum(-1).gather(-1, last.unsqueeze(-1).expand(-1, n, 1)).squeeze(-1)
+    first = torch.arange(k, device=rows.device) < k - c.p  # (B, k): the kernel's ranks r < k - p
+    finite = torch.linalg.vecdot(body, first.unsqueeze(-2).to(body.dtype))
     mask = torch.where(c.pos, 1.0, torch.where(c.neg, 0.0, finite))
     return torch.where(c.degenerate, c.closed_mask(k), mask)
