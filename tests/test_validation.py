@@ -377,3 +377,15 @@ def test_class_weights_must_be_finite_and_non_negative(bad):
         _loss(weight=weight)
     with pytest.raises(ValueError, match=_match("weight must hold finite values >= 0", f"got {bad!r}")):
         softtopk.SmoothTopKSVM(weight=weight)
+
+
+@pytest.mark.parametrize("method, name", [("lapsum", "tau"), ("sparse", "l"), ("bitonic", "steepness"),
+                                          ("neuralsort", "tau")])
+def test_a_tensor_parameter_on_another_device_is_named(method, name):
+    x = torch.randn(2, 5, device="meta")
+    with pytest.raises(ValueError, match=rf"^{name} must be on the same device as x \(meta\), got a tensor on cpu$"):
+        softtopk.soft_topk(x, 2, method=method, **{name: torch.full((2,), 0.5)})
+    with pytest.raises(ValueError, match=r"^k must be on the same device as x \(meta\), got a tensor on cpu$"):
+        softtopk.soft_topk(x, torch.tensor([1.0, 2.0]))
+    # a 0-d CPU tensor is accepted on any device, as in PyTorch's own ops
+    assert softtopk.soft_topk(x, 2, method=method, **{name: torch.tensor(0.5)}).device.type == "meta"

@@ -23,8 +23,13 @@ def along_rows(
     return out.reshape(*moved.shape, extra).movedim(-2, dim)
 
 
-def per_row(name: str, value: torch.Tensor, batch: torch.Size) -> torch.Tensor:
-    """A scalar or per-row tensor argument as ``(B, 1)``, aligned with :func:`along_rows`' rows."""
+def per_row(name: str, value: torch.Tensor, batch: torch.Size, device: torch.device) -> torch.Tensor:
+    """A scalar or per-row tensor argument as ``(B, 1)``, aligned with :func:`along_rows`' rows; it
+    must be on the scores' ``device`` (a 0-d CPU tensor is moved there, as PyTorch's ops accept one)."""
+    if value.device != device:
+        if value.dim() or value.device.type != "cpu":
+            raise ValueError(f"{name} must be on the same device as x ({device}), got a tensor on {value.device}")
+        value = value.to(device)
     try:
         return value.expand(batch).reshape(-1, 1)
     except RuntimeError:

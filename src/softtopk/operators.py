@@ -46,7 +46,7 @@ def _per_row_params(spec: Any, params: dict[str, Any], x: torch.Tensor, dim: int
     batch = x.shape[:dim] + x.shape[dim + 1 :]
     for name in spec.tensor_args:
         if name != "k" and isinstance(params.get(name), torch.Tensor):
-            params[name] = per_row(name, params[name], batch)
+            params[name] = per_row(name, params[name], batch, x.device)
 
 
 def soft_topk_ranks(
@@ -95,7 +95,7 @@ def soft_topk(
     if isinstance(k, torch.Tensor) and "k" in spec.tensor_args:
         if params.get("hard"):
             raise ValueError("hard=True needs an int k (its forward is the k-hot mask), got a tensor k")
-        k = per_row("k", check_k_tensor(k, n), batch)
+        k = per_row("k", check_k_tensor(k, n), batch, x.device)
     else:
         k = check_k(k, n, dim)
     _per_row_params(spec, params, x, dim)
