@@ -299,3 +299,11 @@ def test_traced_l_and_tau_are_not_inspected_and_need_no_recompile():
         np.testing.assert_allclose(np.asarray(mask), np.asarray(sj.sparse_topk_mask(x, 3, l=value)), atol=1e-6)
         np.testing.assert_allclose(np.asarray(soft), np.asarray(sj.soft_topk(x, 3, tau=value)), atol=1e-6)
     assert len(traces) == 1
+
+
+@pytest.mark.parametrize("fn", ["sparse_topk_mask", "sparse_topk_mag"])
+def test_dykstra_on_an_empty_batch(fn):
+    x = jnp.ones((0, 5))
+    op = getattr(sj, fn)
+    assert op(x, 2, p=2, solver="dykstra").shape == (0, 5)
+    assert jax.grad(lambda v: op(v, 2, p=2, solver="dykstra").sum())(x).shape == (0, 5)

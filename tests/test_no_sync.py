@@ -164,3 +164,20 @@ def test_class_losses_vmap_without_warnings(name, recwarn):
     target = torch.tensor([0, 3, 7, 11])
     torch.func.vmap(torch.func.grad(lambda r: LOSSES[name](r, target)), randomness="different")(x)
     assert not [w for w in recwarn if "performance drop" in str(w.message)]
+
+
+@pytest.mark.parametrize("method", ["bitonic", "odd_even", "splitter_selection", "neuralsort", "softsort"])
+@pytest.mark.parametrize("shape", [(3, 0), (0, 4), (2, 0, 3)])
+def test_empty_permutations(method, shape):
+    x = torch.randn(*shape, requires_grad=True)
+    out = softtopk.soft_permutation(x, method=method)
+    out.sum().backward()
+    assert out.shape == x.shape + (x.shape[-1],) and x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("fn", [softtopk.sparse_topk_mask, softtopk.sparse_topk_mag])
+def test_dykstra_on_an_empty_batch(fn):
+    x = torch.randn(0, 5, requires_grad=True)
+    out = fn(x, 2, p=2, solver="dykstra")
+    out.sum().backward()
+    assert out.shape == (0, 5) and x.grad.shape == (0, 5)

@@ -3,6 +3,7 @@ class-loss layout with ``weight``, ``ignore_index`` and ``reduction`` as in ``nn
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -16,7 +17,8 @@ def along_rows(
     """Apply ``fn`` to the rows ``(B, n)`` of ``x`` along ``dim`` (in the compute dtype); put the
     result back in place, in ``x``'s dtype. ``fn`` returns ``(B, n)`` (``extra=None``) or ``(B, n, extra)``."""
     moved = x.movedim(dim, -1)
-    rows = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
+    # explicit row count: reshape(-1, 0) is ambiguous for rows of length 0
+    rows = moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1]).to(compute_dtype(x.dtype))
     out = fn(rows).to(x.dtype)
     if extra is None:
         return out.reshape(moved.shape).movedim(-1, dim)

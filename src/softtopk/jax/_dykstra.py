@@ -24,12 +24,12 @@ from ._sparse import mag_rows as exact_mag_rows
 
 def _project_pairs(z, u):
     """Project (B, 2m) rows onto {z_1 >= z_2, z_3 >= z_4, ...}: average each out-of-order pair."""
-    pairs = z.reshape(z.shape[0], -1, 2)
+    pairs = z.reshape(z.shape[0], z.shape[1] // 2, 2)  # explicit sizes: a batch of 0 rows reshapes too
     first, second = pairs[..., 0], pairs[..., 1]
     if u is None:
         mean = (first + second) / 2.0
     else:
-        w = u.reshape(u.shape[0], -1, 2)
+        w = u.reshape(u.shape[0], u.shape[1] // 2, 2)
         mean = (first * w[..., 0] + second * w[..., 1]) / (w[..., 0] + w[..., 1])
     keep = (second - first) < 0
     return jnp.where(keep[..., None], pairs, mean[..., None]).reshape(z.shape)

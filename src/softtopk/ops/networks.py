@@ -98,6 +98,8 @@ def _sorts(n: int, layers: list[list[tuple[int, int]]]) -> bool:
 
 
 def _bitonic_layers(n: int) -> list[list[tuple[int, int]]]:
+    if n < 2:  # nothing to compare
+        return []
     depth = max(1, math.ceil(math.log2(n)))
     size = 2**depth
     if size != n and n < _DIFFSORT_BELOW:
