@@ -399,3 +399,12 @@ def test_helpers_name_the_argument():
         check_choice("kind", "cauchy", P.NOISE_KINDS)
     with pytest.raises(ValueError, match="s must be >= 1, got -2"):
         check_int("s", -2, low=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_noised_kth_value_near_the_dtypes_max_is_finite(dtype):
+    # the mean over the samples of values near 3e38 overflowed its float32 sum to inf
+    x = torch.tensor([[3e38, 1e38, 2.0, 1.0], [3e38, 3e38, 2.0, 1.0]], dtype=dtype)
+    out = noised_kth_value(x, 2, epsilon=1.0, generator=torch.Generator().manual_seed(0))
+    assert out.isfinite().all()
+    torch.testing.assert_close(out.float(), x[:, 1].float(), rtol=1e-2, atol=0)

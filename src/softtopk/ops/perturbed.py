@@ -104,7 +104,9 @@ class _NoisedKthValue(torch.autograd.Function):
     @staticmethod
     def forward(x, noise, k, dim):
         values, index = (x.unsqueeze(-1) + noise).topk(k, dim=dim)
-        return values.select(dim, k - 1).mean(-1), index.select(dim, k - 1)
+        kth = values.select(dim, k - 1)
+        mean = kth.mean(-1)  # pytopk's rounding; its sum overflows for values near the dtype's max
+        return torch.where(mean.isinf(), (kth / kth.shape[-1]).sum(-1), mean), index.select(dim, k - 1)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
