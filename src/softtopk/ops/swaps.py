@@ -44,8 +44,8 @@ ART_DELTA = 1e-3
 
 def swap_probability(d: torch.Tensor, distribution: str, steepness: float, art_lambda: float) -> torch.Tensor:
     """``alpha = f(d)`` for max-wire minus min-wire differences ``d`` (any shape)."""
-    if distribution == "logistic_phi":
-        return torch.sigmoid(steepness * d * (d * d + ART_DELTA**2) ** (-0.5 * art_lambda))
+    if distribution == "logistic_phi":  # (d² + δ²)^(1/2) as hypot: no overflow of d² for |d| ~ 1e20
+        return torch.sigmoid(steepness * d * torch.hypot(d, d.new_tensor(ART_DELTA)) ** (-art_lambda))
     v = steepness * d
     if distribution == "cauchy":
         return torch.atan(v) * (1.0 / math.pi) + 0.5
@@ -93,10 +93,9 @@ def swap_slope(
     The slopes feed the hand-written backward of :mod:`softtopk.ops.sorting_networks`.
     """
     if distribution == "logistic_phi":
-        # d/dd [d (d^2 + δ^2)^(-λ/2)] = (d^2 + δ^2)^(-λ/2 - 1) ((1 - λ) d^2 + δ^2)
-        square = d * d
-        base = square + ART_DELTA**2
-        inner = base ** (-0.5 * art_lambda - 1.0) * ((1.0 - art_lambda) * square + ART_DELTA**2)
+        # d/dd [d r^(-λ)] = r^(-λ) ((1 - λ) (d/r)² + (δ/r)²) with r = (d² + δ²)^(1/2): finite for any d
+        r = torch.hypot(d, d.new_tensor(ART_DELTA))
+        inner = r ** (-art_lambda) * ((1.0 - art_lambda) * (d / r).square() + (ART_DELTA / r).square())
         return steepness * alpha * (1.0 - alpha) * inner
     if distribution == "logistic":
         return steepness * alpha * (1.0 - alpha)
