@@ -80,10 +80,8 @@ def _cases(target: torch.Tensor) -> dict:
 @contextlib.contextmanager
 def _accelerator_path():
     """Run CPU tensors down the path a CUDA tensor takes: no value checks, no CPU shortcut."""
-    with mock.patch("softtopk.ops.compute.can_inspect", lambda value: False), \
-            mock.patch("softtopk.ops.sparse.can_inspect", lambda value: False), \
-            mock.patch("softtopk._validation.can_inspect", lambda value: False), \
-            mock.patch("softtopk.routing.can_inspect", lambda value: False):
+    with mock.patch("softtopk.ops.sparse.can_inspect", lambda value: False), \
+            mock.patch("softtopk._validation.can_inspect", lambda value: False):
         yield
 
 

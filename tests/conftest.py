@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import softtopk
@@ -25,6 +26,14 @@ def method_params(method: str, *, sharp: bool = False, distribution: str = "cauc
         steepness = {"cauchy": 1e7, "reciprocal": 1e7, "optimal": 1e7}.get(distribution, 1e4)
         return {"distribution": distribution, "steepness": steepness if sharp else 2.0, "art_lambda": 0.25}
     return {"tau": 1e-4 if sharp else 1.0}
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """A clean Dynamo state before and after a compile test (no cached graphs or recompile counts)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 def hard_topk_ranks(x: torch.Tensor, k: int) -> torch.Tensor:

@@ -20,11 +20,7 @@ import softtopk
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _values_and_grads(fn, *inputs):

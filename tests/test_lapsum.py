@@ -530,14 +530,7 @@ def test_long_rows(k):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("k", [3, 7])
 def test_compile_fullgraph_matches_eager(k):
     """Forward and gradient (x and a tensor tau) equal eager; k = 3 and k > n/2."""
@@ -559,7 +552,7 @@ def test_compile_fullgraph_matches_eager(k):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_compile_fullgraph_per_row_k():
     def fn(x, k):
         return softtopk.soft_topk(x, k, tau=0.5)

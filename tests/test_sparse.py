@@ -471,14 +471,7 @@ def test_dykstra_rejects_p_four_thirds(kind):
         OPS[kind](torch.randn(2, 5), 2, p=4 / 3, solver="dykstra")
 
 
-@pytest.fixture
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("solver", ["dykstra", "pav"])
 def test_compile_fullgraph(solver):
     """``torch.compile(fullgraph=True, backend='aot_eager')`` equals eager, values and gradients."""

@@ -83,14 +83,7 @@ def test_meta_device_forward_and_backward(k):
     assert x.grad.shape == x.shape and tau.grad.shape == tau.shape
 
 
-@pytest.fixture
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-@pytest.mark.usefixtures("_fresh_dynamo")
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("n", [8, 100, 1000, 100_000])
 def test_compile_fullgraph_matches_eager(n):
     k = min(3, n // 2)

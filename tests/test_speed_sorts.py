@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import softtopk
-import softtopk._extended
 import softtopk._validation
 
 from dispatch_counter import count_call
@@ -28,13 +27,6 @@ CEILINGS = {"neuralsort": 40, "perturbed": 30}
 
 def _x(rows: int = 64, n: int = 1000, seed: int = 0) -> torch.Tensor:
     return torch.randn(rows, n, generator=torch.Generator().manual_seed(seed))
-
-
-@pytest.fixture
-def general_extended(monkeypatch):
-    """softtopk._extended without its eager shortcut (the lead's read-free version): what is left
-    to count is this module's."""
-    monkeypatch.setattr(softtopk._extended, "can_inspect", lambda value: False, raising=False)
 
 
 def _with_infinities() -> torch.Tensor:
@@ -83,7 +75,7 @@ def test_no_value_reads(name, infinite, monkeypatch):
 
 @pytest.mark.parametrize("name", sorted(STOCHASTIC))
 @pytest.mark.parametrize("infinite", [False, True], ids=["finite", "infinities"])
-def test_no_value_reads_of_the_stochastic_operators(name, infinite, general_extended):
+def test_no_value_reads_of_the_stochastic_operators(name, infinite):
     x = _with_infinities() if infinite else _x(4, 12)
     assert count_call(STOCHASTIC[name], x).reads == 0
 
@@ -218,13 +210,6 @@ def _compiled_matches_eager(fn, x: torch.Tensor, seed: int | None = None) -> Non
         outs.append((out.detach(), leaf.grad))
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-5, atol=1e-5)
-
-
-@pytest.fixture(autouse=False)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("n", [8, 100, 1000, 100_000])

@@ -59,6 +59,13 @@ def check_real(
     return number
 
 
+def values_checked(value: torch.Tensor) -> bool:
+    """Whether an argument's values are checked: only for CPU tensors outside ``torch.compile`` and
+    ``vmap`` (as PyTorch's own losses do), where a check costs no device synchronisation; on an
+    accelerator it would stall the host until the device catches up, so values there go unchecked."""
+    return value.numel() > 0 and can_inspect(value)
+
+
 def check_bool(name: str, value: Any) -> bool:
     """A bool (ints refused)."""
     if not isinstance(value, bool):
@@ -90,7 +97,7 @@ def check_positive_or_tensor(name: str, value: Any) -> float | torch.Tensor:
         return check_real(name, value, positive=True)
     if not value.is_floating_point():
         raise TypeError(f"{name} must be a floating tensor when given as a tensor, got {value.dtype}")
-    if can_inspect(value) and value.numel() and not bool(((value > 0) & torch.isfinite(value)).all()):
+    if values_checked(value) and not bool(((value > 0) & torch.isfinite(value)).all()):
         raise ValueError(f"{name} must be positive and finite, got a tensor with min {value.min().item()!r}")
     return value
 
@@ -142,7 +149,7 @@ def check_scale(name: str, value: Any, dtype: torch.dtype, *, zero: bool = False
     info = torch.finfo(compute_dtype(dtype))
     low, high = info.tiny, 1.0 / info.tiny
     if isinstance(value, torch.Tensor):
-        if not (can_inspect(value) and value.numel()):
+        if not values_checked(value):
             return value
         ok = ((value >= low) | ((value == 0) if zero else False)) & (value <= high)
         if bool(ok.all()):
@@ -252,7 +259,7 @@ def check_k_tensor(k: torch.Tensor, n: int) -> torch.Tensor:
         raise TypeError(f"k must be an int or a real tensor of per-row counts, got a tensor of dtype {k.dtype}")
     if not k.is_floating_point():
         k = k.to(torch.float32)
-    if can_inspect(k) and k.numel() and not bool(((k > 0) & (k <= n)).all()):
+    if values_checked(k) and not bool(((k > 0) & (k <= n)).all()):
         bad = k[~((k > 0) & (k <= n))][0].item()
         raise ValueError(f"k must lie in (0, n = {n}] in every row, got {bad}")
     return k
@@ -276,13 +283,6 @@ def check_classes_match(input: Any, n_classes: int) -> torch.Tensor:
         raise ValueError(f"input has {input.shape[1]} classes (dim 1 of shape {tuple(input.shape)}), "
                          f"but the loss was built with n_classes = {n_classes}")
     return input
-
-
-def values_checked(value: torch.Tensor) -> bool:
-    """Whether an argument's values are checked: only for CPU tensors outside ``torch.compile`` and
-    ``vmap`` (as PyTorch's own losses do), where a check costs no device synchronisation; on an
-    accelerator it would stall the host until the device catches up, so values there go unchecked."""
-    return value.device.type == "cpu" and value.numel() > 0 and can_inspect(value)
 
 
 def check_class_target(input: torch.Tensor, target: Any, ignore_index: int) -> torch.Tensor:

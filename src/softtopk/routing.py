@@ -14,9 +14,8 @@ from typing import Any, NamedTuple
 import torch
 
 from ._registry import resolve
-from ._validation import check_int, check_scores
+from ._validation import check_int, check_scores, values_checked
 from .operators import topk
-from .ops.compute import can_inspect
 
 __all__ = ["Routing", "TopKRouter", "load_balancing_loss"]
 
@@ -70,7 +69,7 @@ def load_balancing_loss(logits: torch.Tensor, indices: torch.Tensor) -> torch.Te
         raise ValueError(f"indices must be an integer tensor of shape {tuple(logits.shape[:-1])} + (k,), got "
                          f"{indices.dtype} {tuple(indices.shape)}")
     experts = logits.shape[-1]
-    if indices.device.type == "cpu" and can_inspect(indices) and indices.numel():
+    if values_checked(indices):
         bad = (indices < 0) | (indices >= experts)
         if bool(bad.any()):
             raise ValueError(f"indices must lie in [0, {experts - 1}] (the experts), got {indices[bad][0].item()}")
@@ -163,7 +162,7 @@ class TopKRouter(torch.nn.Module):
         except RuntimeError:
             raise ValueError(f"mask must be broadcastable to {tuple(logits.shape)} (*, n_experts), got "
                              f"{tuple(mask.shape)}") from None
-        if mask.device.type == "cpu" and can_inspect(mask) and mask.numel():
+        if values_checked(mask):
             available = mask.sum(-1)
             if bool((available < self.k).any()):
                 raise ValueError(f"mask must leave at least k = {self.k} experts available to every token, got a "
