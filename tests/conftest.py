@@ -36,10 +36,24 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+def assert_same_values_and_grads(fns, x: torch.Tensor, upstream: torch.Tensor, tau: float) -> None:
+    """Each ``fn(x, tau)`` of ``fns`` (e.g. compiled and eager) gives the same output and the same
+    gradients in ``x`` and a tensor ``tau`` for the upstream gradient ``upstream``."""
+    results = []
+    for f in fns:
+        leaf, tau_t = x.clone().requires_grad_(), torch.tensor(tau, requires_grad=True)
+        out = f(leaf, tau_t)
+        (out * upstream).sum().backward()
+        results.append((out.detach(), leaf.grad, tau_t.grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def hard_topk_ranks(x: torch.Tensor, k: int) -> torch.Tensor:
     """Exact one-hot top-k ranks ``x.shape + (k,)`` along the last dim."""
     index = x.topk(k, dim=-1).indices
     return torch.nn.functional.one_hot(index, x.shape[-1]).transpose(-1, -2).to(x.dtype)
 
 
-__all__ = ["DISTRIBUTIONS", "EQUIVARIANT_METHODS", "NETWORK_TYPES", "RANK_METHODS", "hard_topk_ranks", "method_params"]
+__all__ = ["DISTRIBUTIONS", "EQUIVARIANT_METHODS", "NETWORK_TYPES", "RANK_METHODS", "assert_same_values_and_grads",
+           "hard_topk_ranks", "method_params"]

@@ -18,6 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import assert_same_values_and_grads
+
 import softtopk
 from softtopk.ops.lapsum import _LaplaceMask, lapsum_mask
 
@@ -542,14 +544,7 @@ def test_compile_fullgraph_matches_eager(k):
     for seed in (0, 1):
         x = torch.randn(4, 10, generator=_gen(seed))
         upstream = torch.randn(4, 10, generator=_gen(seed + 10))
-        results = []
-        for f in (compiled, fn):
-            leaf, tau = x.clone().requires_grad_(), torch.tensor(0.7, requires_grad=True)
-            out = f(leaf, tau)
-            (out * upstream).sum().backward()
-            results.append((out.detach(), leaf.grad, tau.grad))
-        for got, want in zip(*results):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert_same_values_and_grads((compiled, fn), x, upstream, 0.7)
 
 
 @pytest.mark.usefixtures("fresh_dynamo")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import assert_same_values_and_grads
 from dispatch_counter import count_call
 
 import softtopk
@@ -95,11 +96,4 @@ def test_compile_fullgraph_matches_eager(n):
     x = _scores(2, n)
     x[0, 0] = -INF
     upstream = _scores(2, n, seed=1)
-    results = []
-    for f in (compiled, fn):
-        leaf, tau = x.clone().requires_grad_(), torch.tensor(0.7, requires_grad=True)
-        out = f(leaf, tau)
-        (out * upstream).sum().backward()
-        results.append((out.detach(), leaf.grad, tau.grad))
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert_same_values_and_grads((compiled, fn), x, upstream, 0.7)
