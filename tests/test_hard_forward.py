@@ -110,7 +110,7 @@ def test_topk_matches_torch_topk_and_gathers_the_soft_mask(method, largest):
 
 
 def test_topk_router_trains_its_logits():
-    """The README's router: a hard dispatch whose gate still learns."""
+    """The router pattern of docs/methods/routing.md: a hard dispatch whose gate still learns."""
     router = nn.Linear(4, 6)
     tokens = _scores(5, 4, dtype=torch.float32)
     _, experts, weights = softtopk.topk(router(tokens), 2, hard=True, tau=0.5)

@@ -163,7 +163,7 @@ def test_help_says_which_defaults_apply(capsys):
 
 
 def test_the_readme_snippet_of_best_pt_matches_this_file():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "lab.md").read_text()
     assert 'state = torch.load("RUN/best.pt", weights_only=True)' in readme
     assert 'model = build_model(**state["model_args"]); model.load_state_dict(state["model"])' in readme
 

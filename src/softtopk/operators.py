@@ -316,7 +316,7 @@ class SoftTopK(torch.nn.Module):
 
     Scores may be ``±inf``: ``-inf`` entries are not selected (mask and gradient 0) while more than
     ``k`` entries lie above ``-inf``, and the rest of the row is the answer for the other entries
-    alone; ``+inf`` entries are selected (see the README, "Masked scores").
+    alone; ``+inf`` entries are selected (see docs/methods/index.md, "Infinite scores").
 
     Shape:
         input ``(*)`` with ``n = input.shape[dim] >= k``; output the same shape and dtype.
