@@ -169,35 +169,34 @@ def _network_method(kind: str) -> _Method:
 
 
 _REGISTRY: dict[str, _Method] = {kind: _network_method(kind) for kind in NETWORK_TYPES}
-_REGISTRY["neuralsort"] = _Method(
-    MethodInfo(
-        name="neuralsort",
-        outputs=("mask", "ranks", "permutation"),
-        stochastic=False,
-        cost="O(n log n + n k) time, O(n k) memory per row",
-        params={"tau": 1.0, "hard": False},
-        summary="NeuralSort (Grover et al. 2019); permutation equivariant; rank columns sum to 1, "
-        "an item's mask may exceed 1; tau may be a per-row tensor (with gradients)",
-    ),
-    _exact_with_hard(neuralsort_ranks, ranks=True),
-    _exact_with_hard(neuralsort_mask, ranks=False),
-    checks={"tau": check_positive_or_tensor, "hard": check_bool},
-    tensor_args=("tau",),
+
+def _permutation_method(name: str, paper: str, cost: str, ranks, mask, **extra: tuple[Any, Callable]) -> _Method:
+    """NeuralSort and SoftSort: exact on every row, ``tau`` a float or per-row tensor; ``extra``
+    maps further parameters to ``(default, check)``."""
+    return _Method(
+        MethodInfo(
+            name=name,
+            outputs=("mask", "ranks", "permutation"),
+            stochastic=False,
+            cost=cost,
+            params={"tau": 1.0, "hard": False, **{key: default for key, (default, _) in extra.items()}},
+            summary=f"{paper}; permutation equivariant; rank columns sum to 1, an item's mask may exceed 1; "
+            "tau may be a per-row tensor (with gradients)",
+        ),
+        _exact_with_hard(ranks, ranks=True),
+        _exact_with_hard(mask, ranks=False),
+        checks={"tau": check_positive_or_tensor, "hard": check_bool, **{key: check for key, (_, check) in extra.items()}},
+        tensor_args=("tau",),
+    )
+
+
+_REGISTRY["neuralsort"] = _permutation_method(
+    "neuralsort", "NeuralSort (Grover et al. 2019)", "O(n log n + n k) time, O(n k) memory per row",
+    neuralsort_ranks, neuralsort_mask,
 )
-_REGISTRY["softsort"] = _Method(
-    MethodInfo(
-        name="softsort",
-        outputs=("mask", "ranks", "permutation"),
-        stochastic=False,
-        cost="O(n k) time and memory per row (plus a top-k)",
-        params={"tau": 1.0, "hard": False, "power": 1.0},
-        summary="SoftSort (Prillo & Eisenschlos 2020); permutation equivariant; rank columns sum "
-        "to 1, an item's mask may exceed 1; tau may be a per-row tensor (with gradients)",
-    ),
-    _exact_with_hard(softsort_ranks, ranks=True),
-    _exact_with_hard(softsort_mask, ranks=False),
-    checks={"tau": check_positive_or_tensor, "hard": check_bool, "power": functools.partial(check_real, low=1.0)},
-    tensor_args=("tau",),
+_REGISTRY["softsort"] = _permutation_method(
+    "softsort", "SoftSort (Prillo & Eisenschlos 2020)", "O(n k) time and memory per row (plus a top-k)",
+    softsort_ranks, softsort_mask, power=(1.0, functools.partial(check_real, low=1.0)),
 )
 
 

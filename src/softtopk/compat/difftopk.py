@@ -79,6 +79,18 @@ class _Hyper(torch.nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._names)
 
+    def _network(self, kind: str, kinds: tuple[str, ...], size: int) -> None:
+        """The network type and size of :class:`DiffTopkNet` and :class:`DiffSortNet`, checked."""
+        self.sorting_network_type = check_choice("sorting_network_type", kind, kinds)
+        self.size = check_int("size", size, low=1)
+        self._method, self._names = self.sorting_network_type, _NETWORK_NAMES
+
+    def _hyper(self, steepness: float, art_lambda: float | None, distribution: str, interpolation_type: str | None):
+        """A network's comparator hyper-parameters as attributes, checked at construction too."""
+        self.steepness, self.art_lambda = steepness, art_lambda
+        self.distribution = _distribution(distribution, interpolation_type)
+        self.params  # noqa: B018 -- the property checks them
+
 
 def _rows(x: Any, size: int, name: str) -> torch.Tensor:
     x = check_scores(name, x, dims=2, shape=f"(batch, {size})")
@@ -162,16 +174,10 @@ class DiffTopkNet(_Hyper):
         distribution: str = "cauchy",
     ) -> None:
         super().__init__()
-        self.sorting_network_type = check_choice(
-            "sorting_network_type", sorting_network_type, ("bitonic", "odd_even", "splitter_selection")
-        )
-        self.size = check_int("size", size, low=1)
+        self._network(sorting_network_type, ("bitonic", "odd_even", "splitter_selection"), size)
         self.k = check_int("k", k, low=1, high=self.size, why=" (k <= size)")
         self.sparse = sparse
-        self._method, self._names = self.sorting_network_type, _NETWORK_NAMES
-        self.steepness, self.art_lambda = steepness, art_lambda
-        self.distribution = _distribution(distribution, interpolation_type)
-        self.params  # noqa: B018 -- checked at construction too
+        self._hyper(steepness, art_lambda, distribution, interpolation_type)
 
     def forward(self, vectors: torch.Tensor) -> tuple[None, torch.Tensor]:
         vectors = _rows(vectors, self.size, "vectors")
@@ -209,12 +215,8 @@ class DiffSortNet(_Hyper):
         distribution: str = "cauchy",
     ) -> None:
         super().__init__()
-        self.sorting_network_type = check_choice("sorting_network_type", sorting_network_type, ("bitonic", "odd_even"))
-        self.size = check_int("size", size, low=1)
-        self._method, self._names = self.sorting_network_type, _NETWORK_NAMES
-        self.steepness, self.art_lambda = steepness, art_lambda
-        self.distribution = _distribution(distribution, interpolation_type)
-        self.params  # noqa: B018 -- checked at construction too
+        self._network(sorting_network_type, ("bitonic", "odd_even"), size)
+        self._hyper(steepness, art_lambda, distribution, interpolation_type)
 
     def forward(self, vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         vectors = _rows(vectors, self.size, "vectors")
