@@ -9,7 +9,8 @@ Usage::
 
 Cases (``--quick``: the smaller shapes, seven repeats):
 
-* masks: ``soft_topk`` lapsum (tau 1), ``sparse_topk_mask`` (l 0.1, p 4/3), NeuralSort, SoftSort,
+* masks: ``soft_topk`` lapsum (tau 1; also by the optional Triton kernels), ``sparse_topk_mask``
+  (l 0.1, p 4/3), NeuralSort, SoftSort,
   gumbel (tau 1), and torchsort's soft-rank mask and SoftTorch where importable, at 64 x 1e3/1e4/1e5
   (k = 10 and 1000 where k < n), 16384 x 64 (k = 2, 8) and 65536 x 256 (k = 8), float32 and
   bfloat16; fwd+bwd is ``f(x, k).backward(g)``. Baseline: ``zeros_like(x).scatter(-1, i, v)`` of
@@ -36,6 +37,7 @@ is recorded with its error.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -100,6 +102,23 @@ def _topk_scatter(x, k):
     return torch.zeros_like(x).scatter(-1, top.indices, top.values)
 
 
+def _triton_kernels(fn: Callable) -> Callable:
+    """``fn`` with the optional Triton kernels of the Laplace mask switched on for its calls."""
+
+    def call(x, k):
+        from softtopk.ops import lapsum_triton
+
+        if x.device.type != "cuda" or importlib.util.find_spec("triton") is None:
+            raise Skip("the Triton kernels run on CUDA with triton installed")
+        lapsum_triton.ENABLED = True
+        try:
+            return fn(x, k)
+        finally:
+            lapsum_triton.ENABLED = False
+
+    return call
+
+
 def _peer_torchsort():
     try:
         import torchsort
@@ -129,6 +148,7 @@ def mask_cases() -> dict[str, Callable]:
     return {
         "torch.topk+scatter": _mask_case(_topk_scatter),
         "lapsum": _mask_case(topk_method("lapsum", tau=1.0)),
+        "lapsum (Triton kernels)": _mask_case(_triton_kernels(topk_method("lapsum", tau=1.0))),
         "sparse p=4/3": _mask_case(lambda x, k: softtopk.sparse_topk_mask(x, k, l=0.1, p=4.0 / 3.0)),
         "neuralsort": _mask_case(_dense(topk_method("neuralsort", tau=1.0))),
         "softsort": _mask_case(_dense(topk_method("softsort", tau=1.0))),

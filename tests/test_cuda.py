@@ -35,6 +35,18 @@ def _mask(fn: Callable, shape=(ROWS, N), stochastic: bool = False):
     return build
 
 
+def _triton_lapsum(x: torch.Tensor) -> torch.Tensor:
+    """The Laplace mask by the optional Triton kernels (skipped without triton)."""
+    from softtopk.ops import lapsum_triton
+
+    pytest.importorskip("triton", reason="the Triton kernels need triton")
+    lapsum_triton.ENABLED = True
+    try:
+        return softtopk.soft_topk(x, K, tau=1.0)
+    finally:
+        lapsum_triton.ENABLED = False
+
+
 def _loss(make: Callable, stochastic: bool = False):
     def build():
         x = _scores((CLASSES_ROWS, N))
@@ -80,6 +92,7 @@ CASES = {
     "lapsum": _mask(_soft_topk("lapsum")),
     "lapsum hard": _mask(_soft_topk("lapsum", hard=True)),
     "lapsum largest=False": _mask(_soft_topk("lapsum", largest=False)),
+    "lapsum Triton kernels": _mask(_triton_lapsum),
     "sparse p=4/3": _mask(_soft_topk("sparse")),
     "sparse p=2": _mask(_soft_topk("sparse", p=2.0)),
     "sparse dykstra": _mask(_soft_topk("sparse", p=2.0, solver="dykstra", n_iter=50)),
@@ -149,3 +162,14 @@ def test_forward_captured_in_a_cuda_graph_replays_eager(name):
     assert captured.shape == eager.shape and torch.isfinite(captured).all()
     if not stochastic:
         torch.testing.assert_close(captured, eager)
+
+
+def test_the_triton_kernels_equal_the_torch_path_on_the_device():
+    x = _scores()
+    g = torch.randn_like(x)
+    torch_mask = softtopk.soft_topk(x, K, tau=1.0)
+    (torch_grad,) = torch.autograd.grad((torch_mask * g).sum(), x)
+    triton_mask = _triton_lapsum(x)
+    (triton_grad,) = torch.autograd.grad((triton_mask * g).sum(), x)
+    torch.testing.assert_close(triton_mask, torch_mask, rtol=0, atol=2e-6)
+    torch.testing.assert_close(triton_grad, torch_grad, rtol=1e-5, atol=1e-4)

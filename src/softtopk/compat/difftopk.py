@@ -79,14 +79,12 @@ class _Hyper(torch.nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._names)
 
-    def _network(self, kind: str, kinds: tuple[str, ...], size: int) -> None:
-        """The network type and size of :class:`DiffTopkNet` and :class:`DiffSortNet`, checked."""
+    def _network(self, kind: str, kinds: tuple[str, ...], size: int, steepness: float, art_lambda: float | None,
+                 distribution: str, interpolation_type: str | None) -> None:
+        """A network's type, size and comparator hyper-parameters as attributes, checked."""
         self.sorting_network_type = check_choice("sorting_network_type", kind, kinds)
         self.size = check_int("size", size, low=1)
         self._method, self._names = self.sorting_network_type, _NETWORK_NAMES
-
-    def _hyper(self, steepness: float, art_lambda: float | None, distribution: str, interpolation_type: str | None):
-        """A network's comparator hyper-parameters as attributes, checked at construction too."""
         self.steepness, self.art_lambda = steepness, art_lambda
         self.distribution = _distribution(distribution, interpolation_type)
         self.params  # noqa: B018 -- the property checks them
@@ -174,10 +172,10 @@ class DiffTopkNet(_Hyper):
         distribution: str = "cauchy",
     ) -> None:
         super().__init__()
-        self._network(sorting_network_type, ("bitonic", "odd_even", "splitter_selection"), size)
+        self._network(sorting_network_type, ("bitonic", "odd_even", "splitter_selection"), size, steepness,
+                      art_lambda, distribution, interpolation_type)
         self.k = check_int("k", k, low=1, high=self.size, why=" (k <= size)")
         self.sparse = sparse
-        self._hyper(steepness, art_lambda, distribution, interpolation_type)
 
     def forward(self, vectors: torch.Tensor) -> tuple[None, torch.Tensor]:
         vectors = _rows(vectors, self.size, "vectors")
@@ -215,8 +213,8 @@ class DiffSortNet(_Hyper):
         distribution: str = "cauchy",
     ) -> None:
         super().__init__()
-        self._network(sorting_network_type, ("bitonic", "odd_even"), size)
-        self._hyper(steepness, art_lambda, distribution, interpolation_type)
+        self._network(sorting_network_type, ("bitonic", "odd_even"), size, steepness, art_lambda, distribution,
+                      interpolation_type)
 
     def forward(self, vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         vectors = _rows(vectors, self.size, "vectors")

@@ -41,6 +41,7 @@ import math
 
 import torch
 
+from . import lapsum_triton
 from .compute import compute_dtype
 
 _WIDE = torch.float64
@@ -276,6 +277,8 @@ def lapsum_mask(x: torch.Tensor, k: int | torch.Tensor, tau: float | torch.Tenso
         return torch.where(full, torch.where(neg, share + 1, 1.0), mask)
     if k >= n:
         return torch.where(x.isnan(), x, 1.0)
+    if lapsum_triton.usable(x, k, tau):
+        return lapsum_triton.triton_mask(x, k, tau, hard=hard, clamp=_C, floor=_FLOOR)
     if 2 * k > n:
         return _LaplaceMask.apply(x, tau, n - k, min(2 * (n - k), n), True, k if hard else 0)[0]
     return _LaplaceMask.apply(x, tau, k, 2 * k, False, k if hard else 0)[0]

@@ -1,0 +1,103 @@
+"""The Laplace mask of :mod:`softtopk.ops.lapsum` as two fused Triton kernels (optional, CUDA).
+
+The torch path is the reference and the path on every other device. Here one ``torch.topk`` of
+``K = 2k`` candidates is followed by one program per row that
+
+1. reads the candidates and solves the threshold ``t'`` exactly as ``lapsum._roots`` does (the
+   prefix sums ``P_j`` and suffix sums ``Q_j`` of ``e^{∓a}`` in float64, the root
+   ``½ log(Q/P) - asinh((k - j)/√(PQ))`` of each segment, the segment that holds it),
+2. sums the rest of the row in one pass, and
+3. writes the mask ``F(z)`` and ``d = F'(z)/τ`` with ``z = (y - ref)/τ - t'`` in a second pass:
+
+``topk`` and one kernel forward, one kernel backward (``d ⊙ (g - Σ d g / Σ d)``, two passes over
+the row in one program), where the torch path dispatches tens of small ops. The ``±inf`` rows
+follow :mod:`softtopk._extended` as in the torch path: scores are clamped to the finite range, so
+degenerate rows solve as ties at its ends and get ``d = 0``.
+
+Scope: an int ``k`` and a float ``τ`` (the common case); :func:`lapsum_mask` keeps the torch
+path for a tensor ``k`` or ``τ``, under ``torch.compile`` (Inductor fuses that path itself) and
+under ``vmap``. Whether the kernels run is :data:`ENABLED` (environment variable
+``SOFTTOPK_TRITON=1``): they become the default only once ``benchmarks/bench_gpu.py`` has measured
+them faster on a GPU. The tests run them under ``TRITON_INTERPRET=1`` on the CPU against the torch
+path, values and gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+
+import torch
+
+ENABLED = os.environ.get("SOFTTOPK_TRITON") == "1"
+_BLOCK = 1024  # entries per step of a row pass
+
+
+@functools.cache
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def usable(x: torch.Tensor, k: object, tau: object) -> bool:
+    """Whether :func:`softtopk.ops.lapsum.lapsum_mask` hands rows ``x`` to the kernels: enabled,
+    triton installed, a CUDA tensor outside compile and vmap, an int ``k`` and a float ``τ``."""
+    if not (ENABLED and x.is_cuda and isinstance(k, int) and isinstance(tau, float)):
+        return False
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return False
+    return _has_triton()
+
+
+class TritonLaplaceMask(torch.autograd.Function):
+    """``lapsum._LaplaceMask`` for an int ``k`` and a float ``τ``: ``(x (B, n), τ, k, K, negate,
+    hard, C, floor)`` → the mask (B, n) and the kernels' ``d``, saved for the backward."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, tau: float, k: int, big: int, negate: bool, hard: int, clamp: float,
+                floor: float):
+        from . import lapsum_kernels as kernels  # imports triton: only once a kernel runs
+
+        x = x.contiguous()
+        rows, n = x.shape
+        vals = x.topk(big, -1, largest=not negate).values.contiguous()
+        mask, d = torch.empty_like(x), torch.empty_like(x)
+        info = torch.finfo(x.dtype)
+        if rows:
+            kernels.mask_forward[(rows,)](
+                x, vals, mask, d, n, big, k, tau, info.min, info.max, NEGATE=negate,
+                KB=kernels.triton.next_power_of_2(big + 1), BLOCK=_BLOCK, C=clamp, FLOOR=floor)
+        if hard:
+            mask = torch.zeros_like(x).scatter_(-1, x.topk(hard, -1).indices, 1.0)
+        return mask, d
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(output[1])
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _d):
+        from . import lapsum_kernels as kernels
+
+        (d,) = ctx.saved_tensors
+        if grad is None or not ctx.needs_input_grad[0]:
+            return (None,) * 8
+        out = torch.empty_like(d)
+        if d.shape[0]:
+            kernels.mask_backward[(d.shape[0],)](d, grad.contiguous(), out, d.shape[1], torch.finfo(d.dtype).tiny,
+                                                 BLOCK=_BLOCK)
+        return (out,) + (None,) * 7
+
+
+def triton_mask(x: torch.Tensor, k: int, tau: float, *, hard: bool, clamp: float, floor: float) -> torch.Tensor:
+    """The Laplace mask of rows ``x`` (B, n) for ``0 < k < n`` by the kernels (the complement
+    ``1 - m(-x, n - k)`` for ``k > n/2``, as the torch path); ``clamp`` and ``floor`` are the torch
+    path's constants of the solve."""
+    n = x.shape[-1]
+    if 2 * k > n:
+        args = (n - k, min(2 * (n - k), n), True)
+    else:
+        args = (k, 2 * k, False)
+    return TritonLaplaceMask.apply(x, tau, *args, k if hard else 0, clamp, floor)[0]

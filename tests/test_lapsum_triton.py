@@ -1,0 +1,128 @@
+"""The Triton kernels of the Laplace mask against the torch path, values and gradients.
+
+Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors; on a
+CUDA machine they run compiled on the device."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from softtopk.ops import lapsum, lapsum_triton
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                reason="triton is not installed (it comes with the test extra on Linux)")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the CPU: the interpreter (conftest.py)
+sys.path.insert(0, str(Path(__file__).parent))
+from dispatch_counter import count_call  # noqa: E402
+
+INF = float("inf")
+CONSTANTS = {"clamp": lapsum._C, "floor": lapsum._FLOOR}
+
+
+def _both(x: torch.Tensor, k: int, tau: float, hard: bool = False):
+    """(mask, grad) of the torch path and of the kernels for one upstream gradient."""
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype).to(x.device)
+    out = []
+    for fn in (lambda v: lapsum.lapsum_mask(v, k, tau, hard=hard),
+               lambda v: lapsum_triton.triton_mask(v, k, tau, hard=hard, **CONSTANTS)):
+        leaf = x.detach().clone().requires_grad_()
+        mask = fn(leaf)
+        (mask * g).sum().backward()
+        out.append((mask, leaf.grad))
+    return out
+
+
+def _close(x, k, tau, hard=False):
+    (m0, g0), (m1, g1) = _both(x, k, tau, hard)
+    tol = 1e-12 if x.dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(m1, m0, rtol=0, atol=tol, equal_nan=True)
+    torch.testing.assert_close(g1, g0, rtol=5 * tol, atol=50 * tol, equal_nan=True)
+    return m1, g1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("n", "k", "tau"), [(50, 5, 1.0), (50, 25, 0.3), (50, 30, 0.3), (7, 2, 1e-3),
+                                             (3000, 10, 0.5), (9, 8, 2.0), (2, 1, 1.0)])
+def test_kernels_equal_the_torch_path(dtype, n, k, tau):
+    x = torch.randn(4, n, generator=torch.Generator().manual_seed(n + k), dtype=dtype).to(DEVICE)
+    mask, _ = _close(x, k, tau)
+    torch.testing.assert_close(mask.sum(-1), torch.full_like(mask[:, 0], float(k)), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e6])
+def test_extreme_scales(scale):
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(3)).to(DEVICE) * scale
+    _close(x, 4, 1.0)
+    _close(x, 4, scale)
+
+
+@pytest.mark.parametrize("k", [2, 3, 6])
+def test_infinite_and_tied_rows_follow_the_extended_reals(k):
+    x = torch.tensor([[1.0, INF, -INF, 2, 0, -1, 3, INF], [INF, INF, INF, 1, 2, 3, 4, 5],
+                      [-INF, -INF, 1, -INF, -INF, -INF, -INF, -INF], [0.0] * 8,
+                      [3.4e38, -3.4e38, 1, 2, 0, 0, 0, 0]], device=DEVICE)
+    mask, grad = _close(x, k, 0.7)
+    assert torch.isfinite(mask).all() and torch.isfinite(grad).all()
+
+
+def test_nan_stays_in_its_row():
+    x = torch.tensor([[1.0, float("nan"), 0.0, 2.0], [1.0, 3.0, 0.0, 2.0]], device=DEVICE)
+    mask, _ = _close(x, 2, 1.0)
+    assert mask[0].isnan().all() and not mask[1].isnan().any()
+
+
+def test_hard_forward_with_the_soft_gradient():
+    _close(torch.randn(4, 50, generator=torch.Generator().manual_seed(5)).to(DEVICE), 5, 1.0, hard=True)
+
+
+def test_an_empty_batch():
+    x = torch.empty(0, 10, device=DEVICE, requires_grad=True)
+    mask = lapsum_triton.triton_mask(x, 3, 1.0, hard=False, **CONSTANTS)
+    mask.sum().backward()
+    assert mask.shape == (0, 10) and x.grad.shape == (0, 10)
+
+
+def test_one_topk_and_two_kernels_per_forward_and_backward(monkeypatch):
+    from softtopk.ops import lapsum_kernels
+
+    launched = []
+
+    class Counted:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            launched.append(grid)
+
+            def launch(*args, **kwargs):
+                # the interpreter moves data with aten ops that a GPU launch does not dispatch
+                with _disable_current_modes():
+                    return self.kernel[grid](*args, **kwargs)
+
+            return launch
+
+    for name in ("mask_forward", "mask_backward"):
+        monkeypatch.setattr(lapsum_kernels, name, Counted(getattr(lapsum_kernels, name)))
+    x = torch.randn(64, 1000, device=DEVICE)
+    counts = count_call(lambda v: lapsum_triton.triton_mask(v, 10, 1.0, hard=False, **CONSTANTS), x)
+    kernels = len(launched) - 1  # count_call runs a warm-up forward first
+    assert kernels == 2 and counts.reads == 0
+    assert counts.launches + kernels <= 16  # issue 21's budget for the mask, fwd + bwd
+    assert counts.ops["topk"] == 1, counts.ops
+
+
+def test_the_torch_path_runs_unless_enabled_on_cuda(monkeypatch):
+    x = torch.randn(2, 8)
+    assert not lapsum_triton.usable(x, 2, 1.0)  # disabled by default
+    monkeypatch.setattr(lapsum_triton, "ENABLED", True)
+    assert not lapsum_triton.usable(x, 2, 1.0)  # a CPU tensor
+    cuda_like = x.to("meta")
+    assert not lapsum_triton.usable(cuda_like, 2, 1.0)
+    assert not lapsum_triton.usable(x, torch.tensor([[2.0]]), 1.0)  # a tensor k
+    assert not lapsum_triton.usable(x, 2, torch.tensor(1.0))  # a tensor tau
