@@ -132,3 +132,24 @@ def test_compiled_mask_and_ranks_equal_eager(method, n):
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
+
+
+def test_compiled_splitter_mask_equals_eager_at_n_100000():
+    """n = 1e5 under compile: the splitter network's mask (about 20 s of tracing here). The bitonic
+    network agrees too but takes minutes to trace (log² n layers; docs/methods/sorting-networks.md);
+    odd_even is O(n²) and not meant for such n."""
+    torch._dynamo.reset()
+
+    def mask(x):
+        return softtopk.soft_topk(x, 3, method="splitter_selection", steepness=10.0)
+
+    x = _with_infinities(torch.randn(2, 100_000, generator=torch.Generator().manual_seed(0)))
+    results = []
+    for fn in (torch.compile(mask, fullgraph=True, backend="aot_eager"), mask):
+        leaf = x.clone().requires_grad_()
+        out = fn(leaf)
+        (out * torch.linspace(0.5, 1.5, x.shape[-1])).sum().backward()
+        results.append((out.detach(), leaf.grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
