@@ -116,6 +116,23 @@ def kernel_launches(monkeypatch):
     return launched
 
 
+def test_topk_weights_through_the_kernels_equal_the_torch_path(kernel_launches, monkeypatch):
+    route = [True]
+    monkeypatch.setattr(lapsum_triton, "usable", lambda x, k, tau: route[0] and isinstance(tau, float))
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(2), device=DEVICE)
+    g = torch.randn(8, 4, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    for hard in (False, True):
+        results = []
+        for route[0] in (True, False):
+            leaf = x.clone().requires_grad_()
+            values, indices, weights = softtopk.topk(leaf, 4, hard=hard, tau=0.5)
+            (weights * g).sum().backward()
+            results.append((values.detach(), indices, weights.detach(), leaf.grad))
+        for got, want in zip(*results):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
+    assert len(kernel_launches) == 4  # forward and backward, soft and hard
+
+
 BUDGETS = {  # issue 21's budgets for one forward + backward at 64 x 1000, k = 10
     "lapsum": (lambda v: softtopk.soft_topk(v, 10, tau=1.0), 16),
     "lapsum hard": (lambda v: softtopk.soft_topk(v, 10, tau=1.0, hard=True), 20),

@@ -219,7 +219,9 @@ def lapsum_topk(x: torch.Tensor, k: int, dim: int, largest: bool, *, tau: float 
     rows = rows if largest else -rows
     tau = tau.to(rows.dtype) if isinstance(tau, torch.Tensor) else tau
     values, index = rows.topk(k, -1)
-    if 2 * k <= rows.shape[-1]:
+    if lapsum_triton.usable(rows, k, tau) and k < rows.shape[-1]:
+        weights = lapsum_triton.triton_mask(rows, k, tau, hard=hard, clamp=_C, floor=_FLOOR).gather(-1, index)
+    elif 2 * k <= rows.shape[-1]:
         weights = _LaplaceWeights.apply(rows, tau, k, index, hard)[0]
     else:
         weights = lapsum_mask(rows, k, tau, hard=hard).gather(-1, index)
