@@ -129,8 +129,8 @@ def train_cifar100(config: Cifar100Config) -> dict[str, Any]:
         return Step(loss_fn(logits, y) * batch.weight, (logits.detach().argmax(1) == y).sum(), len(y))
 
     def evaluation() -> tuple[dict[str, float], dict[str, float]]:
-        return tuple(evaluate_images(model, x, y, batch_size=config.batch_size, device=run.device)
-                     for x, y in ((valid_x, valid_y), (test_x, test_y)))
+        valid = evaluate_images(model, valid_x, valid_y, batch_size=config.batch_size, device=run.device)
+        return valid, evaluate_images(model, test_x, test_y, batch_size=config.batch_size, device=run.device)
 
     def batches(epoch: int) -> Iterable[tuple[torch.Tensor, None]]:
         order = epoch_permutation(len(train_y), config.seed, epoch)[:steps_per_epoch * config.batch_size]

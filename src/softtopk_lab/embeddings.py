@@ -104,8 +104,8 @@ def train_embeddings(config: EmbeddingConfig, parent: str | None = None) -> dict
         return Step(loss_fn(logits, y) * batch.weight, (logits.detach().argmax(1) == y).sum(), len(y))
 
     def evaluation() -> tuple[dict[str, float], dict[str, float]]:
-        return tuple(evaluate(model, x, y, batch_size=config.batch_size, device=run.device)
-                     for x, y in ((valid_x, valid_y), (test_x, test_y)))
+        valid = evaluate(model, valid_x, valid_y, batch_size=config.batch_size, device=run.device)
+        return valid, evaluate(model, test_x, test_y, batch_size=config.batch_size, device=run.device)
 
     def batches(epoch: int) -> Iterable[tuple[torch.Tensor, None]]:
         return ((batch, None) for batch in epoch_permutation(len(train_y), config.seed, epoch).split(config.batch_size))

@@ -203,8 +203,12 @@ def train_knn(config: KnnConfig) -> dict[str, Any]:
               "params": {key: value for key, value in knn.params.items() if key != "generator"}, "k": config.k,
               "n_train": n_train, "n_valid": len(data["val"][1]), "n_test": len(data["test"][1]),
               "n_eval_neighbors": len(train_y[:config.eval_neighbors]), "standardisation": [data["mean"], data["std"]]}
-    task = Task(model, model_args, lambda parameters: torch.optim.SGD(
-                    parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay),
-                {"method_noise": noise}, config.n_epochs, steps_per_epoch, batches, step, evaluation, steps_per_epoch,
-                fields, record_fields=lambda loss, top1: {"train_precision": None if loss is None else -loss / config.k})
+    def optimizer(parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+
+    def record_fields(train_loss: float | None, train_top1: float | None) -> dict[str, Any]:
+        return {"train_precision": None if train_loss is None else -train_loss / config.k}
+
+    task = Task(model, model_args, optimizer, {"method_noise": noise}, config.n_epochs, steps_per_epoch, batches,
+                step, evaluation, steps_per_epoch, fields, record_fields=record_fields)
     return train(run, task)

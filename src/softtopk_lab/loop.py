@@ -219,6 +219,7 @@ class _Loop:
 
     def results(self) -> dict[str, Any]:
         """``results.json``: the shared fields, the tool's own, then the timings."""
+        assert self.last is not None, "the last step is always evaluated"
         valid, test = self.last
         head = {"reported_test_at_best_valid": self.best.reported(), "final_valid": valid, "final_test": test,
                 "best": self.best.state_dict(), "steps": self.step, "epochs": self.task.n_epochs}
@@ -242,6 +243,5 @@ def train(run: Run, task: Task) -> dict[str, Any]:
     for epoch in range(loop.epoch, task.n_epochs):
         loop.run_epoch(epoch)
     results = loop.results()
-    valid, test = loop.last
-    run.finish(results, summary_table(valid, test, loop.best))
+    run.finish(results, summary_table(results["final_valid"], results["final_test"], loop.best))
     return results

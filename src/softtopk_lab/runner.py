@@ -1,6 +1,6 @@
 """Shared machinery of the ``softtopk`` training tools: run directory, device, DDP, progress, resume.
 
-A :class:`Run` owns one training run:
+A :class:`Run` owns one training run (the training loop that drives it: :mod:`.loop`):
 
 * **run directory** (``--out DIR``, default ``runs/<command>-<YYYYmmdd-HHMMSS>``; marked and locked
   as :mod:`.rundir` says, every file written as :mod:`.files` says): ``config.json``
