@@ -152,7 +152,7 @@ class _Loop:
         self.epoch, self.step, self.train_seconds = state["epoch"] + 1, state["step"], state["train_seconds"]
         valid, test = state["last_evaluation"]
         self.last = valid, test
-        self.losses = list(state["losses_since_evaluation"])
+        self.losses = [loss.to(self.run.device) for loss in state["losses_since_evaluation"]]  # loaded on the CPU
         correct, self.seen = state["correct_since_evaluation"]
         self.correct = torch.tensor(correct, dtype=torch.long, device=self.run.device)
         return True
