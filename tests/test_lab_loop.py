@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from softtopk_lab import embeddings
 from softtopk_lab.cli import main
 
 from test_knn_train import needs_mnist
@@ -79,6 +80,21 @@ def test_a_killed_run_resumes_to_the_results_of_an_uninterrupted_one(tool, tmp_p
     assert results == straight and records == straight_records
     assert weights.keys() == straight_weights.keys()
     assert all(torch.equal(weights[name], straight_weights[name]) for name in weights)  # bit for bit
+
+
+class _Diverging(torch.nn.Module):
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return logits.sum() * float("nan")
+
+
+def test_a_diverged_training_loss_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(embeddings, "build_loss", lambda *args: _Diverging())
+    flags = ["train-embeddings", "-d", "wordnet148", "--method", "softmax_cross_entropy", "--p_k", "1",
+             "--n_epochs", "1", "--no-progress", "--quiet", "--out", str(tmp_path / "run")]
+    assert main(flags) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("softtopk train-embeddings: error: training diverged: the mean "
+                                                  "training loss is nan at step "), err
 
 
 def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:

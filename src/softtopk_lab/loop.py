@@ -15,7 +15,7 @@ tool:
 * **evaluation**: before the first step (unless ``Task.evaluate_first`` is false), after every
   ``Task.eval_every`` steps and after the last step; each one writes ``best.pt`` when top-1
   improved and one record of ``metrics.jsonl``; a non-finite mean training loss stops the run
-  with :class:`FloatingPointError`;
+  (a one-line :class:`.UsageError`);
 * **checkpoint** at the end of every epoch, the same entries for every tool
   (:data:`.checkpoint.ENTRIES`), and **resume** from it (:meth:`.Run.restore`): the counters, the
   losses and hits since the last evaluation, and every random state come back, so a run killed and
@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .errors import UsageError
 from .metrics import BestTracker, summary_table
 from .runner import Run
 
@@ -185,7 +186,8 @@ class _Loop:
         self.run.save_best(self.task.model, self.task.model_args, self.best.update(valid, test, self.step), self.best)
         train_loss = self.run.mean_loss(self.losses)
         if train_loss is not None and not math.isfinite(train_loss):
-            raise FloatingPointError(f"training loss is {train_loss} at step {self.step}")
+            raise UsageError(f"training diverged: the mean training loss is {train_loss} at step {self.step} "
+                             "(a smaller learning rate may help)")
         top1 = self.correct.item() / self.seen if self.seen else None
         self.run.log({"step": self.step, "epoch": self.step / self.task.steps_per_epoch, "train_loss": train_loss,
                       **self.task.record_fields(train_loss, top1), "valid": valid, "test": test,
@@ -234,8 +236,7 @@ def train(run: Run, task: Task) -> dict[str, Any]:
 
     Raises:
         UsageError: on ``--resume``, a checkpoint that does not fit this run (:meth:`.Run.restore`);
-            a run file that cannot be written.
-        FloatingPointError: the mean training loss at an evaluation is not finite.
+            a run file that cannot be written; a mean training loss at an evaluation that is not finite.
     """
     loop = _Loop(run, task)
     if not loop.restore() and task.evaluate_first:
