@@ -12,7 +12,6 @@ from __future__ import annotations
 import pickle
 import random
 import zipfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,10 @@ from .errors import UsageError
 from .files import replace_atomic
 
 #: the ``format`` entry of every checkpoint this version writes and reads
-FORMAT = "softtopk-lab-checkpoint/2"
-#: the entries of every tool's checkpoint (``Run.save_checkpoint``)
-ENTRIES = ("model", "optimizer", "epoch", "step", "best", "last_evaluation", "rng", "elapsed")
+FORMAT = "softtopk-lab-checkpoint/3"
+#: the entries of every tool's checkpoint (:mod:`softtopk_lab.loop`, ``Run.save_checkpoint``)
+ENTRIES = ("model", "optimizer", "epoch", "step", "best", "last_evaluation", "losses_since_evaluation",
+           "correct_since_evaluation", "train_seconds", "rng", "elapsed")
 
 
 def is_number(value: Any) -> bool:
@@ -33,17 +33,19 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-#: what the checked entries must hold (numbers; per-step losses as one-element tensors)
+#: what the checked entries must hold (numbers; per-step losses as one-element tensors; hits and rows as ints)
 _CHECKS = {
     "epoch": is_number, "step": is_number, "elapsed": is_number, "train_seconds": is_number,
     "losses_since_evaluation": lambda value: isinstance(value, (list, tuple)) and all(
         isinstance(loss, torch.Tensor) and loss.numel() == 1 for loss in value),
+    "correct_since_evaluation": lambda value: isinstance(value, (list, tuple)) and len(value) == 2 and all(
+        isinstance(count, int) and not isinstance(count, bool) and count >= 0 for count in value),
 }
 
 
-def malformed_entries(state: dict[str, Any], keys: Iterable[str] = ENTRIES) -> list[str]:
-    """The entries of ``keys`` that ``state`` lacks or that do not hold what a run writes."""
-    return [key for key in keys if key not in state or not _CHECKS.get(key, lambda value: True)(state[key])]
+def malformed_entries(state: dict[str, Any]) -> list[str]:
+    """The entries of :data:`ENTRIES` that ``state`` lacks or that do not hold what a run writes."""
+    return [key for key in ENTRIES if key not in state or not _CHECKS.get(key, lambda value: True)(state[key])]
 
 
 def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:

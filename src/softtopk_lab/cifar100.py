@@ -23,19 +23,16 @@ so the validation labels are noisy too, as in Berrada et al.'s protocol where th
 carved from the (noisy) training set: model selection sees the same corrupted labels a practitioner
 would have. Test labels stay clean.
 
-Run files, resume and torchrun: :mod:`.runner`. Under torchrun every rank draws the augmentation of
-the whole global batch from the same generator and trains on its own part of it, so the data seen is
-independent of the number of processes (BatchNorm statistics are per rank).
-
-Test-only hook: with the environment variable ``SOFTTOPK_TEST_KILL_AT_STEP=N`` the process sends
-itself SIGKILL right after optimizer step ``N`` (used by the kill-and-resume test).
+Run files, resume and torchrun: :mod:`.runner`; the training loop: :mod:`.loop`. Under torchrun every
+rank draws the augmentation of the whole global batch from the same generator and trains on its own
+part of it, so the data seen is independent of the number of processes (BatchNorm statistics are per
+rank).
 """
 
 from __future__ import annotations
 
-import math
 import os
-import signal
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -43,10 +40,12 @@ import torch
 from .cifar_data import CIFAR100_CLASSES, augment_cifar, load_cifar100, noisy_labels, normalize_cifar
 from .config import Cifar100Config
 from .errors import UsageError
-from .metrics import BestTracker, summary_table, topk_metrics
+from .loop import Batch, Step, Task, train
+from .metrics import topk_metrics
 from .models import resnet18_cifar
 from .runner import Run, epoch_permutation, resolve_device
 from .train_losses import build_loss
+
 
 def load_splits(path: str, seed: int, val_size: int, label_noise: float, batch_size: int) -> dict[str, Any]:
     """CIFAR-100 as uint8 train/valid/test splits, with label noise and the seeded validation split.
@@ -116,62 +115,33 @@ def train_cifar100(config: Cifar100Config) -> dict[str, Any]:
         train_x, valid_x, test_x = train_x.pin_memory(), valid_x.pin_memory(), test_x.pin_memory()
     model_args = {"n_classes": CIFAR100_CLASSES}
     model = build_model(**model_args)
-    net = run.wrap_model(model)
-    optimizer = torch.optim.Adam(net.parameters(), lr=10 ** -config.nloglr)
     noise = torch.Generator(device=run.device).manual_seed(config.seed * 7919 + run.rank)
     augment = torch.Generator().manual_seed(config.seed * 104729 + 1)  # same on every rank: global batch augmented
     class_counts = torch.bincount(train_y, minlength=CIFAR100_CLASSES)
     loss_fn = build_loss(config.loss, CIFAR100_CLASSES, class_counts, noise).to(run.device)
-    generators, best = {"loss_noise": noise, "augment": augment}, BestTracker()
-    start_epoch, step, valid, test = 0, 0, None, None
     steps_per_epoch = len(train_y) // config.batch_size  # drop_last
-    run.total_steps = config.n_epochs * steps_per_epoch
-    state = run.restore(generators, model, optimizer, best, n_epochs=config.n_epochs, steps_per_epoch=steps_per_epoch)
-    if state is not None:
-        start_epoch, step = state["epoch"] + 1, state["step"]
-        valid, test = state["last_evaluation"]
-    kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
 
-    for epoch in range(start_epoch, config.n_epochs):
-        net.train()
-        order = epoch_permutation(len(train_y), config.seed, epoch)[:steps_per_epoch * config.batch_size]
-        batches = run.progress(order.view(steps_per_epoch, config.batch_size), steps_per_epoch,
-                               f"epoch {epoch + 1}/{config.n_epochs}")
-        losses, correct, seen = [], torch.zeros((), dtype=torch.long, device=run.device), 0
-        for batch in batches:
-            images = augment_cifar(train_x[batch], augment)  # whole global batch, same draws on every rank
-            parts = torch.arange(len(batch)).tensor_split(run.world_size)[run.rank]
-            x = images[parts].to(run.device, non_blocking=True)
-            y = train_y[batch][parts].to(run.device, non_blocking=True)
-            logits = net(x)
-            loss = loss_fn(logits, y) * run.shard_weight(len(parts), len(batch))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            losses.append(loss.detach())
-            correct += (logits.detach().argmax(1) == y).sum()
-            seen += len(y)
-            if run.show_progress:
-                batches.set_postfix(loss=f"{losses[-1].item():.4f}", acc=f"{correct.item() / max(seen, 1):.3f}")
-            if step == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
+    def step(net: torch.nn.Module, batch: Batch) -> Step:
+        images = augment_cifar(train_x[batch.indices], augment)  # whole global batch, same draws on every rank
+        x = images[batch.part].to(run.device, non_blocking=True)
+        y = train_y[batch.local].to(run.device, non_blocking=True)
+        logits = net(x)
+        return Step(loss_fn(logits, y) * batch.weight, (logits.detach().argmax(1) == y).sum(), len(y))
+
+    def evaluation() -> tuple[dict[str, float], dict[str, float]]:
         valid = evaluate_images(model, valid_x, valid_y, batch_size=config.batch_size, device=run.device)
-        test = evaluate_images(model, test_x, test_y, batch_size=config.batch_size, device=run.device)
-        run.save_best(model, model_args, best.update(valid, test, step), best)
-        train_loss = run.mean_loss(losses)
-        if not math.isfinite(train_loss):
-            raise FloatingPointError(f"training loss is {train_loss} in epoch {epoch + 1}")
-        run.log({"step": step, "epoch": epoch + 1, "train_loss": train_loss,
-                 "train_top1_rank0": correct.item() / max(seen, 1), "valid": valid, "test": test, "elapsed": run.elapsed()})
-        run.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                             "step": step, "best": best.state_dict(), "last_evaluation": (valid, test)},
-                            generators)
-    results = {"reported_test_at_best_valid": best.reported(), "final_valid": valid, "final_test": test,
-               "best": best.state_dict(), "steps": step, "epochs": config.n_epochs, "n_classes": CIFAR100_CLASSES,
-               "n_train": len(train_y), "n_valid": config.val_size, "n_valid_evaluated": len(valid_y),
-               "n_test": len(test_y), "label_noise": config.label_noise,
-               "changed_label_fraction": data["changed_label_fraction"], "data": str(config.data_path),
-               "elapsed": run.elapsed()}
-    run.finish(results, summary_table(valid, test, best))
-    return results
+        return valid, evaluate_images(model, test_x, test_y, batch_size=config.batch_size, device=run.device)
+
+    def batches(epoch: int) -> Iterable[tuple[torch.Tensor, None]]:
+        order = epoch_permutation(len(train_y), config.seed, epoch)[:steps_per_epoch * config.batch_size]
+        return ((batch, None) for batch in order.view(steps_per_epoch, config.batch_size))
+
+    fields = {"n_classes": CIFAR100_CLASSES, "n_train": len(train_y), "n_valid": config.val_size,
+              "n_valid_evaluated": len(valid_y), "n_test": len(test_y), "label_noise": config.label_noise,
+              "changed_label_fraction": data["changed_label_fraction"], "data": str(config.data_path)}
+    # as difftopk's train_cifar100.py: evaluated after every epoch only; results.json keeps its 0.2.0 fields
+    # (no step time)
+    task = Task(model, model_args, lambda parameters: torch.optim.Adam(parameters, lr=10 ** -config.nloglr),
+                {"loss_noise": noise, "augment": augment}, config.n_epochs, steps_per_epoch, batches, step,
+                evaluation, steps_per_epoch, fields, evaluate_first=False, step_time_in_results=False)
+    return train(run, task)

@@ -11,16 +11,12 @@ evaluated on the validation and test sets at step 0, every ``--eval_freq`` steps
 each metric is reported as the test value at the best validation value of that metric. Run files,
 resume and torchrun: :mod:`.runner`.
 
-Test-only hook: with the environment variable ``SOFTTOPK_TEST_KILL_AT_STEP=N`` the process sends
-itself SIGKILL right after optimizer step ``N`` (used by the kill-and-resume test).
+The training loop (counters, checkpoints, resume, the test-only kill hook): :mod:`.loop`.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +24,8 @@ import torch
 from .config import EmbeddingConfig
 from .embedding_data import default_val_size, load_data, split_validation
 from .errors import UsageError
-from .metrics import BestTracker, evaluate, summary_table
+from .loop import Batch, Step, Task, train
+from .metrics import evaluate
 from .runner import Run, epoch_permutation
 from .train_losses import build_loss
 
@@ -95,71 +92,27 @@ def train_embeddings(config: EmbeddingConfig, parent: str | None = None) -> dict
                   "apply_relu": config.apply_relu, "apply_dropout": config.apply_dropout,
                   "normalize_ll": config.normalize_ll}
     model = build_model(**model_args)
-    net = run.wrap_model(model)
-    optimizer = torch.optim.Adam(net.parameters(), lr=10 ** -config.nloglr)
     noise = torch.Generator(device=run.device).manual_seed(config.seed * 7919 + run.rank)
     loss_fn = build_loss(config.loss, data["n_classes"], data["train_class_counts"], noise).to(run.device)
-    generators, best = {"loss_noise": noise}, BestTracker()
-    start_epoch, step, losses, train_seconds = 0, 0, [], 0.0
-    steps_per_epoch = -(-len(train_y) // config.batch_size)
-    total_steps = config.n_epochs * steps_per_epoch
-    run.total_steps = config.n_epochs * steps_per_epoch
-    state = run.restore(generators, model, optimizer, best, n_epochs=config.n_epochs, steps_per_epoch=steps_per_epoch,
-                        keys=("losses_since_evaluation", "train_seconds"))
-    if state is not None:
-        start_epoch, step = state["epoch"] + 1, state["step"]
-        valid, test = state["last_evaluation"]
-        losses = list(state["losses_since_evaluation"])
-        train_seconds = state["train_seconds"]
-    kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
 
-    def evaluation() -> tuple[dict, dict]:
+    def step(net: torch.nn.Module, batch: Batch) -> Step:
+        local = batch.local
+        x, y = train_x[local].to(run.device).float(), train_y[local].to(run.device)
+        logits = net(x)
+        if not len(local):  # a torchrun process without rows: its forward pass still joins DDP's reduction
+            return Step(logits.sum() * 0.0)
+        return Step(loss_fn(logits, y) * batch.weight, (logits.detach().argmax(1) == y).sum(), len(y))
+
+    def evaluation() -> tuple[dict[str, float], dict[str, float]]:
         valid = evaluate(model, valid_x, valid_y, batch_size=config.batch_size, device=run.device)
-        test = evaluate(model, test_x, test_y, batch_size=config.batch_size, device=run.device)
-        run.save_best(model, model_args, best.update(valid, test, step), best)
-        train_loss = run.mean_loss(losses)
-        run.log({"step": step, "epoch": step / steps_per_epoch, "train_loss": train_loss, "valid": valid, "test": test,
-                 "elapsed": run.elapsed()})
-        losses.clear()
-        return valid, test
+        return valid, evaluate(model, test_x, test_y, batch_size=config.batch_size, device=run.device)
 
-    if state is None:
-        valid, test = evaluation()
-    for epoch in range(start_epoch, config.n_epochs):
-        net.train()
-        order = epoch_permutation(len(train_y), config.seed, epoch)
-        batches = run.progress(order.split(config.batch_size), steps_per_epoch, f"epoch {epoch + 1}/{config.n_epochs}")
-        for batch in batches:
-            tick = time.perf_counter()
-            local = run.shard(batch)
-            x = train_x[local].to(run.device).float()
-            y = train_y[local].to(run.device)
-            logits = net(x)
-            if len(local):
-                loss = loss_fn(logits, y) * run.shard_weight(len(local), len(batch))
-            else:
-                loss = logits.sum() * 0.0
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            train_seconds += time.perf_counter() - tick
-            step += 1
-            losses.append(loss.detach())
-            if run.show_progress:
-                accuracy = (logits.argmax(1) == y).float().mean().item() if len(local) else 0.0
-                batches.set_postfix(loss=f"{losses[-1].item():.4f}", acc=f"{accuracy:.3f}")
-            if step == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if step % config.eval_freq == 0 or step == total_steps:
-                valid, test = evaluation()
-        run.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                             "step": step, "best": best.state_dict(), "last_evaluation": (valid, test),
-                              "losses_since_evaluation": list(losses), "train_seconds": train_seconds},
-                            generators)
-    results = {"reported_test_at_best_valid": best.reported(), "final_valid": valid, "final_test": test,
-               "best": best.state_dict(), "steps": step, "epochs": config.n_epochs, "n_classes": data["n_classes"],
-               "n_train": len(train_y), "n_valid": len(valid_y), "n_test": len(test_y), "data": data["source"],
-               "elapsed": run.elapsed(), "train_seconds": train_seconds,
-               "ms_per_step": 1e3 * train_seconds / max(step, 1)}
-    run.finish(results, summary_table(valid, test, best))
-    return results
+    def batches(epoch: int) -> Iterable[tuple[torch.Tensor, None]]:
+        return ((batch, None) for batch in epoch_permutation(len(train_y), config.seed, epoch).split(config.batch_size))
+
+    task = Task(model, model_args, lambda parameters: torch.optim.Adam(parameters, lr=10 ** -config.nloglr),
+                {"loss_noise": noise}, config.n_epochs, -(-len(train_y) // config.batch_size), batches, step,
+                evaluation, config.eval_freq,
+                {"n_classes": data["n_classes"], "n_train": len(train_y), "n_valid": len(valid_y),
+                 "n_test": len(test_y), "data": data["source"]})
+    return train(run, task)

@@ -32,15 +32,12 @@ Method parameters: ``--tau`` is the temperature of ``gumbel``, ``neuralsort``, `
 method parameters keep the library defaults.
 
 Run files, ``--resume`` and torchrun: :mod:`.runner` (queries are split across ranks, every rank
-embeds all candidates). Test-only hook: with ``SOFTTOPK_TEST_KILL_AT_STEP=N`` the process sends itself
-SIGKILL right after optimizer step ``N``.
+embeds all candidates); the training loop: :mod:`.loop`.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -49,7 +46,7 @@ from softtopk import DifferentiableKNN, methods
 
 from .config import KnnConfig
 from .errors import UsageError
-from .metrics import BestTracker, summary_table
+from .loop import Batch, Step, Task, train
 from .mnist_data import load_fashion_mnist, load_mnist
 from .runner import Run, epoch_permutation
 
@@ -177,80 +174,41 @@ def train_knn(config: KnnConfig) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     model_args = {"net": net_name(config)}
     model = build_model(**model_args)
-    net = run.wrap_model(model)
-    optimizer = torch.optim.SGD(net.parameters(), lr=config.lr, momentum=config.momentum,
-                                weight_decay=config.weight_decay)
     noise = torch.Generator(device=run.device).manual_seed(config.seed * 7919 + run.rank)
     knn = build_knn(config, noise)
-    generators, best = {"method_noise": noise}, BestTracker()
-    start_epoch, step, train_seconds = 0, 0, 0.0
     train_x, train_y = data["train"]
     n_train = len(train_y)
     steps_per_epoch = n_train // config.num_queries
-    run.total_steps = config.n_epochs * steps_per_epoch
-    state = run.restore(generators, model, optimizer, best, n_epochs=config.n_epochs, steps_per_epoch=steps_per_epoch,
-                        keys=("train_seconds",))
-    if state is not None:
-        start_epoch, step = state["epoch"] + 1, state["step"]
-        valid, test = state["last_evaluation"]
-        train_seconds = state["train_seconds"]
-    kill_at = int(os.environ.get("SOFTTOPK_TEST_KILL_AT_STEP", "0"))
 
-    def evaluation(losses: list[torch.Tensor]) -> tuple[dict, dict]:
-        valid_acc, test_acc = knn_accuracy(model, knn, data, config, run.device)
-        valid, test = {"top1": valid_acc}, {"top1": test_acc}
-        run.save_best(model, model_args, best.update(valid, test, step), best)
-        train_loss = run.mean_loss(losses)
-        run.log({"step": step, "epoch": step / steps_per_epoch, "train_loss": train_loss,
-                 "train_precision": None if train_loss is None else -train_loss / config.k,
-                 "valid": valid, "test": test, "elapsed": run.elapsed()})
-        return valid, test
+    def step(net: torch.nn.Module, batch: Batch) -> Step:
+        local, candidates = batch.local, batch.shared
+        embeddings = net(torch.cat([train_x[local], train_x[candidates]]).to(run.device))
+        if not len(local):  # a torchrun process without queries: its forward pass still joins DDP's reduction
+            return Step(embeddings.sum() * 0.0)
+        out = knn(embeddings[:len(local)], embeddings[len(local):], train_y[candidates].to(run.device),
+                  query_labels=train_y[local].to(run.device))
+        # reference scale: -sum_j 1[y_j = y_q] w_qj averaged over queries = k * the normalised loss
+        return Step(out.loss * config.k * batch.weight)
 
-    if state is None:
-        valid, test = evaluation([])
-    for epoch in range(start_epoch, config.n_epochs):
-        net.train()
+    def evaluation() -> tuple[dict[str, float], dict[str, float]]:
+        valid, test = knn_accuracy(model, knn, data, config, run.device)
+        return {"top1": valid}, {"top1": test}
+
+    def batches(epoch: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         queries = epoch_permutation(n_train, config.seed, epoch)[:steps_per_epoch * config.num_queries]
         candidates = candidate_order(n_train, config.seed, epoch, steps_per_epoch * config.num_candidates)
-        batches = run.progress(zip(queries.split(config.num_queries), candidates.split(config.num_candidates)),
-                               steps_per_epoch, f"epoch {epoch + 1}/{config.n_epochs}")
-        losses: list[torch.Tensor] = []
-        for query_batch, candidate_batch in batches:
-            tick = time.perf_counter()
-            local = run.shard(query_batch)
-            images = torch.cat([train_x[local], train_x[candidate_batch]]).to(run.device)
-            embeddings = net(images)
-            query_emb, candidate_emb = embeddings[:len(local)], embeddings[len(local):]
-            if len(local):
-                out = knn(query_emb, candidate_emb, train_y[candidate_batch].to(run.device),
-                          query_labels=train_y[local].to(run.device))
-                # reference scale: -sum_j 1[y_j = y_q] w_qj averaged over queries = k * the normalised loss
-                loss = out.loss * config.k * run.shard_weight(len(local), len(query_batch))
-            else:
-                loss = embeddings.sum() * 0.0
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            train_seconds += time.perf_counter() - tick
-            step += 1
-            losses.append(loss.detach())
-            if run.show_progress:
-                batches.set_postfix(loss=f"{losses[-1].item():.3f}")
-            if step == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-        valid, test = evaluation(losses)
-        run.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                             "step": step, "best": best.state_dict(), "last_evaluation": (valid, test),
-                             "train_seconds": train_seconds},
-                            generators)
-    results = {"reported_test_at_best_valid": best.reported(), "final_valid": valid, "final_test": test,
-               "best": best.state_dict(), "steps": step, "epochs": config.n_epochs, "dataset": config.dataset,
-               "net": net_name(config),
-               "method": config.method, "params": {key: value for key, value in knn.params.items()
-                                                 if key != "generator"},
-               "k": config.k, "n_train": n_train, "n_valid": len(data["val"][1]), "n_test": len(data["test"][1]),
-               "n_eval_neighbors": len(train_y[:config.eval_neighbors]), "standardisation": [data["mean"], data["std"]],
-               "elapsed": run.elapsed(), "train_seconds": train_seconds,
-               "ms_per_step": 1e3 * train_seconds / max(step, 1)}
-    run.finish(results, summary_table(valid, test, best))
-    return results
+        return zip(queries.split(config.num_queries), candidates.split(config.num_candidates))
+
+    fields = {"dataset": config.dataset, "net": net_name(config), "method": config.method,
+              "params": {key: value for key, value in knn.params.items() if key != "generator"}, "k": config.k,
+              "n_train": n_train, "n_valid": len(data["val"][1]), "n_test": len(data["test"][1]),
+              "n_eval_neighbors": len(train_y[:config.eval_neighbors]), "standardisation": [data["mean"], data["std"]]}
+    def optimizer(parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+
+    def record_fields(train_loss: float | None, train_top1: float | None) -> dict[str, Any]:
+        return {"train_precision": None if train_loss is None else -train_loss / config.k}
+
+    task = Task(model, model_args, optimizer, {"method_noise": noise}, config.n_epochs, steps_per_epoch, batches,
+                step, evaluation, steps_per_epoch, fields, record_fields=record_fields)
+    return train(run, task)

@@ -1,6 +1,6 @@
 """Shared machinery of the ``softtopk`` training tools: run directory, device, DDP, progress, resume.
 
-A :class:`Run` owns one training run:
+A :class:`Run` owns one training run (the training loop that drives it: :mod:`.loop`):
 
 * **run directory** (``--out DIR``, default ``runs/<command>-<YYYYmmdd-HHMMSS>``; marked and locked
   as :mod:`.rundir` says, every file written as :mod:`.files` says): ``config.json``
@@ -307,24 +307,20 @@ class Run:
             replace_atomic(self.dir / "best.pt", lambda stream: torch.save(state, stream))
 
     def restore(self, generators: dict[str, torch.Generator], model: torch.nn.Module,
-                optimizer: torch.optim.Optimizer, best: Any, *, n_epochs: int, steps_per_epoch: int,
-                keys: Iterable[str] = ()) -> dict[str, Any] | None:
+                optimizer: torch.optim.Optimizer, best: Any, *, n_epochs: int,
+                steps_per_epoch: int) -> dict[str, Any] | None:
         """On ``--resume``: restore the RNG states, ``model``, ``optimizer`` and ``best`` (a
         :class:`~softtopk_lab.metrics.BestTracker`), trim ``metrics.jsonl`` and return the
-        checkpoint; ``None`` for a new run.
+        checkpoint (its entries checked when the run opened it); ``None`` for a new run.
 
         Raises:
-            UsageError: the checkpoint lacks one of the tool's ``keys``, holds another model's
-                weights, or an epoch and step that a run of ``n_epochs`` epochs of
-                ``steps_per_epoch`` steps never writes; ``metrics.jsonl`` is missing or damaged.
+            UsageError: the checkpoint holds another model's weights, or an epoch and step that a
+                run of ``n_epochs`` epochs of ``steps_per_epoch`` steps never writes;
+                ``metrics.jsonl`` is missing or damaged.
         """
         state = self.resumed
         if state is None:
             return None
-        missing = malformed_entries(state, keys)
-        if missing:
-            raise UsageError(f"--resume {self.dir}: checkpoint.pt is not a checkpoint of softtopk {self.command} "
-                             f"(missing or malformed: {', '.join(missing)})")
         epoch, step = state["epoch"], state["step"]
         if not (isinstance(epoch, int) and 0 <= epoch < n_epochs and step == (epoch + 1) * steps_per_epoch):
             raise UsageError(f"--resume {self.dir}: checkpoint.pt claims epoch {epoch + 1} (step {step}) of a run of "

@@ -8,11 +8,11 @@ sources. ``docs/data.md`` is the data card.
   :data:`~.wordnet_db.BALANCED_DEPTH` on the first-hypernym chain from ``entity.n.01``.
 * ``wordnet-plants150`` (long-tailed): the ``noun.plant`` synsets labelled by their plant family.
 
-Parsing WordNet and the two labelling rules are in :mod:`.wordnet_db`; this module selects, splits,
-embeds, stores and loads. A sample's text is its synset's lemmas and gloss
-(:func:`~.wordnet_db.synset_text`); its features are the
-normalised 384-d all-MiniLM-L6-v2 sentence embedding of that text, stored as int8 with a float32
-scale per row (:func:`quantise`).
+Parsing WordNet and the two labelling rules are in :mod:`.wordnet_db`, keeping and splitting the
+classes in :mod:`.wordnet_split`; this module plans, embeds, stores and loads. A sample's text is
+its synset's lemmas and gloss (:func:`~.wordnet_db.synset_text`); its features are the normalised
+384-d all-MiniLM-L6-v2 sentence embedding of that text, stored as int8 with a float32 scale per row
+(:func:`quantise`).
 
 References:
     George A. Miller. WordNet: a lexical database for English. Communications of the ACM 38(11),
@@ -29,8 +29,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +45,7 @@ from .wordnet_db import (
     plant_lexfile,
     synset_text,
 )
+from .wordnet_split import SPLITS, DatasetPlan, select_and_split
 
 BUILTIN_DATASETS = ("wordnet148", "wordnet-plants150")
 
@@ -57,8 +57,6 @@ BALANCED_CAP = 60
 PLANTS_MIN_SIZE = 10
 #: ``wordnet-plants150`` keeps at most this many members of each class.
 PLANTS_CAP = 400
-#: Split codes stored in the ``split`` array.
-SPLITS = ("train", "val", "test")
 
 EMBEDDING_DIM = 384
 PIP_INSTALL = (
@@ -66,76 +64,6 @@ PIP_INSTALL = (
 )
 
 _ARRAY_KEYS = ("embeddings_q", "embeddings_scale", "labels", "split", "offsets", "class_offsets")
-
-
-@dataclass(frozen=True)
-class DatasetPlan:
-    """A dataset before embedding: which synsets, their labels and splits (all in sample order)."""
-
-    name: str
-    offsets: np.ndarray  # int32 [N]
-    labels: np.ndarray  # int16 [N]
-    split: np.ndarray  # int8 [N], index into SPLITS
-    class_offsets: np.ndarray  # int32 [C]
-    class_sizes: np.ndarray  # int64 [C], members before the cap
-
-
-def _offset_key(offset: int) -> bytes:
-    """Deterministic pseudo-random order of synsets: sha256 of the 8-digit offset."""
-    return hashlib.sha256(f"{offset:08d}".encode()).digest()
-
-
-def split_sizes(n: int) -> tuple[int, int, int]:
-    """Train/val/test sizes of a class with ``n`` kept members: 20 % val, 20 % test, rest train.
-
-    Val and test get ``floor(0.2 n + 0.5)`` members each (at least one), train the rest.
-
-    >>> split_sizes(60), split_sizes(10), split_sizes(13), split_sizes(400)
-    ((36, 12, 12), (6, 2, 2), (7, 3, 3), (240, 80, 80))
-    """
-    held_out = max(1, (2 * n + 5) // 10)
-    return n - 2 * held_out, held_out, held_out
-
-
-def select_and_split(
-    name: str, labels: Mapping[int, int], *, min_size: int, cap: int
-) -> DatasetPlan:
-    """Keep the classes with ``min_size`` members or more, cap them, and split each class.
-
-    Classes are ordered by ancestor offset. Inside a class the members are ordered by
-    :func:`_offset_key` (sha256 of the offset); the first ``cap`` are kept and split in that order
-    by :func:`split_sizes`. Samples are stored class by class in that order. No RNG is involved.
-
-    Args:
-        name: the dataset's name.
-        labels: ``{synset offset: class (ancestor) offset}``.
-        min_size: the smallest class kept (members counted before the cap).
-        cap: the most members kept per class.
-
-    Returns:
-        The :class:`DatasetPlan`.
-    """
-    members: dict[int, list[int]] = {}
-    for offset, ancestor in labels.items():
-        members.setdefault(ancestor, []).append(offset)
-    classes = sorted(ancestor for ancestor, group in members.items() if len(group) >= min_size)
-    if not classes:
-        raise ValueError(f"{name}: no class has {min_size} or more members")
-    offsets, sample_labels, split = [], [], []
-    for index, ancestor in enumerate(classes):
-        kept = sorted(members[ancestor], key=_offset_key)[:cap]
-        n_train, n_val, n_test = split_sizes(len(kept))
-        offsets += kept
-        sample_labels += [index] * len(kept)
-        split += [0] * n_train + [1] * n_val + [2] * n_test
-    return DatasetPlan(
-        name=name,
-        offsets=np.asarray(offsets, dtype=np.int32),
-        labels=np.asarray(sample_labels, dtype=np.int16),
-        split=np.asarray(split, dtype=np.int8),
-        class_offsets=np.asarray(classes, dtype=np.int32),
-        class_sizes=np.asarray([len(members[ancestor]) for ancestor in classes], dtype=np.int64),
-    )
 
 
 def plan_datasets(wordnet_dir: Path) -> tuple[dict[int, Synset], list[DatasetPlan]]:
