@@ -10,7 +10,8 @@ inputs are computed in float32 and returned in their own dtype.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
