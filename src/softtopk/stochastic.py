@@ -244,4 +244,4 @@ def gumbel_topk(
         moved = draws.movedim(dim, -1)
         params["noise"] = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
     largest = check_bool("largest", largest)
-    return along_rows(x, dim, lambda rows: spec.mask(rows if largest else -rows, k, **params), None)
+    return along_rows(x, dim, lambda rows: spec.mask_kernel()(rows if largest else -rows, k, **params), None)

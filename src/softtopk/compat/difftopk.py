@@ -5,8 +5,7 @@ last column = top-1; SoftSort rows = ranks), so ``from softtopk.compat.difftopk 
 ``from difftopk import ...`` / ``from diffsort import ...``. Common to all of them, unlike the
 originals: float16/bfloat16/float32/float64 inputs on any device (the output follows the input;
 the ``device`` argument is accepted and not needed), bad arguments raise ``ValueError``/``TypeError``
-instead of failing an ``assert``, and no ``torch_sparse`` is needed. See ``docs/compat.md``.
-"""
+instead of failing an ``assert``, and no ``torch_sparse`` is needed. See ``docs/compat.md``."""
 
 from __future__ import annotations
 
@@ -322,7 +321,7 @@ class TopKCrossEntropyLoss(torch.nn.Module):
         self.method = _LOSS_METHODS[diffsort_method]
         self.inverse_temperature = inverse_temperature
         if self.method in ("neuralsort", "softsort"):
-            params = {"tau": 1.0 / check_real("inverse_temperature", inverse_temperature, positive=True)}
+            params: dict[str, Any] = {"tau": 1 / check_real("inverse_temperature", inverse_temperature, positive=True)}
         else:
             distribution = _distribution(distribution, None)
             params = {

@@ -226,8 +226,11 @@ def lapsum_topk(x: torch.Tensor, k: int, dim: int, largest: bool, *, tau: float 
     else:
         weights = lapsum_mask(rows, k, tau, hard=hard).gather(-1, index)
     values = values if largest else -values
-    return tuple(t.reshape(*moved.shape[:-1], k).movedim(-1, dim) for t in
-                 (values.to(x.dtype), index, weights.to(x.dtype)))
+
+    def back(t: torch.Tensor) -> torch.Tensor:  # (B, k) -> x's layout along ``dim``
+        return t.reshape(*moved.shape[:-1], k).movedim(-1, dim)
+
+    return back(values.to(x.dtype)), back(index), back(weights.to(x.dtype))
 
 
 def _backward(ctx, x, d, ref, drop, tau_t, grad):
