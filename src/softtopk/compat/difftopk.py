@@ -236,9 +236,9 @@ class NeuralSort(_Hyper):
     tied scores is the original's (symmetric in the tied entries).
 
     Intended differences: ``hard=True`` gives the exact permutation of the scores in the forward
-    pass (difftopk takes an argmax over ranks for each input, which is not a permutation for over 80%
-    of randn rows at n = 8, tau = 1); the backward is the same straight-through gradient. Any floating
-    dtype (difftopk: float32 only).
+    pass (difftopk takes an argmax over ranks for each input, which is often not a permutation:
+    ``docs/compat.md`` counts how often); the backward is the same straight-through gradient. Any
+    floating dtype (difftopk: float32 only).
     """
 
     _method, _names = "neuralsort", {"tau": "tau", "hard": "hard"}
