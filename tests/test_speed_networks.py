@@ -150,6 +150,6 @@ def test_compiled_splitter_mask_equals_eager_at_n_100000():
         out = fn(leaf)
         (out * torch.linspace(0.5, 1.5, x.shape[-1])).sum().backward()
         results.append((out.detach(), leaf.grad))
-    for got, want in zip(*results):
+    for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
