@@ -110,3 +110,10 @@ def test_rst_roles_math_and_examples_become_markdown():
         2
         ```
     """
+
+
+def test_long_code_lines_wrap_instead_of_being_cut(site):
+    home = (site / "index.html").read_text()
+    assert 'href="assets/extra.css"' in home
+    css = (site / "assets" / "extra.css").read_text()
+    assert re.search(r"\.md-typeset pre > code \{[^}]*white-space: pre-wrap", css)
