@@ -44,8 +44,9 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -387,7 +388,7 @@ def run_group(group: str, shape: dict, cases: dict[str, Callable], args: list, d
     base = live[0][2] if live and live[0][0] is records[0] else []
     for rec, _, times in live:
         rec["fwd_bwd_ms"] = statistics.median(times) if times else None
-        ratios = [t / b for t, b in zip(times, base)] if len(base) == len(times) else []
+        ratios = [t / b for t, b in zip(times, base, strict=True)] if len(base) == len(times) else []
         rec["ratio"] = statistics.median(ratios) if ratios else None
         rec["times_ms"] = times
         log(f"  {group} {shape} {rec['case']}: {rec['fwd_bwd_ms'] or float('nan'):.3f} ms, "

@@ -8,10 +8,10 @@ Usage::
 Each repeat times every candidate once on the same logits (``randn(b, n)``, float32, one thread), in
 an order rotated every repeat, and divides by ``nn.CrossEntropyLoss`` timed in that repeat; the
 tables give medians over repeats. glibc's malloc thresholds are fixed first
-(``_machine.steady_malloc``; ``--default-malloc`` keeps them adaptive). Candidates: softtopk's ``SmoothTopKSVM`` (k = 5, τ = 1 and
-τ = 0.1), ``SmoothTop1SVM``, ``BalNoisedTopK`` (ε = 1, 5 samples) and ``ImbalNoisedTopK`` (ε = 0.01,
-max_m = 0.2, scale 60), pytopk 0.1.0's ``BalNoisedTopK`` and ``ImbalNoisedTopK`` with the same
-settings when importable, and ``gumbel_topk`` (k = 5, τ = 1) for both relaxations as
+(``_machine.steady_malloc``; ``--default-malloc`` keeps them adaptive). Candidates: softtopk's
+``SmoothTopKSVM`` (k = 5, τ = 1 and τ = 0.1), ``SmoothTop1SVM``, ``BalNoisedTopK`` (ε = 1, 5 samples) and
+``ImbalNoisedTopK`` (ε = 0.01, max_m = 0.2, scale 60), pytopk 0.1.0's ``BalNoisedTopK`` and ``ImbalNoisedTopK``
+with the same settings when importable, and ``gumbel_topk`` (k = 5, τ = 1) for both relaxations as
 ``(mask * g).sum()``, and, as the floor of the noised losses, their
 ``torch.randn(b, n, 5)`` draw alone. Berrada's smooth-topk package is not installable here (REFERENCE §2).
 """
@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import torch
+from _machine import machine_info, steady_malloc
 
 import softtopk
-from _machine import machine_info, steady_malloc
 
 CONFIGS = ((100, 128), (1000, 256))
 RESULTS = Path(__file__).parent / "results"

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 import torch
+from _machine import machine_info, steady_malloc
 
 import softtopk
-from _machine import machine_info, steady_malloc
 
 METHODS = {
     "lapsum": {},
@@ -87,7 +87,8 @@ def main() -> None:
         info["malloc"], info["threads"] = malloc, args.threads
         args.out.write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
         header = (f"Masked (-inf on a random quarter of each row) against unmasked forward+backward, "
-                  f"`python benchmarks/bench_masked.py --out {args.out}`; {info['cpu_model']} ({info['logical_cpus']} logical CPUs), "
+                  f"`python benchmarks/bench_masked.py --out {args.out}`; "
+                  f"{info['cpu_model']} ({info['logical_cpus']} logical CPUs), "
                   f"{args.threads} thread(s), torch {torch.__version__}, {info['date']}.\n\n")
         args.out.with_suffix(".md").write_text(header + "\n".join(lines) + "\n")
 

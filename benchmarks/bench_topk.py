@@ -56,9 +56,9 @@ import warnings
 from pathlib import Path
 
 import torch
+from _machine import machine_info, steady_malloc
 
 import softtopk
-from _machine import machine_info, steady_malloc
 
 # ------------------------------------------------------------------------------------------------------
 # difftopk, with a pure-torch torch_sparse stand-in when needed
@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> None:
     specs = candidate_list(args.quick)
     load_before = os.getloadavg()
     log(f"{len(specs)} candidates x configs; repeats {repeats}, warm-up {warmup}, "
-        f"{'steady-state loops of %ss' % min_time if min_time else 'single interleaved calls'}, "
+        f"{f'steady-state loops of {min_time}s' if min_time else 'single interleaved calls'}, "
         f"threads {args.threads}")
     saved = {spec_key(spec): saved_bytes(spec) for spec in specs}
     log("saved-for-backward bytes done")

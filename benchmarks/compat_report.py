@@ -15,6 +15,7 @@ difftopk's sparse paths run on the pure-torch ``torch_sparse.spmm`` stand-in of 
 from __future__ import annotations
 
 import collections
+import functools
 import statistics
 import sys
 import time
@@ -24,9 +25,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import diffsort  # noqa: E402,F401  (the tests' oracle for DiffSortNet)
 from bench_topk import difftopk  # noqa: E402  (installs the torch_sparse stand-in first)
 
-import diffsort  # noqa: E402,F401  (the tests' oracle for DiffSortNet)
 import softtopk  # noqa: E402
 from softtopk.compat import difftopk as compat  # noqa: E402
 
@@ -48,7 +49,7 @@ class _DeviationRecorder:
                 mine, my_grad, _ = _module._run(ours, x, cotangents)
                 key = (type(ours).__name__, getattr(ours, "sorting_network_type", ""), str(x.dtype)[6:])
                 record = self.worst[key]
-                record[0] = max([record[0]] + [(a.double() - b.double()).abs().max().item() for a, b in zip(mine, theirs)])
+                record[0] = max([record[0]] + [(a.double() - b.double()).abs().max().item() for a, b in zip(mine, theirs, strict=True)])
                 record[1] = max(record[1], (my_grad.double() - their_grad.double()).abs().max().item())
                 record[2] = max(record[2], their_grad.abs().max().item())
                 return _compare(ours, original, x, tol)
@@ -95,7 +96,7 @@ def network_loss_gap() -> None:
     for method in ("bitonic__non_sparse", "odd_even", "splitter_selection"):
         theirs = difftopk.TopKCrossEntropyLoss(method, 2.0, [0.5, 0.5], 16, distribution="logistic")
         ours = compat.TopKCrossEntropyLoss(method, 2.0, [0.5, 0.5], 16, distribution="logistic")
-        gap = max(abs(theirs(row[None], y[None]).item() - ours(row[None], y[None]).item()) for row, y in zip(logits, labels))
+        gap = max(abs(theirs(row[None], y[None]).item() - ours(row[None], y[None]).item()) for row, y in zip(logits, labels, strict=True))
         print(f"   {method:<20} max {gap:.2f}")
 
 
@@ -123,7 +124,7 @@ def smooth_losses() -> None:
             classes = 10 + 18 * seed
             x = torch.randn(16, classes, generator=generator)
             y = torch.randint(0, classes, (16,), generator=generator)
-            truth = _grad(lambda s, t: softtopk.smooth_topk_svm(s, t, k=k, tau=tau), x.double(), y)
+            truth = _grad(functools.partial(softtopk.smooth_topk_svm, k=k, tau=tau), x.double(), y)
             error_theirs = max(error_theirs, (_grad(difftopk.SmoothTopKLoss(classes, k, tau), x, y) - truth).abs().max().item())
             error_ours = max(error_ours, (_grad(compat.SmoothTopKLoss(classes, k, tau), x, y) - truth).abs().max().item())
         print(f"   k={k}, tau={tau}: difftopk {error_theirs:.1e}, softtopk {error_ours:.1e}")
@@ -136,7 +137,7 @@ def smooth_losses() -> None:
         for name, fn in (("CE", torch.nn.CrossEntropyLoss()), ("difftopk", difftopk.SmoothTopKLoss(classes, 5, 1.0)),
                          ("softtopk", compat.SmoothTopKLoss(classes, 5, 1.0))):
             fn(x, y).backward()
-            timings[name] = _median_ms(lambda fn=fn: fn(x, y).backward())
+            timings[name] = _median_ms(lambda fn=fn, x=x, y=y: fn(x, y).backward())
         print(f"   fwd+bwd k=5 tau=1, 1 thread, B={batch}, C={classes}: "
               + ", ".join(f"{name} {ms:.2f} ms" for name, ms in timings.items()))
 

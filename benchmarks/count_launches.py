@@ -25,8 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "tests"))  # one counter for the tests and this script
 
-import softtopk  # noqa: E402
 from _machine import machine_info  # noqa: E402
+
+import softtopk  # noqa: E402
 from dispatch_counter import count_call  # noqa: E402
 from softtopk import losses  # noqa: E402
 

@@ -61,7 +61,7 @@ def plot(data: dict, out: Path) -> None:
     fig, axes = plt.subplots(1, len(rules), figsize=(6.5 * len(rules), 5.8), sharey=True, constrained_layout=True)
     axes = list(axes) if len(rules) > 1 else [axes]
     ns = data["settings"]["ns"]
-    for ax, rule in zip(axes, rules):
+    for ax, rule in zip(axes, rules, strict=True):
         recs = rule_records(data, rule)
         for name in candidates(data):
             pts = sorted((r["n"], r) for r in recs if r["candidate"] == name and r.get("fwd_bwd_ms"))
@@ -174,7 +174,8 @@ def markdown(data: dict, json_path: Path, plot_command: str) -> str:
     by_name = {c["name"]: c for c in data["candidates"]}
     for rule in s["k_rules"]:
         lines += [f"## {rule}", "",
-                  "| candidate | n | k | fwd ms | fwd ×topk | fwd+bwd ms | fwd+bwd ×topk | max \\|Σ−k\\| | min | max | nnz/row | reps |",
+                  "| candidate | n | k | fwd ms | fwd ×topk | fwd+bwd ms | fwd+bwd ×topk "
+                  "| max \\|Σ−k\\| | min | max | nnz/row | reps |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         recs = rule_records(data, rule)
         order = {name: i for i, name in enumerate(candidates(data))}

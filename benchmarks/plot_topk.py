@@ -89,7 +89,7 @@ def plot(data: dict, out: Path) -> None:
         ax.set_title(f"TopKCrossEntropyLoss, n={n}, b={b}{ce_ms}", fontsize=10)
         ax.set_ylim(top=ax.get_ylim()[1] * 3)  # room for the legend on the log axis
         handles, labels = ax.get_legend_handles_labels()
-        unique = dict(zip(labels, handles))
+        unique = dict(zip(labels, handles, strict=True))
         ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper right")
         ax.grid(axis="y", which="both", alpha=0.3)
 
@@ -111,15 +111,15 @@ def plot(data: dict, out: Path) -> None:
             continue
         xs = [n for n, _ in pts]
         ax_ms.errorbar(xs, [r["ms"]["median"] for _, r in pts],
-                       yerr=list(zip(*[err(r, "ms") for _, r in pts])), color=color, ls=style, marker="o",
+                       yerr=list(zip(*[err(r, "ms") for _, r in pts], strict=True)), color=color, ls=style, marker="o",
                        capsize=2, label=label)
         if library != "torch":
             peaks = [(n, r["peak_mib"]) for n, r in pts if "peak_mib" in r]
             if peaks:
-                ax_mem.plot(*zip(*peaks), color=color, ls=style, marker="o", label=f"{label}: peak RSS")
+                ax_mem.plot(*zip(*peaks, strict=True), color=color, ls=style, marker="o", label=f"{label}: peak RSS")
             live = [(n, r["peak_live_mib"]) for n, r in pts if "peak_live_mib" in r]
             if live:
-                ax_mem.plot(*zip(*live), color=color, ls=style, marker="s", mfc="none", alpha=0.8,
+                ax_mem.plot(*zip(*live, strict=True), color=color, ls=style, marker="s", mfc="none", alpha=0.8,
                             label=f"{label}: peak RSS, mmap threshold 128 KiB")
             ax_mem.plot(xs, [r["saved_mib"] for _, r in pts], color=color, ls=style, marker="x", alpha=0.5,
                         label=f"{label}: saved for backward")

@@ -1,6 +1,7 @@
 """Griffe extension for the API reference: the docstrings are written for ``help()`` and Sphinx
 (``:func:`x```, ``:math:`x```, ``.. math::`` blocks, ``>>>`` examples); this rewrites them, for the
-site only, into what mkdocstrings renders: code spans, MathJax delimiters and fenced examples."""
+site only, into what mkdocstrings renders: code spans, math delimiters (``\\( \\)``, ``\\[ \\]``,
+rendered to MathML by ``mathml.py``) and fenced examples."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def main() -> None:
     panels = (("moe_routing", _moe), ("pruning", _pruning),
               ("ranking", lambda ax, r: _bars(ax, r, [("ndcg10", "NDCG@10"), ("recall10", "recall@10")],
                                               "Re-ranking WordNet retrieval lists")))
-    for ax, (name, draw) in zip(axes, panels):
+    for ax, (name, draw) in zip(axes, panels, strict=True):
         results = _load(args.runs / f"{name}.json")
         if results is None:
             _missing(ax, f"{name}.py")

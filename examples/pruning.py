@@ -50,14 +50,14 @@ import argparse
 import statistics
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
+from _common import parser, seeded, summarise, table, write_results
 from torch import nn
 from torch.nn import functional as F
 
 import softtopk
-from _common import parser, seeded, summarise, table, write_results
 from softtopk_lab.errors import DataError
 from softtopk_lab.mnist_data import load_mnist
 
@@ -132,7 +132,7 @@ def pruned_baselines(dense: nn.ModuleList, ks: list[int], data: Data, args: argp
     """``magnitude_after`` (each layer's k largest |w| of the dense model) and, after one epoch of fine-tuning
     with that mask fixed, ``magnitude_after_finetune``."""
     masks = [softtopk.hard_topk_mask(layer.weight.detach().abs().flatten(), k).view_as(layer.weight)
-             for layer, k in zip(dense, ks)]
+             for layer, k in zip(dense, ks, strict=True)]
     after = evaluate(dense, effective(dense, masked(masks)), data) | {"ms_per_step": dense_ms}
     model = make_model()
     model.load_state_dict(dense.state_dict())
@@ -150,8 +150,8 @@ def sparse_runs(ks: list[int], data: Data, args: argparse.Namespace, seed: int) 
     ms = train(model, soft_mag(ks, args.l), data, args, generator, args.epochs)
     with torch.no_grad():
         soft = effective(model, soft_mag(ks, args.l))
-        hard = [softtopk.hard_topk_mag(w.flatten(), k).view_as(w) for w, k in zip(soft, ks)]
-    counts = {f"soft_nnz_over_k_layer{i}": int(w.count_nonzero()) / k for i, (w, k) in enumerate(zip(soft, ks))}
+        hard = [softtopk.hard_topk_mag(w.flatten(), k).view_as(w) for w, k in zip(soft, ks, strict=True)]
+    counts = {f"soft_nnz_over_k_layer{i}": int(w.count_nonzero()) / k for i, (w, k) in enumerate(zip(soft, ks, strict=True))}
     return {"sparse_mag": evaluate(model, hard, data) | {"ms_per_step": ms},
             "sparse_mag_soft_eval": evaluate(model, soft, data) | {"ms_per_step": ms} | counts}
 

@@ -45,7 +45,7 @@ def assert_same_values_and_grads(fns, x: torch.Tensor, upstream: torch.Tensor, t
         out = f(leaf, tau_t)
         (out * upstream).sum().backward()
         results.append((out.detach(), leaf.grad, tau_t.grad))
-    for got, want in zip(*results):
+    for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 

@@ -64,7 +64,7 @@ def tiny_art_delta(monkeypatch):
     monkeypatch.setattr(swaps, "ART_DELTA", 1e-12)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _original_topk_net(kind: str, n: int, k: int, sparse: bool, double: bool = False):
     net = difftopk.DiffTopkNet(kind, n, k, sparse=sparse)
     if double:  # the sparse path runs in float64 once its value matrices are float64
@@ -90,7 +90,7 @@ def _run(fn, x, cotangents=None):
     if cotangents is None:
         g = torch.Generator().manual_seed(7)
         cotangents = [torch.randn(o.shape, generator=g).to(o.dtype) for o in outputs]
-    sum((o * c).sum() for o, c in zip(outputs, cotangents)).backward()
+    sum((o * c).sum() for o, c in zip(outputs, cotangents, strict=True)).backward()
     return [o.detach() for o in outputs], leaf.grad, cotangents
 
 
@@ -108,7 +108,7 @@ def _assert_match(ours, original, x, tol):
     theirs, their_grad, cotangents = _run(original, x)
     mine, my_grad, _ = _run(ours, x, cotangents)
     assert len(mine) == len(theirs)
-    for a, b in list(zip(mine, theirs)) + [(my_grad, their_grad)]:
+    for a, b in list(zip(mine, theirs, strict=True)) + [(my_grad, their_grad)]:
         if x.dtype == torch.float64:
             torch.testing.assert_close(a, b, atol=tol, rtol=tol)
         else:

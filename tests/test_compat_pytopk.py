@@ -36,7 +36,7 @@ def _assert_same(a, b):
     (va, ga, ra), (vb, gb, rb) = a, b
     assert va.dtype == vb.dtype and va.shape == vb.shape
     torch.testing.assert_close(va, vb, **EXACT)
-    for x, y in zip(ga, gb):
+    for x, y in zip(ga, gb, strict=True):
         torch.testing.assert_close(x, y, **EXACT)
     assert torch.equal(ra, rb)
 
@@ -61,7 +61,7 @@ def test_noised_topk_defaults_and_repeated_calls():
     first = [mine(x) for _ in range(3)]
     torch.manual_seed(3)
     second = [theirs(x) for _ in range(3)]
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
     assert not torch.equal(first[0], first[1])  # fresh noise every call
 

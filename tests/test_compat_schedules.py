@@ -29,7 +29,7 @@ def test_art_lambda_none_as_in_the_originals(distribution):
     x = _rows(8, dtype=F64)
     want = diffsort.DiffSortNet("odd_even", 8, steepness=5.0, art_lambda=None, distribution=distribution)(x)
     got = compat.DiffSortNet("odd_even", 8, steepness=5.0, art_lambda=None, distribution=distribution)(x)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-7)
     net = compat.DiffTopkNet("bitonic", 8, 3, art_lambda=None, distribution=distribution)
     assert net(x)[1].shape == (4, 8, 3)

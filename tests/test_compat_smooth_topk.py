@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from softtopk.compat import smooth_topk as compat
 from softtopk import nn as smooth_svm_modules
+from softtopk.compat import smooth_topk as compat
 from softtopk.losses import smooth_svm
 
 SIGNATURES = {
@@ -46,7 +46,7 @@ def _value_and_grad(fn, x, y):
 def _brute_smooth(x: torch.Tensor, y: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
     """Per-sample L_{k,tau} as the log-sum-exp over all k-subsets (float64)."""
     out = []
-    for s, label in zip(x.double().tolist(), y.tolist()):
+    for s, label in zip(x.double().tolist(), y.tolist(), strict=True):
         every, with_y = [], []
         for subset in itertools.combinations(range(len(s)), k):
             mean = sum(s[j] for j in subset) / k
@@ -61,7 +61,7 @@ def _brute_smooth(x: torch.Tensor, y: torch.Tensor, k: int, tau: float, alpha: f
 def _brute_hard(x: torch.Tensor, y: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
     """Per-sample hard top-k hinge: max over k-subsets of (Delta + mean) minus max over those with y."""
     out = []
-    for s, label in zip(x.double().tolist(), y.tolist()):
+    for s, label in zip(x.double().tolist(), y.tolist(), strict=True):
         every, with_y = [], []
         for subset in itertools.combinations(range(len(s)), k):
             mean = sum(s[j] for j in subset) / k
@@ -121,7 +121,7 @@ def test_smooth_topk_equals_softtopk_loss(dtype, k, tau, alpha):
     ref = _value_and_grad(
         lambda s, t: smooth_svm.smooth_topk_svm(s, t, k=k, tau=tau, alpha=1.0 if alpha is None else alpha), x, y
     )
-    for a, b in zip(ours, ref):
+    for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert ours[0].dtype == dtype
 
@@ -133,7 +133,7 @@ def test_smooth_top1_equals_softtopk_loss(tau, alpha):
     ref = _value_and_grad(
         lambda s, t: smooth_svm.smooth_top1_svm(s, t, tau=tau, alpha=1.0 if alpha is None else alpha), x, y
     )
-    for a, b in zip(ours, ref):
+    for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -142,7 +142,7 @@ def test_max_topk_equals_softtopk_loss(k, alpha):
     x, y = _data(8, 10, k, dtype=torch.float32)
     ours = _value_and_grad(compat.MaxTopkSVM(10, alpha, k), x, y)
     ref = _value_and_grad(lambda s, t: smooth_svm.topk_svm(s, t, k=k, alpha=1.0 if alpha is None else alpha), x, y)
-    for a, b in zip(ours, ref):
+    for a, b in zip(ours, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
@@ -152,7 +152,7 @@ def test_max_top1_equals_softtopk_loss_and_crammer_singer(alpha):
     a = 1.0 if alpha is None else alpha
     ours = _value_and_grad(compat.MaxTop1SVM(10, alpha), x, y)
     ref = _value_and_grad(lambda s, t: smooth_svm.top1_svm(s, t, alpha=a), x, y)
-    for u, v in zip(ours, ref):
+    for u, v in zip(ours, ref, strict=True):
         torch.testing.assert_close(u, v, rtol=0, atol=0)
     # the original's Top1_Hard_SVM: max_j (x_j + alpha [j != y]) - x_y
     delta = torch.full_like(x, a).scatter(1, y[:, None], 0.0)
@@ -188,7 +188,7 @@ def _original_smooth_rows(x: torch.Tensor, y: torch.Tensor, k: int, tau: float, 
     polys = [torch.stack([-others[:, i], torch.zeros_like(others[:, i])], -1) for i in range(others.shape[1])]
     while len(polys) > 1:
         merged = []
-        for a, b in zip(polys[0::2], polys[1::2]):
+        for a, b in zip(polys[0::2], polys[1::2], strict=False):
             size = min(a.shape[1] + b.shape[1] - 1, degree + 1)
             terms = [[a[:, i] + b[:, m - i] for i in range(max(0, m - b.shape[1] + 1), min(m, a.shape[1] - 1) + 1)]
                      for m in range(size)]
@@ -262,7 +262,7 @@ def test_k1_gradient_correct_and_equals_top1():
     x, y = _data(6, 9, 2)
     topk = _value_and_grad(compat.SmoothTopkSVM(9, None, 0.7, 1), x, y)
     top1 = _value_and_grad(compat.SmoothTop1SVM(9, None, 0.7), x, y)
-    for a, b in zip(topk, top1):
+    for a, b in zip(topk, top1, strict=True):
         torch.testing.assert_close(a, b)
 
 

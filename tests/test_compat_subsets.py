@@ -202,7 +202,7 @@ def test_dknn_equals_naive_with_injected_noise(k, tau, hard):
     ref = naive_dknn(query, neighbors, noise, k, tau, hard)
     ref_grads = torch.autograd.grad((ref * w).sum(), (query, neighbors))
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-10)
-    for a, b in zip(ours_grads, ref_grads):
+    for a, b in zip(ours_grads, ref_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(ours.sum(1), torch.full((6,), float(k), dtype=torch.float64))
 

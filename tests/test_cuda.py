@@ -8,7 +8,7 @@ Skipped without CUDA."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -56,7 +58,7 @@ def test_converges_to_pav_p2(rows, ref_fn):
     x = _rows(0, 8, 100)
     ref = _ref(ref_fn, x, 10, 0.1)
     errs = [(rows(x, 10, 0.1, it) - ref).abs().max().item() for it in (2, 10, 50, 100, 500, 2000)]
-    assert all(b <= a * (1 + 1e-6) + 1e-14 for a, b in zip(errs, errs[1:])), errs
+    assert all(b <= a * (1 + 1e-6) + 1e-14 for a, b in itertools.pairwise(errs)), errs
     assert errs[0] > 0.1 and errs[2] < 1e-3 and errs[3] < 1e-8 and errs[4] < 1e-12, errs
     err32 = (rows(x.float(), 10, 0.1, 500).double() - ref).abs().max().item()
     assert err32 < 1e-5
@@ -107,12 +109,12 @@ def test_weighted_isotonic_matches_weighted_pav(n):
     v = dykstra_isotonic(s, 4000, weights=u)
     for i in range(6):
         si, ui = s[i].numpy(), u[i].numpy()
-        ref = pav(si, lambda idx: float(np.sum(ui[idx] * si[idx]) / np.sum(ui[idx])))
+        ref = pav(si, lambda idx, si=si, ui=ui: float(np.sum(ui[idx] * si[idx]) / np.sum(ui[idx])))
         np.testing.assert_allclose(v[i].numpy(), ref, atol=1e-9)
     unweighted = dykstra_isotonic(s, 4000)
     for i in range(6):
         si = s[i].numpy()
-        np.testing.assert_allclose(unweighted[i].numpy(), pav(si, lambda idx: float(si[idx].mean())), atol=1e-9)
+        np.testing.assert_allclose(unweighted[i].numpy(), pav(si, lambda idx, si=si: float(si[idx].mean())), atol=1e-9)
 
 
 def test_isotonic_weights_shapes_and_zero_iterations():

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from example_scripts import run_example
 
 SETTINGS = ("hard", "lapsum", "sparse", "straight_through")

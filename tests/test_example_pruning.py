@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from example_scripts import run_example
 
+from example_scripts import run_example
 from softtopk_lab.errors import DataError
 from softtopk_lab.mnist_data import load_mnist
 

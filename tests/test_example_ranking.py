@@ -13,6 +13,7 @@ from types import ModuleType
 
 import pytest
 import torch
+
 from example_scripts import EXAMPLES, run_example
 
 SCRIPT = EXAMPLES / "ranking.py"
@@ -65,9 +66,9 @@ def test_lists(ranking: ModuleType) -> None:
     assert not ((items == torch.arange(60)[:, None]) & mask).any()  # never the query itself
     assert torch.equal(rel.bool(), (y[items] == y[:, None]) & mask)  # relevant = same class
     assert (rel.sum(-1) >= 1).all() and (rel.sum(-1) <= 3).all()
-    assert all(len(set(row[keep].tolist())) == int(keep.sum()) for row, keep in zip(items, mask))
+    assert all(len(set(row[keep].tolist())) == int(keep.sum()) for row, keep in zip(items, mask, strict=True))
     again = ranking.build_lists(x, y, 20, 12, 3)
-    assert all(torch.equal(a, b) for a, b in zip((items, rel, mask), again))
+    assert all(torch.equal(a, b) for a, b in zip((items, rel, mask), again, strict=True))
 
 
 def test_exact_metrics_by_hand(ranking: ModuleType) -> None:

@@ -276,6 +276,6 @@ def test_network_stand_in_and_explicit_infinities_agree(distribution, monkeypatc
     first = run()
     monkeypatch.setattr(sorting_networks, "_infinities", lambda values, params: "exact")
     second = run()
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)

@@ -376,7 +376,7 @@ def test_load_mnist_real():
         images, labels = data[f"{name}_images"], data[f"{name}_labels"]
         assert images.shape == (size, 1, 28, 28) and images.dtype == torch.float32
         assert labels.shape == (size,) and labels.dtype == torch.int64
-        assert 0 <= images.min() and images.max() <= 1 and set(labels.unique().tolist()) == set(range(10))
+        assert images.min() >= 0 and images.max() <= 1 and set(labels.unique().tolist()) == set(range(10))
 
 
 @pytest.mark.skipif(
@@ -390,7 +390,7 @@ def test_load_fashion_mnist_real():
         images, labels = data[f"{name}_images"], data[f"{name}_labels"]
         assert images.shape == (size, 1, 28, 28) and images.dtype == torch.float32
         assert labels.shape == (size,) and labels.dtype == torch.int64
-        assert 0 <= images.min() and images.max() <= 1 and set(labels.unique().tolist()) == set(range(10))
+        assert images.min() >= 0 and images.max() <= 1 and set(labels.unique().tolist()) == set(range(10))
     assert torch.bincount(data["test_labels"]).tolist() == [1000] * 10
 
 

@@ -18,9 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same_values_and_grads
-
 import softtopk
+from conftest import assert_same_values_and_grads
 from softtopk.ops.lapsum import _LaplaceMask, lapsum_mask
 
 PROPERTY = settings(max_examples=30, deadline=None, derandomize=True)
@@ -73,7 +72,7 @@ def oracle_rows(x: torch.Tensor, k, tau) -> torch.Tensor:
     rows = x.detach().to(F64).numpy()
     ks = np.broadcast_to(np.asarray(k, dtype=np.float64), (rows.shape[0],))
     taus = np.broadcast_to(np.asarray(tau, dtype=np.float64), (rows.shape[0],))
-    return torch.from_numpy(np.stack([oracle_mask(r, kk, tt) for r, kk, tt in zip(rows, ks, taus)]))
+    return torch.from_numpy(np.stack([oracle_mask(r, kk, tt) for r, kk, tt in zip(rows, ks, taus, strict=True)]))
 
 
 def test_oracle_is_correct_on_a_hand_example():
@@ -561,7 +560,7 @@ def test_compile_fullgraph_per_row_k():
         out = f(leaf, kk)
         (out * torch.arange(8.0)).sum().backward()
         results.append((out.detach(), leaf.grad, kk.grad))
-    for got, want in zip(*results):
+    for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 

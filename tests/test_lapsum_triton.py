@@ -128,7 +128,7 @@ def test_topk_weights_through_the_kernels_equal_the_torch_path(kernel_launches, 
             values, indices, weights = softtopk.topk(leaf, 4, hard=hard, tau=0.5)
             (weights * g).sum().backward()
             results.append((values.detach(), indices, weights.detach(), leaf.grad))
-        for got, want in zip(*results):
+        for got, want in zip(*results, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-6)
     assert len(kernel_launches) == 4  # forward and backward, soft and hard
 

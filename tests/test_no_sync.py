@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dispatch_counter import count_call
 
 import softtopk
+from dispatch_counter import count_call
 from softtopk import losses
 
 INF = float("inf")

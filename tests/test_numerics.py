@@ -7,9 +7,8 @@ import pytest
 import torch
 
 import softtopk
-from softtopk.ops.networks import build_network
-
 from conftest import DISTRIBUTIONS, NETWORK_TYPES, RANK_METHODS, method_params
+from softtopk.ops.networks import build_network
 
 METHOD_CASES = [(m, d) for m in NETWORK_TYPES for d in DISTRIBUTIONS] + [
     (m, None) for m in RANK_METHODS if m not in NETWORK_TYPES

@@ -18,9 +18,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import softtopk
-from softtopk.ops.networks import build_network
-from softtopk.ops.sorting_networks import network_label_ranks
-
 from conftest import (
     DISTRIBUTIONS,
     EQUIVARIANT_METHODS,
@@ -29,6 +26,8 @@ from conftest import (
     hard_topk_ranks,
     method_params,
 )
+from softtopk.ops.networks import build_network
+from softtopk.ops.sorting_networks import network_label_ranks
 
 # (method, distribution) pairs: every network × every distribution, plus the softmax relaxations.
 METHOD_CASES = [(m, d) for m in NETWORK_TYPES for d in DISTRIBUTIONS] + [

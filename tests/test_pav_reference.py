@@ -85,7 +85,7 @@ def brute_force_dual(s, w, l, p, mag):
     for cuts in itertools.product((False, True), repeat=n - 1):
         bounds = [0] + [i + 1 for i, c in enumerate(cuts) if c] + [n]
         v = np.empty(n)
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             sb, wb = s[a:b], w[a:b]
             if p == 2.0:
                 v[a:b] = sb.sum() / (b - a + l * wb.sum()) if mag else (sb - l * wb).mean()

@@ -20,7 +20,16 @@ import math
 import pytest
 import torch
 
-from softtopk import SmoothTop1SVM, SmoothTopKSVM, Top1SVM, TopKSVM, smooth_top1_svm, smooth_topk_svm, top1_svm, topk_svm
+from softtopk import (
+    SmoothTop1SVM,
+    SmoothTopKSVM,
+    Top1SVM,
+    TopKSVM,
+    smooth_top1_svm,
+    smooth_topk_svm,
+    top1_svm,
+    topk_svm,
+)
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -31,7 +40,7 @@ def brute_force(s: torch.Tensor, y: torch.Tensor, k: int, tau: float, alpha: flo
     subsets = list(itertools.combinations(range(s.shape[1]), k))
     index = torch.tensor(subsets)
     losses = []
-    for row, label in zip(s, y.tolist()):
+    for row, label in zip(s, y.tolist(), strict=True):
         means = row[index].mean(-1)
         has_label = (index == label).any(-1)
         everything = torch.logsumexp((means + alpha * (~has_label).double()) / tau, 0)

@@ -28,7 +28,7 @@ def subset_definition(s: torch.Tensor, y: torch.Tensor, k: int, tau: float, alph
     """L_{k,τ} by enumerating the k-subsets of classes (float64, per sample)."""
     s = s.double()
     losses = []
-    for row, label in zip(s, y.tolist()):
+    for row, label in zip(s, y.tolist(), strict=True):
         subsets = list(itertools.combinations(range(s.shape[1]), k))
         means = torch.stack([row[list(a)].mean() for a in subsets])
         has_label = torch.tensor([label in a for a in subsets])

@@ -20,9 +20,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pav_reference import pav_mag, pav_mask
 
 import softtopk
+from pav_reference import pav_mag, pav_mask
 from softtopk.ops import sparse as sparse_ops
 
 PROPERTY = settings(max_examples=30, deadline=None, derandomize=True)
@@ -488,7 +488,7 @@ def test_compile_fullgraph(solver):
             out = f(leaf)
             (out * torch.arange(10.0)).sum().backward()
             results.append((out.detach(), leaf.grad))
-        for got, want in zip(*results):
+        for got, want in zip(*results, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), fn(x), rtol=1e-5, atol=1e-6)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pav_reference import pav_mask
 
+from pav_reference import pav_mask
 from softtopk.ops.dykstra import dykstra_mask_rows
 from softtopk.ops.sparse import sparse_mask_rows
 
@@ -164,7 +164,7 @@ def test_dykstra_value_with_the_exact_gradient():
     w = torch.randn(5, 9, generator=torch.Generator().manual_seed(8), dtype=F64)
     grads = torch.autograd.grad((got * w).sum(), (x, lam))
     wants = torch.autograd.grad((_mask(x, 3, lam) * w).sum(), (x, lam))
-    for grad, want in zip(grads, wants):
+    for grad, want in zip(grads, wants, strict=True):
         torch.testing.assert_close(grad, want, atol=1e-12, rtol=0)
     # l alone requiring a gradient: still the exact one (no graph through Dykstra's iterations)
     x0 = x.detach()

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_same_values_and_grads
-from dispatch_counter import count_call
 
 import softtopk
+from conftest import assert_same_values_and_grads
+from dispatch_counter import count_call
 from softtopk import _validation
 
 INF = float("inf")

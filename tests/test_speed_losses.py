@@ -138,7 +138,10 @@ def test_vmap_over_a_class_loss(name):
 def test_vmap_of_the_noised_losses():
     logits, target = torch.randn(3, 4, 12), torch.randint(0, 12, (3, 4))
     noise = torch.randn(3, 4, 12, 5)
-    loss = lambda s, y, z: softtopk.bal_noised_topk(s, y, k=2, epsilon=0.5, noise=z)
+
+    def loss(s, y, z):
+        return softtopk.bal_noised_topk(s, y, k=2, epsilon=0.5, noise=z)
+
     torch.testing.assert_close(torch.vmap(loss)(logits, target, noise),
                                torch.stack([loss(logits[i], target[i], noise[i]) for i in range(3)]))
 

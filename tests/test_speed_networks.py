@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dispatch_counter import count_call
 
 import softtopk
+from dispatch_counter import count_call
 from softtopk.ops import sorting_networks
 from softtopk.ops.networks import NETWORK_TYPES, build_network
 from softtopk.ops.sorting_networks import network_label_ranks
@@ -129,7 +129,7 @@ def test_compiled_mask_and_ranks_equal_eager(method, n):
         mask, ranks = fn(leaf)
         ((mask * weights).sum() + (ranks * weights.unsqueeze(-1)).sum()).backward()
         results.append((mask.detach(), ranks.detach(), leaf.grad))
-    for got, want in zip(*results):
+    for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
 
@@ -150,6 +150,6 @@ def test_compiled_splitter_mask_equals_eager_at_n_100000():
         out = fn(leaf)
         (out * torch.linspace(0.5, 1.5, x.shape[-1])).sum().backward()
         results.append((out.detach(), leaf.grad))
-    for got, want in zip(*results):
+    for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dispatch_counter import count_call
 
 import softtopk
+from dispatch_counter import count_call
 from softtopk import DifferentiableKNN, TopKRouter, load_balancing_loss
 
 METHODS = [("hard", {}), ("lapsum", {"hard": True}), ("lapsum", {}), ("sparse", {})]
@@ -116,7 +116,7 @@ def test_router_compiled_agrees_with_eager(method, params):
 
     eager = run(call)
     compiled = run(torch.compile(call, fullgraph=True, backend="aot_eager"))
-    for a, b in zip(compiled, eager):
+    for a, b in zip(compiled, eager, strict=True):
         torch.testing.assert_close(a, b)
 
 
@@ -202,7 +202,7 @@ def test_knn_compiled_agrees_with_eager(method):
     def call(q):
         return tuple(knn(q, neighbors, labels, query_labels))
 
-    for a, b in zip(run(torch.compile(call, fullgraph=True, backend="aot_eager")), run(call)):
+    for a, b in zip(run(torch.compile(call, fullgraph=True, backend="aot_eager")), run(call), strict=True):
         torch.testing.assert_close(a, b)
 
 

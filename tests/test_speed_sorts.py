@@ -12,7 +12,6 @@ import torch
 
 import softtopk
 import softtopk._validation
-
 from dispatch_counter import count_call
 
 INF = float("inf")
@@ -168,7 +167,7 @@ def test_no_warnings_under_vmap_and_on_strided_rows(method):
         warnings.simplefilter("error")
         torch.vmap(lambda r: softtopk.soft_topk(r, 2, method=method))(x)
         for fn in (softtopk.soft_topk, softtopk.soft_topk_ranks):
-            torch.vmap(torch.func.grad(lambda r: fn(r, 2, method=method).square().sum()))(x)
+            torch.vmap(torch.func.grad(lambda r, fn=fn: fn(r, 2, method=method).square().sum()))(x)
         leaf = x.clone().requires_grad_()
         softtopk.soft_topk(leaf, 2, method=method, dim=0).sum().backward()  # rows of stride > 1
 

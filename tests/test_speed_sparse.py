@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dispatch_counter import count_call
 
 import softtopk
+from dispatch_counter import count_call
 from softtopk.ops.sparse import sparse_mask_rows
 
 INF = float("inf")

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from conftest import DISTRIBUTIONS
-
 import softtopk
+from conftest import DISTRIBUTIONS
 from softtopk.ops.swaps import swap_probability, swap_slope
 
 

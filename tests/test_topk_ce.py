@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 
 import softtopk
-from softtopk.functional import topk_cross_entropy
-
 from conftest import NETWORK_TYPES, RANK_METHODS, method_params
+from softtopk.functional import topk_cross_entropy
 
 FLOOR = 1e-7
 TOP1_MODES = ("sm", "smce", "sort")
@@ -50,7 +49,7 @@ def reference_per_sample_loss(
     position = int((values <= row[label]).sum()) - 1
     ranks = softtopk.soft_topk_ranks(values, len(p_k), method=method, **params)  # (m, K)
     q = [ranks[position, :kappa].sum() for kappa in range(1, len(p_k) + 1)]
-    topk_tail = sum(p * q_kappa for p, q_kappa in zip(p_k[1:], q[1:]))
+    topk_tail = sum(p * q_kappa for p, q_kappa in zip(p_k[1:], q[1:], strict=True))
     softmax_y = torch.softmax(values, 0)[position]
     if top1_mode == "sort":
         return -torch.log(_floor(p_k[0] * q[0] + topk_tail))
@@ -61,7 +60,7 @@ def reference_per_sample_loss(
 
 
 def reference_losses(logits, target, p_k, **kwargs) -> torch.Tensor:
-    return torch.stack([reference_per_sample_loss(row, int(y), p_k, **kwargs) for row, y in zip(logits, target)])
+    return torch.stack([reference_per_sample_loss(row, int(y), p_k, **kwargs) for row, y in zip(logits, target, strict=True)])
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,7 +357,7 @@ FAIRNESS_CLASSES = (0, 1, 33, 66, 98, 99)
 DIFFTOPK_ODD_EVEN_WIRE0_MASS = 0.016  # REFERENCE §7.1.2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _top5_mass_by_class(method: str, samples: int = 4000, classes: int = 100, m: int = 16) -> dict:
     """For each label class c: (mean, standard error) of exp(-loss) over the samples in which c truly
     is among the 5 largest of i.i.d. N(0, 1) logits (P_K = [0, 0, 0, 0, 1], top1_mode 'sort').

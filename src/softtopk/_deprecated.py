@@ -20,6 +20,8 @@ class _ClassCount:
     """The 0.1.0 ``n_classes`` argument: stored, checked at construction and against every input."""
 
     n_classes: int
+    k: int  # set by the native loss class this mixin precedes
+    weight: torch.Tensor | None
 
     def _set_classes(self, n_classes: Any, new_name: str) -> None:
         old_name = type(self).__name__

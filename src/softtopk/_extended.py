@@ -24,7 +24,7 @@ need none of this.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -4,7 +4,7 @@ class-loss layout with ``weight``, ``ignore_index`` and ``reduction`` as in ``nn
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

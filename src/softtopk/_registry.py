@@ -8,12 +8,13 @@ in ``ops/`` plus one entry below.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, cast
 
 import torch
 
-from ._extended import extended_mask, extended_ranks, mask_from_ranks
+from ._extended import Kernel, extended_mask, extended_ranks, mask_from_ranks
 from ._validation import (
     check_bool,
     check_choice,
@@ -58,6 +59,19 @@ class _Method:
     checks: dict[str, Check] = field(default_factory=dict)
     tensor_args: tuple[str, ...] = ()  # arguments that may be tensors, one value per row ("k", ...)
     joint: Callable[[dict[str, Any], str], None] | None = None  # a check of several parameters
+
+    def rank_kernel(self) -> Callable[..., torch.Tensor]:
+        """``ranks`` (:func:`resolve` gives the ranks and permutation outputs only to methods with one)."""
+        if self.ranks is None:
+            raise ValueError(f"method {self.info.name!r} has no ranks kernel")
+        return self.ranks
+
+    def mask_kernel(self) -> Callable[..., torch.Tensor]:
+        """``mask``, or the sum of the ranks where a method has no mask kernel of its own."""
+        if self.mask is not None:
+            return self.mask
+        ranks = self.rank_kernel()
+        return lambda rows, k, **params: ranks(rows, k, **params).sum(-1)
 
 
 def _positive(name: str, value: Any) -> float:
@@ -158,7 +172,7 @@ def _network_method(kind: str) -> _Method:
         "stochastic ranks; not exactly permutation equivariant; steepness may be a per-row tensor "
         "(with gradients)",
     )
-    checks = {
+    checks: dict[str, Check] = {
         "distribution": _choice(DISTRIBUTIONS),
         "steepness": check_positive_or_tensor,
         "art_lambda": functools.partial(check_real, low=0.0, below=1.0),
@@ -250,18 +264,23 @@ _REGISTRY["perturbed"] = _Method(
     checks={"sigma": _positive, "n_samples": _count, "noise": _choice(NOISE_KINDS), "generator": check_generator,
             "hard": check_bool},
 )
+def _gumbel_rows(params: dict[str, Any]) -> Kernel:
+    # gumbel takes an int k only ("k" is not in its tensor_args), so the kernel's k is an int
+    return lambda rows, k: gumbel_ranks_rows(rows, cast(int, k), **params)
+
+
 def _gumbel_ranks(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
     # ``hard`` forwards the sampled subset (the top-k of the keys), so it stays inside the kernel
-    return extended_ranks(x, k, lambda rows, kk: gumbel_ranks_rows(rows, kk, **params))
+    return extended_ranks(x, k, _gumbel_rows(params))
 
 
 def _gumbel_mask(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
     if params["relaxation"] == "subsets":
-        return mask_from_ranks(x, k, lambda rows, kk: gumbel_ranks_rows(rows, kk, **params))
+        return mask_from_ranks(x, k, _gumbel_rows(params))
     # the lapsum mask of the keys (finite noise keeps every ±inf where it is), by lapsum's own
     # entry: its ±inf handling, and its hard=True (the k-hot of the keys, a sample)
     keys = gumbel_keys(x, params["noise"], params["generator"])
-    return _REGISTRY["lapsum"].mask(keys, k, hard=params["hard"], tau=params["tau"])
+    return _REGISTRY["lapsum"].mask_kernel()(keys, k, hard=params["hard"], tau=params["tau"])
 
 
 _REGISTRY["gumbel"] = _Method(

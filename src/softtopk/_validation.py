@@ -25,13 +25,14 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
     the bound."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
     if (low is not None and value < low) or (high is not None and value > high):
         if high is None or low is None:
             bound = f"be >= {low}" if high is None else f"be <= {high}"
         else:
             bound = f"satisfy {low} <= {name} <= {high}"
         raise ValueError(f"{name} must {bound}{why}, got {value}")
-    return int(value)
+    return value
 
 
 def check_number(name: str, value: Any) -> float:
@@ -232,9 +233,10 @@ def check_dim(x: torch.Tensor, dim: Any) -> int:
     """``dim`` as a non-negative axis of ``x``."""
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
         raise TypeError(f"dim must be an int, got {type(dim).__name__} {dim!r}")
+    dim = int(dim)
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for a {x.dim()}-d input, got {dim}")
-    return int(dim) % x.dim()
+    return dim % x.dim()
 
 
 def check_k(k: Any, n: int, dim: int) -> int:

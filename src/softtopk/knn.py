@@ -9,8 +9,8 @@ import torch
 
 from ._registry import register_tensor_params, resolve
 from ._validation import check_int, check_labels, check_neighbors, check_scores
-from .ops.compute import compute_dtype
 from .operators import soft_topk
+from .ops.compute import compute_dtype
 
 __all__ = ["DifferentiableKNN", "KNNOutput"]
 

@@ -10,7 +10,8 @@ inputs are computed in float32 and returned in their own dtype.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -68,7 +69,7 @@ def soft_topk_ranks(
     x, dim, k = check_topk_args(x, k, dim)
     check_scales(params, x.dtype)
     _per_row_params(spec, params, x, dim)
-    return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, k, **params), largest), k)
+    return along_rows(x, dim, _oriented(lambda rows: spec.rank_kernel()(rows, k, **params), largest), k)
 
 
 def soft_topk(
@@ -99,9 +100,7 @@ def soft_topk(
     else:
         k = check_k(k, n, dim)
     _per_row_params(spec, params, x, dim)
-    if spec.mask is not None:
-        return along_rows(x, dim, _oriented(lambda rows: spec.mask(rows, k, **params), largest), None)
-    return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, k, **params).sum(-1), largest), None)
+    return along_rows(x, dim, _oriented(lambda rows: spec.mask_kernel()(rows, k, **params), largest), None)
 
 
 def soft_permutation(
@@ -126,7 +125,7 @@ def soft_permutation(
     check_scales(params, x.dtype)
     _per_row_params(spec, params, x, dim)
     n = x.shape[dim]
-    return along_rows(x, dim, _oriented(lambda rows: spec.ranks(rows, n, **params), largest), n)
+    return along_rows(x, dim, _oriented(lambda rows: spec.rank_kernel()(rows, n, **params), largest), n)
 
 
 def sparse_topk_mask(
@@ -332,6 +331,7 @@ class SoftTopK(torch.nn.Module):
         sums); the other methods' papers are listed by :func:`softtopk.methods`.
     """
 
+    _operator: Callable[..., torch.Tensor]
     _output, _operator = "mask", staticmethod(soft_topk)
 
     def __init__(

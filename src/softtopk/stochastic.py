@@ -21,8 +21,8 @@ from ._validation import (
     check_scores,
     check_topk_args,
 )
-from .ops.compute import compute_dtype
 from .operators import soft_topk
+from .ops.compute import compute_dtype
 from .ops.perturbed import noised_kth_value_of
 
 __all__ = ["gumbel_topk", "noised_kth_value", "perturbed_topk"]
@@ -174,7 +174,7 @@ def gumbel_topk(
 
     .. math::
         g = x + G, \\quad G_i \\overset{iid}{\\sim} \\operatorname{Gumbel}(0, 1), \\qquad
-        \\operatorname{topk}_k(g) \\sim \\text{draw } k \\text{ without replacement},\\
+        \\operatorname{topk}_k(g) \\sim \\text{draw } k \\text{ without replacement}, \\qquad
         P(i \\text{ next}) \\propto e^{x_i}
 
     The top-k indicator of the keys ``g`` is relaxed with temperature ``tau``:
@@ -244,4 +244,4 @@ def gumbel_topk(
         moved = draws.movedim(dim, -1)
         params["noise"] = moved.reshape(-1, moved.shape[-1]).to(compute_dtype(x.dtype))
     largest = check_bool("largest", largest)
-    return along_rows(x, dim, lambda rows: spec.mask(rows if largest else -rows, k, **params), None)
+    return along_rows(x, dim, lambda rows: spec.mask_kernel()(rows if largest else -rows, k, **params), None)

@@ -5,14 +5,14 @@ last column = top-1; SoftSort rows = ranks), so ``from softtopk.compat.difftopk 
 ``from difftopk import ...`` / ``from diffsort import ...``. Common to all of them, unlike the
 originals: float16/bfloat16/float32/float64 inputs on any device (the output follows the input;
 the ``device`` argument is accepted and not needed), bad arguments raise ``ValueError``/``TypeError``
-instead of failing an ``assert``, and no ``torch_sparse`` is needed. See ``docs/compat.md``.
-"""
+instead of failing an ``assert``, and no ``torch_sparse`` is needed. See ``docs/compat.md``."""
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -236,9 +236,9 @@ class NeuralSort(_Hyper):
     tied scores is the original's (symmetric in the tied entries).
 
     Intended differences: ``hard=True`` gives the exact permutation of the scores in the forward
-    pass (difftopk takes an argmax over ranks for each input, which is not a permutation for over 80%
-    of randn rows at n = 8, tau = 1); the backward is the same straight-through gradient. Any floating
-    dtype (difftopk: float32 only).
+    pass (difftopk takes an argmax over ranks for each input, which is often not a permutation:
+    ``docs/compat.md`` counts how often); the backward is the same straight-through gradient. Any
+    floating dtype (difftopk: float32 only).
     """
 
     _method, _names = "neuralsort", {"tau": "tau", "hard": "hard"}
@@ -321,7 +321,7 @@ class TopKCrossEntropyLoss(torch.nn.Module):
         self.method = _LOSS_METHODS[diffsort_method]
         self.inverse_temperature = inverse_temperature
         if self.method in ("neuralsort", "softsort"):
-            params = {"tau": 1.0 / check_real("inverse_temperature", inverse_temperature, positive=True)}
+            params: dict[str, Any] = {"tau": 1 / check_real("inverse_temperature", inverse_temperature, positive=True)}
         else:
             distribution = _distribution(distribution, None)
             params = {

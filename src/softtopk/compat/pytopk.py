@@ -146,6 +146,8 @@ class ImbalNoisedTopK(BalNoisedTopK):
         tensor(7.9969)
     """
 
+    m_list: torch.Tensor
+
     def __init__(
         self, k: int, epsilon: float, max_m: float, cls_num_list: Sequence[float], scale: float = 50,
         n_sample: int = 5,

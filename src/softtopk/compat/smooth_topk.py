@@ -47,7 +47,10 @@ from __future__ import annotations
 import torch
 
 from .._validation import check_classes_match, check_int
-from ..nn import SmoothTop1SVM as _SmoothTop1, SmoothTopKSVM as _SmoothTopK, Top1SVM as _Top1, TopKSVM as _TopK
+from ..nn import SmoothTop1SVM as _SmoothTop1
+from ..nn import SmoothTopKSVM as _SmoothTopK
+from ..nn import Top1SVM as _Top1
+from ..nn import TopKSVM as _TopK
 
 __all__ = ["MaxTop1SVM", "MaxTopkSVM", "SmoothTop1SVM", "SmoothTopkSVM"]
 

@@ -40,7 +40,6 @@ sets use :class:`softtopk.nn.DifferentiableKNN`, which also computes the kNN los
 
 from __future__ import annotations
 
-
 import torch
 
 from .._validation import check_bool, check_int, check_neighbors, check_real, check_scores

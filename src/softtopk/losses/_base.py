@@ -4,7 +4,8 @@ and the Module base :class:`ClassLoss`. A loss family supplies only its per-row 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -14,7 +14,8 @@ non-zero entries per row of the loss gradient. The hinge is applied to the Monte
 
 * balanced: :math:`\\ell = \\max(0, 1 + \\operatorname{top}_{k+1,\\epsilon}(s) - s_y)`;
 * imbalanced: LDAM margins :math:`m_c = m_{\\max}\\, n_c^{-1/4} / \\max_{c'} n_{c'}^{-1/4}` (the rarest
-  class gets ``max_m``) and :math:`\\ell = \\max(0, \\mathrm{scale}\\,(m_y + \\operatorname{top}_{k+1,\\epsilon}(s) - s_y))`.
+  class gets ``max_m``) and
+  :math:`\\ell = \\max(0, \\mathrm{scale}\\,(m_y + \\operatorname{top}_{k+1,\\epsilon}(s) - s_y))`.
 
 Noise: ``Z`` has shape ``input.shape + (S,)`` and, unless given, is drawn by one call
 ``torch.randn(input.shape + (S,), generator=generator)`` in float32 (cast to float64 for float64

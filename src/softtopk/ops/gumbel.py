@@ -34,7 +34,6 @@ Randomness: the noise is drawn as ``(rows, n)`` standard Gumbel values in the co
 
 from __future__ import annotations
 
-
 import torch
 
 from ._straight_through import straight_through_ranks

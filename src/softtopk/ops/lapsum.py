@@ -219,15 +219,18 @@ def lapsum_topk(x: torch.Tensor, k: int, dim: int, largest: bool, *, tau: float 
     rows = rows if largest else -rows
     tau = tau.to(rows.dtype) if isinstance(tau, torch.Tensor) else tau
     values, index = rows.topk(k, -1)
-    if lapsum_triton.usable(rows, k, tau) and k < rows.shape[-1]:
+    if isinstance(tau, float) and lapsum_triton.usable(rows, k, tau) and k < rows.shape[-1]:
         weights = lapsum_triton.triton_mask(rows, k, tau, hard=hard, clamp=_C, floor=_FLOOR).gather(-1, index)
     elif 2 * k <= rows.shape[-1]:
         weights = _LaplaceWeights.apply(rows, tau, k, index, hard)[0]
     else:
         weights = lapsum_mask(rows, k, tau, hard=hard).gather(-1, index)
     values = values if largest else -values
-    return tuple(t.reshape(*moved.shape[:-1], k).movedim(-1, dim) for t in
-                 (values.to(x.dtype), index, weights.to(x.dtype)))
+
+    def back(t: torch.Tensor) -> torch.Tensor:  # (B, k) -> x's layout along ``dim``
+        return t.reshape(*moved.shape[:-1], k).movedim(-1, dim)
+
+    return back(values.to(x.dtype)), back(index), back(weights.to(x.dtype))
 
 
 def _backward(ctx, x, d, ref, drop, tau_t, grad):
@@ -279,7 +282,7 @@ def lapsum_mask(x: torch.Tensor, k: int | torch.Tensor, tau: float | torch.Tenso
         return torch.where(full, torch.where(neg, share + 1, 1.0), mask)
     if k >= n:
         return torch.where(x.isnan(), x, 1.0)
-    if lapsum_triton.usable(x, k, tau):
+    if isinstance(tau, float) and lapsum_triton.usable(x, k, tau):
         return lapsum_triton.triton_mask(x, k, tau, hard=hard, clamp=_C, floor=_FLOOR)
     if 2 * k > n:
         return _LaplaceMask.apply(x, tau, n - k, min(2 * (n - k), n), True, k if hard else 0)[0]

@@ -66,7 +66,7 @@ class TritonLaplaceMask(torch.autograd.Function):
         if rows:
             kernels.mask_forward[(rows,)](
                 x, vals, mask, d, n, big, k, tau, info.min, info.max, NEGATE=negate,
-                KB=kernels.triton.next_power_of_2(big + 1), BLOCK=_BLOCK, C=clamp, FLOOR=floor)
+                KB=1 << big.bit_length(), BLOCK=_BLOCK, C=clamp, FLOOR=floor)  # KB: a power of 2 > big
         if hard:
             mask = torch.zeros_like(x).scatter_(-1, x.topk(hard, -1).indices, 1.0)
         return mask, d
@@ -96,8 +96,5 @@ def triton_mask(x: torch.Tensor, k: int, tau: float, *, hard: bool, clamp: float
     ``1 - m(-x, n - k)`` for ``k > n/2``, as the torch path); ``clamp`` and ``floor`` are the torch
     path's constants of the solve."""
     n = x.shape[-1]
-    if 2 * k > n:
-        args = (n - k, min(2 * (n - k), n), True)
-    else:
-        args = (k, 2 * k, False)
+    args = (n - k, min(2 * (n - k), n), True) if 2 * k > n else (k, 2 * k, False)
     return TritonLaplaceMask.apply(x, tau, *args, k if hard else 0, clamp, floor)[0]

@@ -103,9 +103,9 @@ def _bitonic_layers(n: int) -> list[list[tuple[int, int]]]:
     depth = max(1, math.ceil(math.log2(n)))
     size = 2**depth
     if size != n and n < _DIFFSORT_BELOW:
-        layers = _diffsort_bitonic_layers(n)
-        if _sorts(n, layers):
-            return layers
+        original = _diffsort_bitonic_layers(n)
+        if _sorts(n, original):
+            return original
     layers: list[list[tuple[int, int]]] = []
     classic = size == n
     for block in range(depth):

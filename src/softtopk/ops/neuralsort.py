@@ -3,7 +3,8 @@
 For scores :math:`s \\in \\mathbb{R}^n` and rank :math:`r` (0-based, 0 = largest),
 
 .. math::
-    P[i, r] = \\operatorname{softmax}_i\\Big(\\big((n - 1 - 2r)\\, s_i - \\textstyle\\sum_l |s_i - s_l|\\big)/\\tau\\Big).
+    P[i, r] = \\operatorname{softmax}_i\\Big(
+        \\big((n - 1 - 2r)\\, s_i - \\textstyle\\sum_l |s_i - s_l|\\big)/\\tau\\Big).
 
 Each rank column sums to 1; an item's weights over ranks need not (so a mask ``P[:, :k].sum(-1)``
 sums to ``k`` but may exceed 1 for an item). With :math:`\\ell_i` the number of scores below
@@ -72,10 +73,8 @@ class _NeuralSort(torch.autograd.Function):
                                far.unsqueeze(-2))
         if x.dtype == _WIDE:  # no exponent range to spare: from each rank's maximum before dividing by τ
             logits = logits.sub_(logits.amax(-1, keepdim=True))
-        if isinstance(tau, torch.Tensor):
-            logits = logits.mul_(2.0).div_(tau.unsqueeze(-1))
-        else:
-            logits = logits.mul_(2.0 / tau)
+        tensor_tau = isinstance(tau, torch.Tensor)
+        logits = logits.mul_(2.0).div_(tau.unsqueeze(-1)) if tensor_tau else logits.mul_(2.0 / tau)
         ranks = torch.softmax(logits, dim=-1)
         if not reduce:
             out = ranks.to(x.dtype)  # ranks itself for float64 (then returned once)

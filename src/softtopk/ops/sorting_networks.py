@@ -93,7 +93,7 @@ def _saturates(distribution: str, dtype: str) -> bool:
     return _probe(distribution, dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe(distribution: str, dtype: str) -> bool:
     """Whether ``f(±F/2)`` is exactly 1 and 0 with slope exactly 0 at unit steepness (CPU)."""
     real = getattr(torch, dtype.removeprefix("torch."))
