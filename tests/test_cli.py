@@ -1,11 +1,16 @@
 """The ``softtopk`` console script: the demo runs, prints every method and writes its JSON."""
 
+import argparse
 import json
+import subprocess
+import sys
 
 import pytest
+import torch
 
 import softtopk
 from softtopk_lab.cli import main
+from softtopk_lab.flags import build_parser
 
 
 def test_demo_prints_every_method_trains_every_family_and_writes_json_and_plot(tmp_path, capsys):
@@ -44,14 +49,6 @@ def test_unknown_subcommand_is_a_usage_error():
 
 
 # ---- train-embeddings and data: --help, one-line errors (exit 2, no traceback) ------------------
-
-import argparse
-import subprocess
-import sys
-
-import torch
-
-from softtopk_lab.flags import build_parser
 
 
 def _subparsers(parser):

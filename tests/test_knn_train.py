@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from softtopk_lab.cli import main
 from softtopk_lab import knn_train, mnist_data
+from softtopk_lab.cli import main
 from softtopk_lab.config import KnnConfig
 from softtopk_lab.errors import DataError
 from softtopk_lab.flags import KNN_METHODS, build_parser

@@ -22,7 +22,6 @@ import torch
 from softtopk_lab import rundir
 from softtopk_lab.cli import main
 from softtopk_lab.interrupts import interrupt_after
-
 from test_train_embeddings import make_file
 
 #: plain cross-entropy on the built-in data, one epoch
@@ -356,9 +355,8 @@ def test_plain_cross_entropy_needs_no_p_k_and_the_others_name_it(tmp_path, capsy
 def test_a_ctrl_c_during_a_checkpoint_write_is_raised_after_it():
     """So the interruption's line names the checkpoint on disk (it names the step set after the write)."""
     finished_write = []
-    with pytest.raises(KeyboardInterrupt):
-        with interrupt_after():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
-            finished_write.append(True)
+    with pytest.raises(KeyboardInterrupt), interrupt_after():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        finished_write.append(True)
     assert finished_write == [True]

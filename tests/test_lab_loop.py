@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_knn_train import needs_mnist
-from test_train_cifar100 import make_archive
 
 from softtopk_lab import embeddings
 from softtopk_lab.cli import main
+from test_knn_train import needs_mnist
+from test_train_cifar100 import make_archive
 
 LAB = Path(__file__).resolve().parents[1] / "src" / "softtopk_lab"
 #: the functions allowed over :data:`MAX_FUNCTION_LINES`, by file and name, with the reason

@@ -3,6 +3,7 @@ leaves a torn result (issue 13, items 1-4)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -20,7 +21,6 @@ from softtopk_lab import rundir
 from softtopk_lab.checkpoint import FORMAT, load_checkpoint, save_atomic
 from softtopk_lab.cli import main
 from softtopk_lab.errors import UsageError
-
 from test_train_embeddings import make_file
 
 FAST = ["--n_epochs", "2", "--batch_size", "100", "--eval_freq", "2", "--nloglr", "2", "--no-progress"]
@@ -184,10 +184,8 @@ def test_a_killed_sweep_leaves_no_running_child():
             os.kill(child, 0)
         except ProcessLookupError:
             break
-        try:  # reap it if it became our zombie (it is init's child: this only waits)
+        with contextlib.suppress(ChildProcessError):  # reap it if it became our zombie (init's child: this only waits)
             os.waitpid(child, os.WNOHANG)
-        except ChildProcessError:
-            pass
         time.sleep(0.05)
     else:
         os.kill(child, signal.SIGKILL)

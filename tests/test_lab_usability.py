@@ -20,7 +20,6 @@ from softtopk_lab.config import BUILTIN_DEFAULTS, BUILTIN_NAMES, FILE_DEFAULTS, 
 from softtopk_lab.embedding_data import load_data
 from softtopk_lab.flags import build_parser
 from softtopk_lab.metrics import evaluate
-
 from test_train_embeddings import make_file
 
 LOSS = ["--method", "softsort", "--p_k", "1"]

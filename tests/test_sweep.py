@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from softtopk_lab import sweep
 from softtopk_lab.cli import main
 from softtopk_lab.config import EmbeddingConfig, KnnConfig
 from softtopk_lab.flags import build_parser
-from softtopk_lab import sweep
 from softtopk_lab.train_losses import build_loss
 
 

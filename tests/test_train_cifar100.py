@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from softtopk_lab.cli import main
 from softtopk_lab.cifar100 import load_splits
+from softtopk_lab.cli import main
 
 SEED_README = next((Path(__file__).resolve().parents[2] / "shared" / "seeds").glob("000_*.txt"), None)  # ../shared
 SEED_MISSING = "needs difftopk's README with its published commands (shared/seeds/ beside the checkout)"

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import softtopk_lab
-
 from softtopk_lab.cli import main
 
 SEED_README = next((Path(__file__).resolve().parents[2] / "shared" / "seeds").glob("000_*.txt"), None)  # ../shared

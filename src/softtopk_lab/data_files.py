@@ -13,7 +13,6 @@ from typing import Any
 
 from .errors import DataError
 
-
 _NUMPY_GLOBALS = {
     ("numpy", "ndarray"),
     ("numpy", "dtype"),

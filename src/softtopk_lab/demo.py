@@ -15,9 +15,7 @@ on the built-in WordNet dataset.
 ``--out`` is marked as a demo's directory and locked (:mod:`.rundir`); each run's marker names the
 demo as its parent, and a second demo into the same ``--out`` replaces only those runs: a run there
 that it did not start (a user's own ``train-embeddings --out D/cross_entropy``) is a one-line error,
-and nothing is deleted.
-
-About 18 seconds on this project's 2-vCPU machine (17.7-19.1 s in four runs on a quiet machine).
+and nothing is deleted. Its run time is measured in ``docs/lab.md``.
 """
 
 from __future__ import annotations
@@ -171,7 +169,7 @@ def _plot(runs: dict, stream: Any) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.8))
-    for column, (axis, metric) in enumerate(zip(axes, ("top-1", "top-5")), start=1):
+    for column, (axis, metric) in enumerate(zip(axes, ("top-1", "top-5"), strict=True), start=1):
         values = []
         for name, run in runs.items():
             steps = [point[0] for point in run["curve"]]

@@ -197,7 +197,7 @@ def train_knn(config: KnnConfig) -> dict[str, Any]:
     def batches(epoch: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         queries = epoch_permutation(n_train, config.seed, epoch)[:steps_per_epoch * config.num_queries]
         candidates = candidate_order(n_train, config.seed, epoch, steps_per_epoch * config.num_candidates)
-        return zip(queries.split(config.num_queries), candidates.split(config.num_candidates))
+        return zip(queries.split(config.num_queries), candidates.split(config.num_candidates), strict=True)
 
     fields = {"dataset": config.dataset, "net": net_name(config), "method": config.method,
               "params": {key: value for key, value in knn.params.items() if key != "generator"}, "k": config.k,

@@ -109,7 +109,7 @@ def load_mnist(path: str | Path | None = None) -> dict[str, torch.Tensor]:
     if not isinstance(splits, (tuple, list)) or len(splits) != 3:
         raise DataError(f"{file}: expected a (train, val, test) tuple, got {type(splits).__name__}")
     out = {}
-    for name, split in zip(("train", "val", "test"), splits):
+    for name, split in zip(("train", "val", "test"), splits, strict=True):
         out[f"{name}_images"], out[f"{name}_labels"] = _mnist_split(split, name, str(file))
     return out
 

@@ -111,7 +111,7 @@ class ResNet18(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         widths, strides, layers, channels = (64, 128, 256, 512), (1, 2, 2, 2), [], 64
-        for width, stride in zip(widths, strides):
+        for width, stride in zip(widths, strides, strict=True):
             layers.append(nn.Sequential(BasicBlock(channels, width, stride), BasicBlock(width, width)))
             channels = width
         self.layer1, self.layer2, self.layer3, self.layer4 = layers
@@ -216,7 +216,7 @@ class PreActResNet18(nn.Module):
         self.in_channels = in_channels
         self.conv1 = _conv3x3(in_channels, 64)
         widths, strides, layers, channels = (64, 128, 256, 512), (1, 2, 2, 2), [], 64
-        for width, stride in zip(widths, strides):
+        for width, stride in zip(widths, strides, strict=True):
             layers.append(nn.Sequential(PreActBlock(channels, width, stride), PreActBlock(width, width)))
             channels = width
         self.layer1, self.layer2, self.layer3, self.layer4 = layers

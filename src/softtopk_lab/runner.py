@@ -44,7 +44,7 @@ from .records import metrics_csv, progress_line
 from .rundir import RunLock, check_new_run_directory, claim, owned
 
 #: the run of this process, for the line an interruption prints (``softtopk_lab.cli``)
-ACTIVE: "Run | None" = None
+ACTIVE: Run | None = None
 RESUME_IGNORED = ("out", "resume", "no_progress", "quiet", "tensorboard", "device", "experiment_id")
 
 

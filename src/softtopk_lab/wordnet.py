@@ -251,7 +251,7 @@ def build_wordnet(
                 strict=True,
             )
         )
-        replace_atomic(out_dir / f"{plan.name}.npz", lambda stream: np.savez_compressed(stream, **arrays))
+        replace_atomic(out_dir / f"{plan.name}.npz", lambda stream, arrays=arrays: np.savez_compressed(stream, **arrays))
         split_counts = {name: int(np.sum(plan.split == code)) for code, name in enumerate(SPLITS)}
         train_counts = np.bincount(plan.labels[plan.split == 0], minlength=len(plan.class_offsets))
         class_names = [f"{synsets[int(o)].words[0]}:{int(o):08d}" for o in plan.class_offsets]
