@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from softtopk.compat import pytopk as ours
-from softtopk.losses.noised import ldam_margins
+from softtopk.losses import ldam_margins
 
 pytopk = pytest.importorskip(
     "pytopk", reason="the pytopk 0.1.0 oracle is not installed (pip install --no-deps pytopk==0.1.0)"

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from softtopk.losses.noised import BalNoisedTopK, ImbalNoisedTopK, bal_noised_topk, imbal_noised_topk, ldam_margins
+from softtopk.losses import BalNoisedTopK, ImbalNoisedTopK, bal_noised_topk, imbal_noised_topk, ldam_margins
 
 FEW = settings(max_examples=20, deadline=None)
 COUNTS = [50, 7, 200, 1, 13]

@@ -3,7 +3,8 @@
 
 from ._registry import methods
 from .losses.ndcg import ndcg_loss
-from .losses.noised import bal_noised_topk, imbal_noised_topk
+from .losses.noised import bal_noised_topk
+from .losses.noised_imbalanced import imbal_noised_topk
 from .losses.smooth_svm import smooth_top1_svm, smooth_topk_svm, top1_svm, topk_svm
 from .losses.topk_ce import topk_cross_entropy
 from .operators import (

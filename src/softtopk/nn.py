@@ -4,7 +4,8 @@ next to the function each one twins)."""
 from ._deprecated import SmoothTopkSVM, TopkSVM
 from .knn import DifferentiableKNN, KNNOutput
 from .losses.ndcg import NDCGLoss
-from .losses.noised import BalNoisedTopK, ImbalNoisedTopK
+from .losses.noised import BalNoisedTopK
+from .losses.noised_imbalanced import ImbalNoisedTopK
 from .losses.smooth_svm import SmoothTop1SVM, SmoothTopKSVM, Top1SVM, TopKSVM
 from .losses.topk_ce import TopKCrossEntropyLoss
 from .operators import SoftTopK, SoftTopKRanks

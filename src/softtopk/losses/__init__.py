@@ -1,10 +1,11 @@
 """Loss face: the top-k classification losses, functions and Modules (re-exported from the family
 files :mod:`~softtopk.losses.topk_ce`, :mod:`~softtopk.losses.smooth_svm` and
-:mod:`~softtopk.losses.noised`), the LDAM margins of the imbalanced noised loss, and the ranking
+:mod:`~softtopk.losses.noised`, :mod:`~softtopk.losses.noised_imbalanced`), the LDAM margins of the imbalanced noised loss, and the ranking
 loss of :mod:`~softtopk.losses.ndcg`."""
 
 from .ndcg import NDCGLoss, ndcg_loss
-from .noised import BalNoisedTopK, ImbalNoisedTopK, bal_noised_topk, imbal_noised_topk, ldam_margins
+from .noised import BalNoisedTopK, bal_noised_topk
+from .noised_imbalanced import ImbalNoisedTopK, imbal_noised_topk, ldam_margins
 from .smooth_svm import (
     SmoothTop1SVM,
     SmoothTopKSVM,

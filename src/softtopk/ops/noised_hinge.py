@@ -1,0 +1,45 @@
+"""The row kernel of the noised top-k hinge losses (:mod:`softtopk.losses.noised`; Garcin et al.,
+ICML 2022): the hinge of the Monte-Carlo (k+1)-th largest score, with the exact gradient of the
+estimate."""
+
+from __future__ import annotations
+
+import torch
+
+
+class NoisedHinge(torch.autograd.Function):
+    """``(logits (R, C), label (R,), scaled noise (R, C, S), margin (R,) or float, scale or None, k)``
+    -> ``relu(scale * (margin + top_{k+1,eps}(s) - s_y))`` per row, in pytopk's operation order.
+    Backward: where the hinge is active, ``scale / S`` on each draw's (k+1)-th position and
+    ``-scale`` on the label (no dense ``(R, C, S)`` tensor is saved, only the ``(R, S)`` positions)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(logits, label, noise, margin, scale, k):
+        index = (logits.unsqueeze(-1) + noise).topk(k + 1, dim=1)
+        top = index.values.select(1, k).mean(-1)
+        hinge = (margin + top) - logits.gather(1, label.unsqueeze(1)).squeeze(1)
+        loss = torch.relu(hinge if scale is None else scale * hinge)
+        return loss, index.indices.select(1, k)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        logits, label, _, _, ctx.scale, _ = inputs
+        loss, index = output
+        ctx.mark_non_differentiable(index)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(label, index, loss <= 0)
+        ctx.classes = logits.shape[1]
+
+    @staticmethod
+    def backward(ctx, grad, _unused):
+        if grad is None:
+            return None, None, None, None, None, None
+        label, index, inactive = ctx.saved_tensors
+        share = grad.masked_fill(inactive, 0.0)
+        if ctx.scale is not None:
+            share = share.mul_(ctx.scale)
+        counts = share.new_zeros(share.shape[0], ctx.classes).scatter_add_(1, index, torch.ones_like(index, dtype=share.dtype))
+        grad_logits = counts.div_(index.shape[1]).mul_(share.unsqueeze(1))  # pytopk's rounding
+        return grad_logits.scatter_add_(1, label.unsqueeze(1), share.neg().unsqueeze(1)), None, None, None, None, None
