@@ -54,6 +54,9 @@ def _calls():
     yield "sparse-p2", lambda x: softtopk.sparse_topk_mask(x, 3, p=2)
     yield "sparse-dykstra", lambda x: softtopk.sparse_topk_mask(x, 3, p=2, solver="dykstra", n_iter=5)
     yield "sparse-mag", lambda x: softtopk.sparse_topk_mag(x, 3)
+    yield "sparse-mag-dykstra", lambda x: softtopk.sparse_topk_mag(x, 3, p=2, solver="dykstra", n_iter=5)
+    # rows with k or more infinite magnitudes (the negative entries at -inf)
+    yield "sparse-mag-infinite", lambda x: softtopk.sparse_topk_mag(x.where(x > 0, -INF), 3)
     yield "topk", lambda x: softtopk.topk(x, 3).weights
     yield "topk-hard", lambda x: softtopk.topk(x, 3, hard=True).weights
     yield "noised-kth", lambda x: softtopk.noised_kth_value(x, 3, epsilon=0.5)
