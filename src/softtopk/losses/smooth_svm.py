@@ -25,9 +25,11 @@ polynomials normalised by the top k's products, the gradient as inclusion probab
 fused steps. Larger ``k`` shifts every row by the (detached) largest non-label score and takes
 :math:`\\log e_{k-1}, \\log e_k` from the log-space ESF kernel ``softtopk.ops.esf.log_esf`` (exact
 prefix sums, ``O(C k)``, analytic backward; see that module for the numerics). Either way the loss
-is shift invariant up to the rounding of the input itself, and no value is read on the host. A class
-other than the label at ``+inf`` gives NaN in that row (not handled). There is no per-row switch to the hard loss (the
-original's ``thresh``), so the loss is continuous in ``s`` everywhere, and the float32 result is the
+is shift invariant up to the rounding of the input itself, and no value is read on the host. ``+inf``
+scores give the limits of finite inputs (:func:`_extended_rows`: with ``P < k`` other classes at
+``+inf`` a finite loss, the top-k hinge over the others with ``k - P``; with ``P >= k`` ``inf``, or
+the tied limit when the label is at ``+inf`` too), with finite gradients. There is no per-row
+switch to the hard loss (the original's ``thresh``), so the loss is continuous in ``s`` everywhere, and the float32 result is the
 exact smooth loss for every input (errors of order :math:`\\epsilon_{32} \\cdot \\max_j |s_j - \\max s|`, as any float32 computation of a
 loss of that size).
 """
@@ -70,6 +72,35 @@ def _shifted_split(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Ten
     label_score = logits.gather(-1, label).squeeze(-1)
     masked = label_score == -math.inf
     return torch.where(masked, 0.0, label_score - shift.squeeze(-1)), others - shift, masked
+
+
+def _extended_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, rows_fn) -> torch.Tensor:
+    """``rows_fn(logits, label)`` ``(R,)`` with ``+inf`` scores given their limits (scores at ``±M``,
+    ``M → ∞``, the infinite ones tied as in ``softtopk._extended``), for ``P`` other classes at ``+inf``:
+
+    * ``P < k``: the ``+inf`` classes take ``P`` of the ``k`` places; the loss is the limit of finite
+      inputs (``log e_k - log e_{k-1}`` tends to that of the other classes with ``k - P``), computed
+      with them at a finite stand-in ``k τ (log C + 50)`` above every finite score (and ``2^-20``
+      relative), where the remainder is below the dtype's rounding. Gradient 0 at the ``+inf``
+      entries, the limit elsewhere; a label at ``+inf`` gives 0.
+    * ``P >= k``, label finite: the label is out of the top k for good: ``inf``, gradient 0.
+    * ``P >= k``, label at ``+inf``: the tied limit, which the finite classes leave (the loss of the
+      row with the ``+inf`` classes at 0 and the others at ``-inf``); gradient 0.
+
+    A row holding NaN stays NaN. No value is read on the host."""
+    positive = torch.isposinf(logits)
+    label_inf = positive.gather(-1, label.unsqueeze(-1)).squeeze(-1)
+    full = positive.sum(-1) - label_inf.long() >= k
+    finite = logits.isfinite()
+    high = torch.where(finite, logits, -math.inf).amax(-1, keepdim=True).detach()
+    high = torch.where(high.isfinite(), high, 0.0)
+    gap = torch.clamp_min(high.abs() * 2.0**-20, k * tau * (math.log(logits.shape[-1]) + 50.0))
+    stand = (high + gap).clamp_max(torch.finfo(logits.dtype).max)
+    tied = torch.where(positive, 0.0, -math.inf)
+    rows = torch.where((label_inf & full).unsqueeze(-1), tied, torch.where(positive, stand, logits))
+    loss = rows_fn(rows, label)
+    plain = logits.isnan().any(-1)
+    return torch.where(full & ~label_inf & ~plain, math.inf, torch.where(label_inf & ~full & ~plain, 0.0, loss))
 
 
 def _smooth_topk_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
@@ -132,7 +163,7 @@ def smooth_topk_svm(
     """
     k, tau, alpha = _svm_params(k, tau, alpha, check_class_input(input).shape[1])
     check_scale("tau", tau, input.dtype)
-    return class_loss(input, target, lambda s, y: _smooth_topk_rows(s, y, k, tau, alpha),
+    return class_loss(input, target, lambda s, y: _extended_rows(s, y, k, tau, lambda r, l: _smooth_topk_rows(r, l, k, tau, alpha)),
                       weight=weight, ignore_index=ignore_index, reduction=reduction)
 
 
@@ -149,7 +180,7 @@ def smooth_top1_svm(
     """Smooth top-1 SVM loss (one log-sum-exp). See :class:`SmoothTop1SVM` for details."""
     _, tau, alpha = _svm_params(1, tau, alpha, check_class_input(input).shape[1])
     check_scale("tau", tau, input.dtype)
-    return class_loss(input, target, lambda s, y: _smooth_top1_rows(s, y, tau, alpha),
+    return class_loss(input, target, lambda s, y: _extended_rows(s, y, 1, tau, lambda r, l: _smooth_top1_rows(r, l, tau, alpha)),
                       weight=weight, ignore_index=ignore_index, reduction=reduction)
 
 
@@ -165,7 +196,7 @@ def topk_svm(
 ) -> torch.Tensor:
     """Hard top-k SVM loss, the limit ``tau -> 0`` of the smooth one. See :class:`TopKSVM` for details."""
     k, _, alpha = _svm_params(k, None, alpha, check_class_input(input).shape[1])
-    return class_loss(input, target, lambda s, y: _hard_rows(s, y, k, alpha),
+    return class_loss(input, target, lambda s, y: _extended_rows(s, y, k, 1.0, lambda r, l: _hard_rows(r, l, k, alpha)),
                       weight=weight, ignore_index=ignore_index, reduction=reduction)
 
 
