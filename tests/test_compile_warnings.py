@@ -78,3 +78,16 @@ def test_non_contiguous_input_and_dim_0_do_not_warn(method):
         mask = softtopk.soft_topk(x, 3, method=method, dim=dim)
         ranks = softtopk.soft_topk_ranks(x, 3, method=method, dim=dim) if method in ("neuralsort", "softsort") else mask
         (mask.sum() + ranks.sum()).backward()
+
+
+@pytest.mark.usefixtures("no_warnings")
+@pytest.mark.parametrize("p", [2.0, 4 / 3])
+def test_sparse_under_vmap_does_not_warn(p):
+    """``searchsorted`` on a sliced boundary (``.contiguous()`` keeps a batched slice's strides) and
+    an in-place ``addcmul_`` in the magnitude's backward (no batching rule) warned under vmap.
+    ``searchsorted``'s warning is printed once per process: run alone, this test sees it."""
+    x = torch.randn(5, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    w = torch.randn(12, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for op in (softtopk.sparse_topk_mask, softtopk.sparse_topk_mag):
+        torch.vmap(lambda row, op=op: op(row, 4, l=0.5, p=p))(x)
+        torch.vmap(torch.func.grad(lambda row, op=op: (op(row, 4, l=0.5, p=p) * w).sum()))(x)

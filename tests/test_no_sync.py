@@ -109,6 +109,16 @@ def test_class_losses_read_only_the_target_check(name):
     assert counts.reads <= 1, f"{name}: {counts.reads} host reads (the CPU target check is one)"
 
 
+@pytest.mark.parametrize("name", ["smooth-svm", "smooth-svm-1", "svm", "topk-ce-smce"])
+def test_class_losses_at_plus_inf_read_only_the_target_check(name):
+    """Rows with another class at +inf (one, and k of them) and with the label at +inf."""
+    loss = LOSSES.get(name) or losses.TopKCrossEntropyLoss([0.5, 0.5], m=4, top1_mode="smce")
+    logits = torch.randn(4, 12, generator=torch.Generator().manual_seed(1))
+    logits[0, 5] = logits[1, 2] = logits[1, 4] = logits[2, 7] = logits[2, 8] = INF
+    counts = count_call(lambda x: loss(x, torch.tensor([0, 3, 7, 11])), logits)
+    assert counts.reads <= 1, f"{name}: {counts.reads} host reads (the CPU target check is one)"
+
+
 @pytest.mark.parametrize("name", sorted(LOSSES))
 def test_class_losses_run_on_meta(name):
     logits = torch.randn(4, 12, device="meta", requires_grad=True)

@@ -108,7 +108,7 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     # at every threshold in the bracket at most k entries saturate, all among the k + 1 largest; a
     # count capped there overstates a sum that exceeds k anyway (the capped entries enter the
     # window at power >= 1), so every comparison with k below is unchanged
-    top = neg[:, : k + 1].contiguous()
+    top = neg[:, : k + 1].clone()  # not .contiguous(): inside vmap that keeps the slice's strides
     prefix = _power_sums(u, r)
 
     def total(at: torch.Tensor, above: torch.Tensor | None) -> torch.Tensor:  # Σ_i h(.) at ``at`` (B, M)
@@ -283,7 +283,7 @@ class _MagFn(torch.autograd.Function):
         theta_e = theta * e
         c = -torch.linalg.vecdot(inside.to(g.dtype), g).unsqueeze(-1) - torch.linalg.vecdot(theta_e, g).unsqueeze(-1)
         weight = (z > 0).to(g.dtype).add_(theta_e)
-        grad_s = (g * weight).addcmul_(e, c / eb.where(eb > 0, torch.ones_like(eb)))
+        grad_s = torch.addcmul(g * weight, e, c / eb.where(eb > 0, torch.ones_like(eb)))  # vmap: not in place
         return grad_s.mul_(sign), None, None, None
 
 
