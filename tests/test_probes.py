@@ -289,9 +289,3 @@ def test_probe_ranking_routing_and_knn():
         probe.run(f"knn {name}", lambda t: knn(t.float(), t.float().flip(0), labels, labels).loss, x, finite=finite)
     probe.assert_clean()
 
-
-def probe_case_count() -> int:
-    """How many cases the probes above run (for the report: ``python -c 'import test_probes; ...'``)."""
-    total = sum(_operator_probe(m).cases for m in MASK_METHODS) + _sparse_probe().cases
-    return total + 2 * len(_losses()) * len(_logit_grid()) + 3 * len(GRID)
-
