@@ -203,3 +203,19 @@ def test_sparse_near_the_largest_float32_in_jax():
     for k, p in itertools.product((1, 3), (2.0, 4 / 3)):
         got = np.asarray(sj.sparse_topk_mask(jnp.asarray(row, jnp.float32), k, p=p))
         np.testing.assert_array_equal(got, softtopk.hard_topk_mask(torch.tensor(row), k).numpy())
+
+
+@pytest.mark.parametrize(("name", "params"), SVM_LOSSES)
+def test_svm_losses_near_the_largest_float32(name, params):
+    """Scores at ±3e38: differences overflow float32. The losses equal float64's where that is
+    finite in float32 (overflowing to inf otherwise), with no NaN in the gradient."""
+    x = 3e38 * torch.randn(4, 12, generator=torch.Generator().manual_seed(1)).sign()
+    target = torch.tensor([0, 3, 5, 9])
+    leaf = x.clone().requires_grad_(True)
+    got = getattr(softtopk, name)(leaf, target, reduction="none", **params)
+    got.sum().backward()
+    want = getattr(softtopk, name)(x.double(), target, reduction="none", **params)
+    assert not leaf.grad.isnan().any()
+    representable = want.abs() < torch.finfo(torch.float32).max
+    torch.testing.assert_close(got[representable].double(), want[representable], rtol=1e-4, atol=1e-6)
+    assert (got[~representable] == INF).all()
