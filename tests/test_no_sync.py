@@ -54,6 +54,9 @@ def _calls():
     yield "sparse-p2", lambda x: softtopk.sparse_topk_mask(x, 3, p=2)
     yield "sparse-dykstra", lambda x: softtopk.sparse_topk_mask(x, 3, p=2, solver="dykstra", n_iter=5)
     yield "sparse-mag", lambda x: softtopk.sparse_topk_mag(x, 3)
+    yield "sparse-mag-dykstra", lambda x: softtopk.sparse_topk_mag(x, 3, p=2, solver="dykstra", n_iter=5)
+    # rows with k or more infinite magnitudes (the negative entries at -inf)
+    yield "sparse-mag-infinite", lambda x: softtopk.sparse_topk_mag(x.where(x > 0, -INF), 3)
     yield "topk", lambda x: softtopk.topk(x, 3).weights
     yield "topk-hard", lambda x: softtopk.topk(x, 3, hard=True).weights
     yield "noised-kth", lambda x: softtopk.noised_kth_value(x, 3, epsilon=0.5)
@@ -103,6 +106,16 @@ def test_class_losses_read_only_the_target_check(name):
     logits = torch.randn(4, 12, generator=torch.Generator().manual_seed(1))
     target = torch.tensor([0, 3, 7, 11])
     counts = count_call(lambda x: LOSSES[name](x, target), logits)
+    assert counts.reads <= 1, f"{name}: {counts.reads} host reads (the CPU target check is one)"
+
+
+@pytest.mark.parametrize("name", ["smooth-svm", "smooth-svm-1", "svm", "topk-ce-smce"])
+def test_class_losses_at_plus_inf_read_only_the_target_check(name):
+    """Rows with another class at +inf (one, and k of them) and with the label at +inf."""
+    loss = LOSSES.get(name) or losses.TopKCrossEntropyLoss([0.5, 0.5], m=4, top1_mode="smce")
+    logits = torch.randn(4, 12, generator=torch.Generator().manual_seed(1))
+    logits[0, 5] = logits[1, 2] = logits[1, 4] = logits[2, 7] = logits[2, 8] = INF
+    counts = count_call(lambda x: loss(x, torch.tensor([0, 3, 7, 11])), logits)
     assert counts.reads <= 1, f"{name}: {counts.reads} host reads (the CPU target check is one)"
 
 

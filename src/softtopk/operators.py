@@ -196,8 +196,8 @@ def sparse_topk_mag(
     entries with ``u = 1`` are kept exactly, entries with ``|x| <= θ`` are exactly 0, the rest are
     shrunk continuously. Arguments as :func:`sparse_topk_mask` (it selects by magnitude: no
     ``largest``, no ``hard``, a float ``l``, at most 1e30 for p = 4/3; :func:`hard_topk_mag` is the
-    hard version). Gradients are finite
-    everywhere (the original's p = 4/3 gradient is NaN at exact zeros).
+    hard version). Gradients are finite everywhere (the original's p = 4/3 gradient is NaN at exact
+    zeros). ``±inf`` entries are the largest magnitudes (``docs/methods/index.md``).
 
     Example:
         >>> import torch, softtopk

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._sparse import exact_mask, mask_tangent
+from ._sparse import exact_mask, extended_mag, mask_tangent
 from ._sparse import mag_rows as exact_mag_rows
 
 
@@ -101,19 +101,29 @@ def _mask_jvp(k, n_iter, primals, tangents):
 
 def dykstra_mag(x, lam, k, n_iter):
     """Dykstra's magnitude of rows ``x`` (B, n): ``sign(x) (s - iso_u(s/u)) / λ (1 + λ)``, ``u = 1 + λ w``."""
-    s, order, w = _sorted(jnp.abs(x), k)
+    infinite = jnp.isinf(x)
+    # infinite magnitudes as a stand-in above (1 + λ) times every finite one: saturated at
+    # convergence while fewer than k are infinite; their iterates are replaced by x
+    high = jnp.max(jnp.where(infinite, 0.0, jnp.abs(x)), -1, keepdims=True)
+    stand = jnp.minimum(high * (1 + lam) + 1.0, jnp.finfo(x.dtype).max)
+    s, order, w = _sorted(jnp.where(infinite, stand, jnp.abs(x)), k)
     u = 1 + lam * w
     v = isotonic(s / u, n_iter, weights=u)
-    return jnp.sign(x) * _unsort((s - v) / lam, order) * (1 + lam)
+    return jnp.where(infinite, x, jnp.sign(x) * _unsort((s - v) / lam, order) * (1 + lam))
+
+
+def mag_rows(x, lam, k, n_iter):
+    """Dykstra's value of the p = 2 magnitude, on the extended reals as the exact one."""
+    return extended_mag(x, k, lambda rows: _mag_kernel(rows, lam, k, n_iter))
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
-def mag_rows(x, lam, k, n_iter):
-    """Dykstra's value of the p = 2 magnitude; the exact problem's derivative."""
+def _mag_kernel(x, lam, k, n_iter):
+    """Dykstra's value; the exact problem's derivative."""
     return dykstra_mag(lax.stop_gradient(x), lam, k, n_iter)
 
 
-@mag_rows.defjvp
+@_mag_kernel.defjvp
 def _mag_jvp(lam, k, n_iter, primals, tangents):
     (x,), (dx,) = primals, tangents
-    return mag_rows(x, lam, k, n_iter), jax.jvp(lambda v: exact_mag_rows(v, lam, k, 1), (x,), (dx,))[1]
+    return _mag_kernel(x, lam, k, n_iter), jax.jvp(lambda v: exact_mag_rows(v, lam, k, 1), (x,), (dx,))[1]

@@ -146,7 +146,8 @@ def _solve_sorted(s, k, lam, r, magnitude):
     if s.dtype != jnp.float64:  # within the float32 slack, a segment can pass for flat when it is not
         # (a saturation knot where the sum exceeds k by less than the slack): keep the closer threshold
         solved = solved | (_mask_residual(v, at, k, r) < _mask_residual(v, flat, k, r))
-    return sk, jnp.where(following <= -1.0, 0.5 * (following - 1.0), jnp.where(solved, at, flat))
+    hard = jnp.maximum(0.5 * (following - 1.0), -2.0)  # exact in [following, -1]; finite in x's dtype
+    return sk, jnp.where(following <= -1.0, hard, jnp.where(solved, at, flat))
 
 
 def _mask_residual(v, at, k, r):
@@ -259,13 +260,28 @@ def _mag_parts(x, lam, k, r):
     return jnp.sign(x) * jnp.where(z >= 1, s, kept), theta, z
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+def extended_mag(x, k, kernel):
+    """``kernel(rows)`` on the extended reals (the torch kernel's rule): rows with ``P >= k``
+    infinite magnitudes are ``x ⊙ m``, ``m = k/P`` on the infinite entries and 0 elsewhere, held
+    fixed (derivative ``m``); the kernel sees zeros there and is exact on the other rows."""
+    infinite = jnp.isinf(x)
+    count = jnp.sum(infinite, -1, keepdims=True).astype(x.dtype)
+    full = count >= k
+    body = kernel(jnp.where(full, 0.0, x))
+    return jnp.where(full, x * jnp.where(infinite, k / jnp.maximum(count, 1), 0.0), body)
+
+
 def mag_rows(x, lam, k, r):
     """Exact sparse top-k in magnitude of rows ``x`` (B, n), float ``lam``, int ``k < n``."""
+    return extended_mag(x, k, lambda rows: _exact_mag_rows(rows, lam, k, r))
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+def _exact_mag_rows(x, lam, k, r):
     return _mag_parts(x, lam, k, r)[0]
 
 
-@mag_rows.defjvp
+@_exact_mag_rows.defjvp
 def _mag_jvp(lam, k, r, primals, tangents):
     (x,), (dx,) = primals, tangents
     out, theta, z = _mag_parts(x, lam, k, r)

@@ -253,7 +253,14 @@ def topk_cross_entropy(
         else:
             ranks = spec.ranks(scores, k, **params)
             label_ranks = ranks.gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
-        return _Head.apply(scores, label_ranks, position, masked, weights, p1, top1_mode == "smce")[0]
+        loss = _Head.apply(scores, label_ranks, position, masked, weights, p1, top1_mode == "smce")[0]
+        if top1_mode != "smce" or not p1:
+            return loss
+        # the cross-entropy term's limit with another class at +inf and the label below: inf, not
+        # the stand-in's large finite value (gradient 0, as where the label is -inf)
+        label_inf = logits.gather(-1, label.unsqueeze(-1)).squeeze(-1) == math.inf
+        beaten = torch.isposinf(logits).any(-1) & ~label_inf & ~logits.isnan().any(-1)
+        return torch.where(beaten, math.inf, loss)
 
     return class_loss(input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction)
 

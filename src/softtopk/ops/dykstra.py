@@ -31,10 +31,11 @@ def _project_pairs(z: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
     pairs = z.reshape(z.shape[0], z.shape[1] // 2, 2)  # explicit sizes: a batch of 0 rows reshapes too
     first, second = pairs[..., 0], pairs[..., 1]
     if u is None:
-        mean = (first + second) / 2.0
+        mean = first / 2.0 + second / 2.0  # halves first: no overflow near the dtype's largest values
     else:
         w = u.reshape(u.shape[0], u.shape[1] // 2, 2)
-        mean = (first * w[..., 0] + second * w[..., 1]) / (w[..., 0] + w[..., 1])
+        share = w[..., 0] / (w[..., 0] + w[..., 1])
+        mean = first * share + second * (1.0 - share)
     keep = (second - first) < 0  # strictly decreasing pairs stay; ties are averaged (a no-op)
     mean = mean.unsqueeze(-1)
     return torch.where(keep.unsqueeze(-1), pairs, mean).reshape(z.shape)
@@ -156,7 +157,16 @@ def dykstra_mag_rows(x: torch.Tensor, k: int, l, n_iter: int) -> torch.Tensor:
         >>> dykstra_mag_rows(torch.tensor([[-5.0, -2.0, 3.0, 1.0]]), 2, 1e-2, 500)
         tensor([[-5.0000, -0.0000,  3.0000,  0.0000]])
     """
-    s, perm, w = _sorted_rows(x.abs(), k)
+    infinite = x.isinf()
+    s, perm, w = _sorted_rows(torch.where(infinite, _saturating(x, l), x.abs()), k)
     u = 1 + l * w
     v = dykstra_isotonic(s / u, n_iter, weights=u)
-    return torch.sign(x) * _unsort((s - v) / l, perm) * (1 + l)
+    return torch.where(infinite, x, torch.sign(x) * _unsort((s - v) / l, perm) * (1 + l))
+
+
+def _saturating(x: torch.Tensor, l) -> torch.Tensor:
+    """A stand-in for the infinite magnitudes of each row, above ``(1 + l)`` times every finite one:
+    saturated at convergence while fewer than ``k`` entries are infinite (their iterates are
+    replaced by ``x``)."""
+    high = torch.where(x.isinf(), 0.0, x.abs()).amax(-1, keepdim=True) if x.shape[-1] else x.new_zeros(x.shape[0], 1)
+    return (high * (1 + l) + 1.0).clamp_max(torch.finfo(x.dtype).max)

@@ -225,6 +225,10 @@ def _split_log_esf(top: torch.Tensor, rest: torch.Tensor, degree: int) -> torch.
 # ------------------------------------------------------------------- the smooth top-k SVM's rows
 
 SUBSET_K = 8  # the top k's polynomials by brute force over their 2^k subsets up to here
+# a scaled score this far above the k-th largest leaves the others' terms a weight e^-FAR: below
+# float64's rounding for any practical number of classes, so it may stand for +inf (and for
+# differences that overflow the dtype)
+FAR = 200.0
 _TABLES: dict = {}
 
 
@@ -288,13 +292,14 @@ class _SmoothTopKRows(torch.autograd.Function):
         # -inf's margin +inf (loss inf); neither needs a mask afterwards
         shift = kth.masked_fill(kth == -math.inf, 0.0)  # differences before scaling: exact for large scores
         y = others.scatter(-1, index, -math.inf).sub_(shift).mul_(scale).exp_()  # vmap-friendly
-        t = torch.sub(top, shift).mul_(scale).clamp_min_(0.0)
+        t = torch.sub(top, shift).mul_(scale).clamp(0.0, FAR)  # out of place: vmap has a rule
         W = (t @ subsets).exp_()
         G = (t @ joins).view(-1, k + 1, k + 1).exp_().masked_fill_(upper, 0.0)  # exp(T_a - T_j), a <= j
         GE = G * _tail_esf(y, k)[:, toeplitz]
         e = ((W @ by_size).unsqueeze(-2) @ GE).squeeze(-2)
-        gap = kth.clamp_min(torch.finfo(kth.dtype).min) - label_score
-        margin = torch.log(e[:, k] / e[:, k - 1]).add_(gap.squeeze(-1), alpha=scale).add_(alpha / tau)
+        # (kth - label) halved first: finite for any finite scores, with the same rounding
+        gap = torch.add(kth.clamp_min(torch.finfo(kth.dtype).min).mul_(0.5), label_score, alpha=-0.5)
+        margin = torch.log(e[:, k] / e[:, k - 1]).add_(gap.squeeze(-1), alpha=2 * scale).add_(alpha / tau)
         # softplus exact to e^-50 (the default threshold 20 would cut at e^-20)
         loss = torch.nn.functional.softplus(margin, threshold=50.0).mul_(tau)
         return loss, margin, y, index, G, W, GE, e

@@ -22,7 +22,11 @@ real root of a monotone cubic (p = 4/3, Cardano plus two Newton steps). O(n) mem
 
 **±inf** (``softtopk._extended``): in the usual rows an infinite entry is exactly saturated or
 zero; the two degenerate cases (``p >= k`` entries at ``+inf``; at most ``k`` entries above
-``-inf``) are recognised from per-row counts and written through the kernel's own formula.
+``-inf``) are recognised from per-row counts and written through the kernel's own formula. The
+magnitude is ``x ⊙ m`` with ``m`` that rule on ``|x|``: with ``P`` entries at ``±inf``, ``P < k``
+keeps them (output ``x``, gradient 1) and the finite entries get the kernel's answer for ``k - P``;
+``P >= k`` gives the finite entries 0 and the infinite ones ``±inf`` with gradient ``k/P``
+(:func:`_extended_mag`).
 
 **Backward** (implicit function theorem; the Jacobian is PAV's block structure). Mask:
 ``∂L/∂x = d ⊙ (g - Σ d g / Σ d)``, ``d_i = r z_i^{r-1} / λ`` on ``0 < z_i < 1`` (0 elsewhere); a
@@ -104,7 +108,7 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     # at every threshold in the bracket at most k entries saturate, all among the k + 1 largest; a
     # count capped there overstates a sum that exceeds k anyway (the capped entries enter the
     # window at power >= 1), so every comparison with k below is unchanged
-    top = neg[:, : k + 1].contiguous()
+    top = neg[:, : k + 1].clone()  # not .contiguous(): inside vmap that keeps the slice's strides
     prefix = _power_sums(u, r)
 
     def total(at: torch.Tensor, above: torch.Tensor | None) -> torch.Tensor:  # Σ_i h(.) at ``at`` (B, M)
@@ -161,7 +165,10 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     nxt, last = v.gather(-1, n_sat.clamp_max(big - 1)), v.gather(-1, (n_sat - 1).clamp(0, big - 1))
     flat = torch.where(n_sat < big, 0.5 * (nxt + torch.maximum(last - 1.0, nxt)), v[:, -1:] - 1.0)
     following = v[:, k : k + 1]
-    return sk, torch.where(following <= -1.0, 0.5 * (following - 1.0), torch.where(solved, at, flat))
+    # hard k-hot rows: any a in [following, -1] is exact; the midpoint, at most 2 away from -1 (a
+    # gap of 1e39 λ would overflow x's dtype)
+    hard = (0.5 * (following - 1.0)).clamp_min(-2.0)
+    return sk, torch.where(following <= -1.0, hard, torch.where(solved, at, flat))
 
 
 def threshold(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnitude: bool):
@@ -276,7 +283,7 @@ class _MagFn(torch.autograd.Function):
         theta_e = theta * e
         c = -torch.linalg.vecdot(inside.to(g.dtype), g).unsqueeze(-1) - torch.linalg.vecdot(theta_e, g).unsqueeze(-1)
         weight = (z > 0).to(g.dtype).add_(theta_e)
-        grad_s = (g * weight).addcmul_(e, c / eb.where(eb > 0, torch.ones_like(eb)))
+        grad_s = torch.addcmul(g * weight, e, c / eb.where(eb > 0, torch.ones_like(eb)))  # vmap: not in place
         return grad_s.mul_(sign), None, None, None
 
 
@@ -311,9 +318,21 @@ def _exact_mask(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, hard
 
 
 def _exact_mag(x: torch.Tensor, k: int, lam: float, r: int) -> torch.Tensor:
-    if k >= x.shape[-1]:
-        return x * 1
     return _MagFn.apply(x, threshold(x, k, lam, r, True).to(x.dtype), lam, r)[0]
+
+
+def _extended_mag(x: torch.Tensor, k: int, kernel) -> torch.Tensor:
+    """``kernel(rows)`` (B, n) on the extended reals: with ``P`` infinite magnitudes (``x = ±inf``)
+    in a row, ``P < k`` rows are the kernel's (an infinite entry saturates: output ``x``, gradient
+    1; the finite entries get the kernel's answer for ``k - P``), and ``P >= k`` rows are
+    ``x ⊙ m`` with ``m`` the extended mask of ``|x|`` held fixed: ``k/P`` on the infinite entries
+    (output ``±inf``, gradient ``k/P``), 0 on the finite ones (output 0, gradient 0). The kernel
+    sees zeros in those rows; no value is read on the host."""
+    infinite = x.isinf()
+    count = infinite.sum(-1, keepdim=True, dtype=x.dtype)
+    full = count >= k
+    body = kernel(torch.where(full, 0.0, x))
+    return torch.where(full, x * torch.where(infinite, k / count.clamp_min(1), 0.0), body)
 
 
 def sparse_mask_rows(x: torch.Tensor, k: int, *, l: float | torch.Tensor, p: float, solver: str,  # noqa: E741
@@ -340,15 +359,23 @@ def sparse_mask_rows(x: torch.Tensor, k: int, *, l: float | torch.Tensor, p: flo
 
 
 def sparse_mag_rows(x: torch.Tensor, k: int, *, l: float, p: float, solver: str, n_iter: int) -> torch.Tensor:  # noqa: E741
-    """Sparse soft top-k in magnitude of rows ``x`` (B, n); ``l`` a positive float."""
+    """Sparse soft top-k in magnitude of rows ``x`` (B, n), ``l`` a positive float, on the extended
+    reals (:func:`_extended_mag`: ``|x| = inf`` are the largest magnitudes)."""
+    if k >= x.shape[-1]:
+        return x * 1
     r = exponent(p)
+    return _extended_mag(x, k, lambda rows: _mag_kernel(rows, k, l, r, solver, n_iter))
+
+
+def _mag_kernel(x: torch.Tensor, k: int, lam: float, r: int, solver: str, n_iter: int) -> torch.Tensor:
     if solver != "dykstra":
-        return _exact_mag(x, k, l, r)
-    approx = dykstra_mag_rows(x.detach(), k, l, n_iter)
+        return _exact_mag(x, k, lam, r)
+    approx = dykstra_mag_rows(x.detach(), k, lam, n_iter)
     if not (torch.is_grad_enabled() and x.requires_grad):
         return approx
-    exact = _exact_mag(x, k, l, r)
-    return exact + (approx - exact).detach()
+    exact = _exact_mag(x, k, lam, r)
+    # Dykstra's value, the exact Jacobian; both are x itself at the infinite entries (no inf - inf)
+    return exact + torch.where(x.isinf(), 0.0, approx - exact).detach()
 
 
 def hard_mask_rows(x: torch.Tensor, k: int) -> torch.Tensor:
