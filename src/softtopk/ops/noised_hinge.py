@@ -18,7 +18,9 @@ class NoisedHinge(torch.autograd.Function):
     @staticmethod
     def forward(logits, label, noise, margin, scale, k):
         index = (logits.unsqueeze(-1) + noise).topk(k + 1, dim=1)
-        top = index.values.select(1, k).mean(-1)
+        draws = index.values.select(1, k)
+        top = draws.mean(-1)  # pytopk's rounding; its sum overflows for draws near the float maximum:
+        top = torch.where(top.isinf(), (draws / draws.shape[-1]).sum(-1), top)  # then the mean of draws / S
         hinge = (margin + top) - logits.gather(1, label.unsqueeze(1)).squeeze(1)
         loss = torch.relu(hinge if scale is None else scale * hinge)
         return loss, index.indices.select(1, k)
