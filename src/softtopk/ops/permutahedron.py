@@ -193,9 +193,13 @@ class SoftSortFn(torch.autograd.Function):
 def soft_rank_rows(x: torch.Tensor, eps: float | torch.Tensor, *, kl: bool, descending: bool) -> torch.Tensor:
     """Soft ranks of rows ``x`` (B, n), ``1..n`` (rank ``n`` to the largest; rank 1 with
     ``descending``), in ``x``'s dtype."""
+    if x.numel() == 0:
+        return x * 1
     return SoftRankFn.apply(x, eps, -1.0 if descending else 1.0, kl)[0].to(x.dtype)
 
 
 def soft_sort_rows(x: torch.Tensor, eps: float | torch.Tensor, *, kl: bool, descending: bool) -> torch.Tensor:
     """Soft sort of rows ``x`` (B, n), increasing (decreasing with ``descending``), in ``x``'s dtype."""
+    if x.numel() == 0:
+        return x * 1
     return SoftSortFn.apply(x, eps, 1.0 if descending else -1.0, kl)[0].to(x.dtype)
