@@ -17,7 +17,7 @@ import permutahedron_reference as R
 import pytest
 import torch
 
-import softtopk.compat.torchsort as torchsort
+from softtopk.compat import torchsort
 
 REGULARIZATION = ["l2", "kl"]
 REGULARIZATION_STRENGTH = [1e-1, 1e0, 1e1]
