@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import softtopk
-from softtopk.ops.isotonic import isotonic_kl, isotonic_l2
+from softtopk.ops import isotonic
+from softtopk.ops.isotonic import isotonic_kl, isotonic_l2, levels_kl, levels_l2
 
 FNS = {"rank": (softtopk.soft_rank, R.soft_rank_1d), "sort": (softtopk.soft_sort, R.soft_sort_1d)}
 INF = float("inf")
@@ -28,7 +29,10 @@ def _rows(n: int, seed: int, batch: int = 4, scale: float = 2.0) -> np.ndarray:
 @pytest.mark.parametrize("strength", [0.1, 1.0, 10.0])
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("n", [1, 2, 5, 13, 33])
-def test_matches_oracle_values_and_gradients(name, reg, strength, descending, n):
+@pytest.mark.parametrize("path", ["cpu-rounds", "fixed-levels"])
+def test_matches_oracle_values_and_gradients(name, reg, strength, descending, n, path, monkeypatch):
+    if path == "fixed-levels":
+        monkeypatch.setattr(isotonic, "can_inspect", lambda value: False)
     fn, ref = FNS[name]
     x = _rows(n, seed=n)
     upstream = np.random.default_rng(n + 1).normal(size=x.shape)
@@ -53,14 +57,40 @@ def _isotonic_inputs():
     yield np.sort(g.normal(size=50))[::-1] / 5.0 - np.arange(50, 0, -1)
 
 
+@pytest.fixture
+def read_free(monkeypatch):
+    """The accelerator path on the CPU: the solver may not read values (as under compile, vmap or
+    on a GPU), so the fixed-shape level merges run instead of the CPU's rounds of pooling."""
+    monkeypatch.setattr(isotonic, "can_inspect", lambda value: False)
+
+
 @pytest.mark.parametrize("y", list(_isotonic_inputs()), ids=range(8))
-def test_isotonic_solvers_are_exact(y):
-    got = isotonic_l2(torch.tensor(y)[None])[0].numpy()
+@pytest.mark.parametrize("path", ["cpu-rounds", "fixed-levels"])
+def test_isotonic_solvers_are_exact(y, path):
+    l2, kl = (isotonic_l2, isotonic_kl) if path == "cpu-rounds" else (levels_l2, levels_kl)
+    got = l2(torch.tensor(y)[None])[0].numpy()
     np.testing.assert_allclose(got, R.isotonic_l2_minmax(y), rtol=1e-12, atol=1e-10)
     np.testing.assert_allclose(got, R.isotonic_l2(y), rtol=1e-12, atol=1e-10)
     lw = np.random.default_rng(1).normal(size=len(y))
-    got = isotonic_kl(torch.tensor(y)[None], torch.tensor(lw)[None])[0].numpy()
+    got = kl(torch.tensor(y)[None], torch.tensor(lw)[None])[0].numpy()
     np.testing.assert_allclose(got, R.isotonic_kl(y, lw), rtol=1e-12, atol=1e-10)
+
+
+def test_cpu_rounds_fall_back_to_the_fixed_solver_on_long_cascades():
+    y = torch.cat([-1.5 * torch.arange(299.0), torch.tensor([1e6])]).double()[None]  # 299 rounds of pooling
+    assert isotonic._pooled_runs(y, None) is None
+    torch.testing.assert_close(isotonic_l2(y), torch.tensor(R.isotonic_l2(y[0].numpy()))[None])
+
+
+@pytest.mark.parametrize("name", sorted(FNS))
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+def test_both_paths_agree(name, reg, monkeypatch):
+    fn = FNS[name][0]
+    x = torch.randn(6, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x[1, 7], x[2, :50] = INF, -INF
+    want = fn(x, regularization=reg, strength=0.3)
+    monkeypatch.setattr(isotonic, "can_inspect", lambda value: False)
+    torch.testing.assert_close(fn(x, regularization=reg, strength=0.3), want, rtol=1e-10, atol=1e-10)
 
 
 def test_torchsort_readme_examples():
@@ -217,7 +247,7 @@ def _extended_rows() -> torch.Tensor:
 
 @pytest.mark.parametrize("name", sorted(FNS))
 @pytest.mark.parametrize("reg", ["l2", "kl"])
-def test_no_host_read(name, reg):
+def test_no_host_read(name, reg, read_free):
     fn = FNS[name][0]
     assert count_call(lambda x: fn(x, regularization=reg), _extended_rows()).reads == 0
     # a tensor strength's values are checked on CPU only (positive, in range): two reads

@@ -28,6 +28,15 @@ operations on the ``(B, n)`` row padded to a power of two, so the solver runs un
 the memory ``O(n)``. Rounding can only move points whose value is within rounding of ``V``, whose
 value is ``V`` either way.
 
+**CPU shortcut** (as in :mod:`softtopk.ops.sparse`, under :func:`softtopk.ops.compute.can_inspect`:
+a CPU tensor outside ``torch.compile`` and ``vmap``, where reading a value costs no
+synchronisation): rounds of pooling on the compacted list of blocks, each round pooling every
+maximal run of non-decreasing block values, until no violation is left (two reads per round).
+Pooling adjacent violators in any order ends at the same solution, so this is exact too; it is
+much cheaper than the level merges when cascades are short (typical soft-rank rows: a few rounds
+for l2). A cascade takes one round per block it absorbs, so after ``64 + 8 log2 n`` rounds the
+fixed-shape solver takes over.
+
 Reference: M. Blondel, O. Teboul, Q. Berthet, J. Djolonga, "Fast Differentiable Sorting and
 Ranking", ICML 2020, arXiv:2002.08871 (the problems and PAV); the merge is the bridge of two
 concave majorants of the cumulative sums, found through its dual threshold.
@@ -36,6 +45,50 @@ concave majorants of the cumulative sums, found through its dual threshold.
 from __future__ import annotations
 
 import torch
+
+from .compute import can_inspect
+
+
+def _segment_lse(values: torch.Tensor, group: torch.Tensor, keep: torch.Tensor, size: int) -> torch.Tensor:
+    """``logsumexp`` of ``values`` (K,) over the contiguous groups ``group`` (K,) that start where
+    ``keep`` is set, ``size`` groups (flat), relative to each group's first value; where that
+    overflows (a later value far above the first), relative to the group's maximum."""
+    top = values[keep]
+    total = values.new_zeros(size).index_add(0, group, (values - top[group]).exp())
+    if not bool(total.isfinite().all()):
+        top = values.new_full((size,), -torch.inf).scatter_reduce(0, group, values, "amax")
+        top = torch.where(top.isfinite(), top, 0.0)
+        total = values.new_zeros(size).index_add(0, group, (values - top[group]).exp())
+    return top + total.log()
+
+
+def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None) -> torch.Tensor | None:
+    """CPU shortcut (reads values): PAV by rounds. Each round pools every maximal run of blocks
+    whose values do not decrease (a sequence of PAV's own pooling steps) and keeps the blocks
+    compacted, one flat list over all rows, with their exact aggregates (sum and count; or the
+    log-sum-exps of ``y`` and ``lw``) combined from the previous round's. Returns the solution when
+    no violation is left within a number of rounds (``None`` otherwise: an adversarial cascade
+    takes one round per block; the fixed-shape solver then runs)."""
+    rows, n = y.shape
+    flat = y.reshape(-1)
+    size = torch.ones_like(flat)
+    first = torch.arange(rows * n, device=y.device) % n == 0
+    agg = (flat, lw.reshape(-1)) if lw is not None else (flat,)
+    for _ in range(64 + 8 * n.bit_length()):
+        value = agg[0] - agg[1] if lw is not None else agg[0] / size
+        keep = first.clone()
+        keep[1:] |= value[:-1] > value[1:]
+        if bool(keep.all()):
+            return value.repeat_interleave(size.long()).reshape(rows, n)
+        group = keep.long().cumsum(0) - 1
+        count = int(group[-1]) + 1
+        size = size.new_zeros(count).index_add(0, group, size)
+        if lw is None:
+            agg = (agg[0].new_zeros(count).index_add(0, group, agg[0]),)
+        else:
+            agg = tuple(_segment_lse(a, group, keep, count) for a in agg)
+        first = first[keep]
+    return None
 
 
 def _pad(v: torch.Tensor, lw: torch.Tensor | None):
@@ -141,6 +194,12 @@ def _merge_kl(v: torch.Tensor, lw: torch.Tensor, m: int) -> torch.Tensor:
 
 def isotonic_l2(y: torch.Tensor) -> torch.Tensor:
     """The decreasing isotonic fit ``argmin_{v_1 >= ... >= v_n} ½ ||v - y||²`` of rows ``y`` (B, n)."""
+    found = _pooled_runs(y, None) if y.numel() and can_inspect(y) else None
+    return found if found is not None else levels_l2(y)
+
+
+def levels_l2(y: torch.Tensor) -> torch.Tensor:
+    """:func:`isotonic_l2` by the fixed-shape level merges (no value read, any device)."""
     n = y.shape[-1]
     v, _ = _pad(y, None)
     m = 1
@@ -153,6 +212,12 @@ def isotonic_l2(y: torch.Tensor) -> torch.Tensor:
 def isotonic_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
     """``argmin_{v_1 >= ... >= v_n} <exp(y - v), 1> + <exp(lw), v>`` of rows ``y``, ``lw`` (B, n);
     a block's value is ``logsumexp(y_B) - logsumexp(lw_B)``."""
+    found = _pooled_runs(y, lw) if y.numel() and can_inspect(y) else None
+    return found if found is not None else levels_kl(y, lw)
+
+
+def levels_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
+    """:func:`isotonic_kl` by the fixed-shape level merges (no value read, any device)."""
     n = y.shape[-1]
     v, lw = _pad(y - lw, lw)
     m = 1
