@@ -80,6 +80,11 @@ def test_cpu_rounds_fall_back_to_the_fixed_solver_on_long_cascades():
     y = torch.cat([-1.5 * torch.arange(299.0), torch.tensor([1e6])]).double()[None]  # 299 rounds of pooling
     assert isotonic._pooled_runs(y, None) is None
     torch.testing.assert_close(isotonic_l2(y), torch.tensor(R.isotonic_l2(y[0].numpy()))[None])
+    # kl: the blocks left after the rounds go to the fixed-shape solver as points of their own
+    y = torch.cat([y, y.flip(-1) / 1e4, torch.randn(1, 300, dtype=torch.float64)])
+    lw = torch.randn(3, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    want = np.stack([R.isotonic_kl(a, b) for a, b in zip(y.numpy(), lw.numpy())])
+    np.testing.assert_allclose(isotonic_kl(y, lw).numpy(), want, rtol=1e-12, atol=1e-9)
 
 
 @pytest.mark.parametrize("name", sorted(FNS))

@@ -66,15 +66,15 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None) -> torch.Tensor | Non
     """CPU shortcut (reads values): PAV by rounds. Each round pools every maximal run of blocks
     whose values do not decrease (a sequence of PAV's own pooling steps) and keeps the blocks
     compacted, one flat list over all rows, with their exact aggregates (sum and count; or the
-    log-sum-exps of ``y`` and ``lw``) combined from the previous round's. Returns the solution when
-    no violation is left within a number of rounds (``None`` otherwise: an adversarial cascade
-    takes one round per block; the fixed-shape solver then runs)."""
+    log-sum-exps of ``y`` and ``lw``) combined from the previous round's. A cascade takes one round
+    per block it absorbs: after a number of rounds, kl blocks (a kl problem of their own, with
+    their log-sum-exps as points) go to the fixed-shape solver, and l2 returns ``None``."""
     rows, n = y.shape
     flat = y.reshape(-1)
     size = torch.ones_like(flat)
     first = torch.arange(rows * n, device=y.device) % n == 0
     agg = (flat, lw.reshape(-1)) if lw is not None else (flat,)
-    for _ in range(64 + 8 * n.bit_length()):
+    for _ in range((8 if lw is not None else 64) + 8 * n.bit_length()):
         value = agg[0] - agg[1] if lw is not None else agg[0] / size
         keep = first.clone()
         keep[1:] |= value[:-1] > value[1:]
@@ -88,7 +88,17 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None) -> torch.Tensor | Non
         else:
             agg = tuple(_segment_lse(a, group, keep, count) for a in agg)
         first = first[keep]
-    return None
+    if lw is None:
+        return None
+    # the remaining blocks, one padded row per row, padding below every block value
+    row = first.long().cumsum(0) - 1
+    pos = torch.arange(row.shape[0], device=y.device) - torch.nonzero(first).squeeze(-1)[row]
+    width = int(pos.max()) + 1
+    value = agg[0] - agg[1]
+    ys = value.new_full((rows, width), float(value.min()) - 1.0).index_put((row, pos), agg[0])
+    lws = value.new_zeros((rows, width)).index_put((row, pos), agg[1])
+    solved = levels_kl(ys, lws)[row, pos]
+    return solved.repeat_interleave(size.long()).reshape(rows, n)
 
 
 def _pad(v: torch.Tensor, lw: torch.Tensor | None):
@@ -227,14 +237,18 @@ def levels_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
     return v[..., :n]
 
 
-def blocks(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pooled blocks of a solution ``v`` (B, n): the block index of every point (B, n) and the
-    index of its block's first point (B, n), both int64 (a block is a run of equal values)."""
-    n = v.shape[-1]
-    new = torch.ones_like(v, dtype=torch.bool)
-    new = torch.cat([new[..., :1], v[..., 1:] != v[..., :-1]], -1)
-    pos = torch.arange(n, device=v.device).expand_as(v)
-    return new.long().cumsum(-1) - 1, torch.where(new, pos, 0).cummax(-1).values
+def block_ids(v: torch.Tensor) -> torch.Tensor:
+    """The pooled block of every point of a solution ``v`` (B, n): its index (int64; a block is a
+    run of equal values)."""
+    new = torch.cat([torch.ones_like(v[..., :1], dtype=torch.bool), v[..., 1:] != v[..., :-1]], -1)
+    return new.long().cumsum(-1) - 1
+
+
+def block_starts(v: torch.Tensor) -> torch.Tensor:
+    """The index of the first point of every point's block (B, n), int64."""
+    new = torch.cat([torch.ones_like(v[..., :1], dtype=torch.bool), v[..., 1:] != v[..., :-1]], -1)
+    pos = torch.arange(v.shape[-1], device=v.device).expand_as(v)
+    return torch.where(new, pos, 0).cummax(-1).values
 
 
 def block_sum(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from .isotonic import block_sum, blocks, isotonic_kl, isotonic_l2
+from .isotonic import block_ids, block_starts, block_sum, isotonic_kl, isotonic_l2
 
 
 def _sorted(rows: torch.Tensor, sign: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -117,7 +117,7 @@ class SoftRankFn(torch.autograd.Function):
     def backward(ctx, grad, *_):
         v, r, theta, perm, nan, *eps = ctx.saved_tensors
         eps = eps[0].to(torch.float64) if eps else ctx.eps
-        ids, _ = blocks(v)
+        ids = block_ids(v)
         finite = theta.isfinite()
         g = grad.to(torch.float64).gather(-1, perm)
         if ctx.kl:
@@ -168,7 +168,8 @@ class SoftSortFn(torch.autograd.Function):
     def backward(ctx, grad, *_):
         v, s, perm, nan, *eps = ctx.saved_tensors
         eps = eps[0].to(torch.float64) if eps else ctx.eps
-        ids, first = blocks(v)
+        ids = block_ids(v)
+        first = block_starts(v) if ctx.kl else None
         finite = s.isfinite()
         g = torch.where(finite, grad.to(torch.float64), 0.0)
         total = block_sum(g, ids)
