@@ -73,7 +73,7 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None) -> torch.Tensor | Non
     flat = y.reshape(-1)
     size = torch.ones_like(flat)
     first = torch.arange(rows * n, device=y.device) % n == 0
-    agg = (flat, lw.reshape(-1)) if lw is not None else (flat,)
+    agg: tuple[torch.Tensor, ...] = (flat, lw.reshape(-1)) if lw is not None else (flat,)
     for _ in range((8 if lw is not None else 64) + 8 * n.bit_length()):
         value = agg[0] - agg[1] if lw is not None else agg[0] / size
         keep = first.clone()
