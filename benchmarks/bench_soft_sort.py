@@ -19,13 +19,14 @@ around each call.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-from _machine import machine_info
+from _machine import machine_info, steady_malloc
 
 import softtopk
 
@@ -93,7 +94,8 @@ def write_markdown(path: Path, rows: list[dict], args: argparse.Namespace) -> No
         f"Device: {args.device}; batch {args.batch}; {args.repeats} repeats; torch threads "
         f"{torch.get_num_threads()}; CPU {info['cpu_model']} ({info['logical_cpus']} logical); torch "
         f"{info['torch']}; torchsort {info['torchsort'] or 'not installed (' + str(TORCHSORT_ERROR) + ')'}; "
-        f"commit {info['git_commit']}{' (src dirty)' if info['git_src_dirty'] else ''}; {info['date']}.",
+        f"commit {info['git_commit']}{' (src dirty)' if info['git_src_dirty'] else ''}; {info['date']}; "
+        f"load average at the end {os.getloadavg()[0]:.1f}.",
         "",
         "Median wall time of one forward and backward; ratio: median over repeats of the time over "
         "`torch.sort`'s in the same repeat.",
@@ -116,6 +118,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "soft_sort.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    print("malloc:", steady_malloc(), flush=True)
     write_markdown(args.out, run(args.sizes, args.batch, args.repeats, args.device), args)
 
 

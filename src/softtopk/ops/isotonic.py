@@ -35,7 +35,9 @@ maximal run of non-decreasing block values, until no violation is left (two read
 Pooling adjacent violators in any order ends at the same solution, so this is exact too; it is
 much cheaper than the level merges when cascades are short (typical soft-rank rows: a few rounds
 for l2). A cascade takes one round per block it absorbs, so after ``64 + 8 log2 n`` rounds the
-fixed-shape solver takes over.
+fixed-shape solver takes over (l2, on the row); for kl, whose cascades are long near the end of a
+soft-rank row, after ``8 + 8 log2 n`` rounds, on the remaining blocks (their log-sum-exps are a kl
+problem of their own).
 
 Reference: M. Blondel, O. Teboul, Q. Berthet, J. Djolonga, "Fast Differentiable Sorting and
 Ranking", ICML 2020, arXiv:2002.08871 (the problems and PAV); the merge is the bridge of two
