@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import softtopk
-from softtopk.ops import isotonic
+from softtopk.ops import isotonic, permutahedron
 from softtopk.ops.isotonic import isotonic_kl, isotonic_l2, levels_kl, levels_l2
 
 FNS = {"rank": (softtopk.soft_rank, R.soft_rank_1d), "sort": (softtopk.soft_sort, R.soft_sort_1d)}
@@ -32,7 +32,7 @@ def _rows(n: int, seed: int, batch: int = 4, scale: float = 2.0) -> np.ndarray:
 @pytest.mark.parametrize("path", ["cpu-rounds", "fixed-levels"])
 def test_matches_oracle_values_and_gradients(name, reg, strength, descending, n, path, monkeypatch):
     if path == "fixed-levels":
-        monkeypatch.setattr(isotonic, "can_inspect", lambda value: False)
+        _no_reads(monkeypatch)
     fn, ref = FNS[name]
     x = _rows(n, seed=n)
     upstream = np.random.default_rng(n + 1).normal(size=x.shape)
@@ -57,11 +57,17 @@ def _isotonic_inputs():
     yield np.sort(g.normal(size=50))[::-1] / 5.0 - np.arange(50, 0, -1)
 
 
+def _no_reads(monkeypatch) -> None:
+    """The accelerator path on the CPU: values may not be read (as under compile, vmap or on a
+    GPU), so the fixed-shape level merges run instead of the CPU's rounds of pooling, and rows are
+    not checked for being finite first."""
+    for module in (isotonic, permutahedron):
+        monkeypatch.setattr(module, "can_inspect", lambda value: False)
+
+
 @pytest.fixture
 def read_free(monkeypatch):
-    """The accelerator path on the CPU: the solver may not read values (as under compile, vmap or
-    on a GPU), so the fixed-shape level merges run instead of the CPU's rounds of pooling."""
-    monkeypatch.setattr(isotonic, "can_inspect", lambda value: False)
+    _no_reads(monkeypatch)
 
 
 @pytest.mark.parametrize("y", list(_isotonic_inputs()), ids=range(8))
@@ -93,9 +99,11 @@ def test_both_paths_agree(name, reg, monkeypatch):
     fn = FNS[name][0]
     x = torch.randn(6, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     x[1, 7], x[2, :50] = INF, -INF
-    want = fn(x, regularization=reg, strength=0.3)
-    monkeypatch.setattr(isotonic, "can_inspect", lambda value: False)
+    finite = x[[0, 3, 4, 5]]
+    want, want_finite = fn(x, regularization=reg, strength=0.3), fn(finite, regularization=reg, strength=0.3)
+    _no_reads(monkeypatch)
     torch.testing.assert_close(fn(x, regularization=reg, strength=0.3), want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(fn(finite, regularization=reg, strength=0.3), want_finite, rtol=1e-10, atol=1e-10)
 
 
 def test_torchsort_readme_examples():
@@ -135,7 +143,10 @@ def test_fast_soft_sort_readme_examples():
 @pytest.mark.parametrize("name", sorted(FNS))
 @pytest.mark.parametrize("reg", ["l2", "kl"])
 @pytest.mark.parametrize("strength", [0.1, 1.0, 10.0])
-def test_gradcheck(name, reg, strength):
+@pytest.mark.parametrize("path", ["cpu-rounds", "fixed-levels"])
+def test_gradcheck(name, reg, strength, path, monkeypatch):
+    if path == "fixed-levels":
+        _no_reads(monkeypatch)
     fn = FNS[name][0]
     x = torch.randn(3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
     eps = torch.full((3,), strength, dtype=torch.float64, requires_grad=True)

@@ -74,12 +74,13 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None) -> torch.Tensor | Non
     rows, n = y.shape
     flat = y.reshape(-1)
     size = torch.ones_like(flat)
-    first = torch.arange(rows * n, device=y.device) % n == 0
+    first = torch.zeros(rows, n, dtype=torch.bool, device=y.device)
+    first[:, 0] = True
+    first = first.reshape(-1)
     agg: tuple[torch.Tensor, ...] = (flat, lw.reshape(-1)) if lw is not None else (flat,)
     for _ in range((8 if lw is not None else 64) + 8 * n.bit_length()):
         value = agg[0] - agg[1] if lw is not None else agg[0] / size
-        keep = first.clone()
-        keep[1:] |= value[:-1] > value[1:]
+        keep = first | torch.cat([first[:1], value[:-1] > value[1:]])
         if bool(keep.all()):
             return value.repeat_interleave(size.long()).reshape(rows, n)
         group = keep.long().cumsum(0) - 1

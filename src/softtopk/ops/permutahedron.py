@@ -32,12 +32,22 @@ from __future__ import annotations
 
 import torch
 
+from .compute import can_inspect
 from .isotonic import block_ids, block_starts, block_sum, isotonic_kl, isotonic_l2
 
 
-def _sorted(rows: torch.Tensor, sign: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _plain(rows: torch.Tensor) -> bool:
+    """Whether ``rows`` are known to be finite: checked (one read) only where values may be read
+    (a CPU tensor outside compile and vmap); the ``±inf``/NaN handling is then skipped."""
+    return can_inspect(rows) and bool(rows.isfinite().all())
+
+
+def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``sign * rows`` sorted in decreasing order (float64; NaN read as 0), its permutation, the
     rows holding a NaN (B, 1)."""
+    if plain:
+        s, perm = (rows * sign).sort(-1, descending=True)
+        return s.to(torch.float64), perm, torch.zeros_like(s[:, :1], dtype=torch.bool)
     nan = rows.isnan()
     s, perm = torch.where(nan, 0.0, rows * sign).sort(-1, descending=True)
     return s.to(torch.float64), perm, nan.any(-1, keepdim=True)
@@ -65,9 +75,9 @@ def _weights(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, 0, -1, device=device, dtype=torch.float64)
 
 
-def _nan_rows(grad: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
-    """NaN gradients in the rows that hold a NaN (their values are NaN)."""
-    return torch.where(nan, torch.nan, grad)
+def _nan_rows(grad: torch.Tensor, nan: torch.Tensor, plain: bool) -> torch.Tensor:
+    """NaN gradients in the rows that hold a NaN (their values are NaN); none if ``plain``."""
+    return grad if plain else torch.where(nan, torch.nan, grad)
 
 
 def _softmax_blocks(z: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
@@ -83,14 +93,18 @@ class SoftRankFn(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool):
-        s, perm, nan = _sorted(x, sign)
+    def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
+        s, perm, nan = _sorted(x, sign, plain)
         n = s.shape[-1]
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
         theta = s / eps64
+        w = _weights(n, x.device)
+        if plain:
+            v = isotonic_kl(theta, w.log().expand_as(theta)) if kl else isotonic_l2(theta - w)
+            r = (theta - v).exp() if kl else theta - v
+            return torch.zeros_like(r).scatter(-1, perm, r), v, r, theta, perm, nan
         finite = theta.isfinite()
         top = theta > 0
-        w = _weights(n, x.device)
         # the infinite entries share their ranks: the mean of w over the top p (bottom q) positions
         p = (theta == torch.inf).sum(-1, keepdim=True)
         q = (theta == -torch.inf).sum(-1, keepdim=True)
@@ -106,7 +120,7 @@ class SoftRankFn(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, eps, sign, kl = inputs
+        x, eps, sign, kl, ctx.plain = inputs
         _, v, r, theta, perm, nan = output
         ctx.mark_non_differentiable(*output[1:])
         ctx.tensor_eps = isinstance(eps, torch.Tensor)
@@ -118,20 +132,21 @@ class SoftRankFn(torch.autograd.Function):
         v, r, theta, perm, nan, *eps = ctx.saved_tensors
         eps = eps[0].to(torch.float64) if eps else ctx.eps
         ids = block_ids(v)
-        finite = theta.isfinite()
         g = grad.to(torch.float64).gather(-1, perm)
         if ctx.kl:
             gr = g * r
             d_theta = gr - r * block_sum(gr, ids) / block_sum(_weights(v.shape[-1], v.device).expand_as(v), ids)
         else:
             d_theta = g - block_sum(g, ids) / block_sum(torch.ones_like(g), ids)
-        d_theta = torch.where(finite, d_theta, 0.0)
+        if not ctx.plain:
+            finite = theta.isfinite()
+            d_theta, theta = torch.where(finite, d_theta, 0.0), torch.where(finite, theta, 0.0)
         grad_x = torch.zeros_like(d_theta).scatter(-1, perm, d_theta) * (ctx.sign / eps)
         grad_eps = None
         if ctx.needs_input_grad[1]:
-            inner = torch.linalg.vecdot(d_theta, torch.where(finite, theta, 0.0)).unsqueeze(-1)
-            grad_eps = _nan_rows(-inner / eps, nan).to(ctx.saved_tensors[-1].dtype)
-        return _nan_rows(grad_x, nan).to(ctx.dtype), grad_eps, None, None
+            inner = torch.linalg.vecdot(d_theta, theta).unsqueeze(-1)
+            grad_eps = _nan_rows(-inner / eps, nan, ctx.plain).to(ctx.saved_tensors[-1].dtype)
+        return _nan_rows(grad_x, nan, ctx.plain).to(ctx.dtype), grad_eps, None, None, None
 
 
 class SoftSortFn(torch.autograd.Function):
@@ -141,11 +156,14 @@ class SoftSortFn(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool):
-        s, perm, nan = _sorted(x, sign)
+    def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
+        s, perm, nan = _sorted(x, sign, plain)
         n = s.shape[-1]
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
         ws = (_weights(n, x.device) / eps64).expand_as(s)
+        if plain:
+            v = isotonic_kl(ws, s) if kl else isotonic_l2(ws - s)
+            return (ws - v) * sign, v, s, perm, nan
         finite = s.isfinite()
         top = s > 0
         if kl:
@@ -157,7 +175,7 @@ class SoftSortFn(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, eps, sign, kl = inputs
+        x, eps, sign, kl, ctx.plain = inputs
         _, v, s, perm, nan = output
         ctx.mark_non_differentiable(*output[1:])
         ctx.tensor_eps = isinstance(eps, torch.Tensor)
@@ -170,25 +188,26 @@ class SoftSortFn(torch.autograd.Function):
         eps = eps[0].to(torch.float64) if eps else ctx.eps
         ids = block_ids(v)
         first = block_starts(v) if ctx.kl else None
-        finite = s.isfinite()
-        g = torch.where(finite, grad.to(torch.float64), 0.0)
+        g = grad.to(torch.float64)
+        if not ctx.plain:
+            finite = s.isfinite()
+            g, s = torch.where(finite, g, 0.0), torch.where(finite, s, 0.0)
         total = block_sum(g, ids)
-        if ctx.kl:
-            d_s = _softmax_blocks(torch.where(finite, s, 0.0), ids, first) * total
-        else:
-            d_s = total / block_sum(torch.ones_like(g), ids)
-        d_s = torch.where(finite, d_s, 0.0)
+        d_s = _softmax_blocks(s, ids, first) * total if ctx.kl else total / block_sum(torch.ones_like(g), ids)
+        if not ctx.plain:
+            d_s = torch.where(finite, d_s, 0.0)
         grad_x = torch.zeros_like(d_s).scatter(-1, perm, d_s)
         grad_eps = None
         if ctx.needs_input_grad[1]:
             w = _weights(v.shape[-1], v.device).expand_as(v)
             if ctx.kl:
                 centred = w - block_sum(_softmax_blocks(w / eps, ids, first) * w, ids)
-                inner = torch.linalg.vecdot(g, torch.where(finite, centred, 0.0))
+                inner = torch.linalg.vecdot(g, centred if ctx.plain else torch.where(finite, centred, 0.0))
             else:
-                inner = torch.linalg.vecdot(g - torch.where(finite, d_s, 0.0), w)
-            grad_eps = _nan_rows(-ctx.sign * inner.unsqueeze(-1) / eps**2, nan).to(ctx.saved_tensors[-1].dtype)
-        return _nan_rows(grad_x, nan).to(ctx.dtype), grad_eps, None, None
+                inner = torch.linalg.vecdot(g - d_s, w)
+            grad_eps = _nan_rows(-ctx.sign * inner.unsqueeze(-1) / eps**2, nan, ctx.plain)
+            grad_eps = grad_eps.to(ctx.saved_tensors[-1].dtype)
+        return _nan_rows(grad_x, nan, ctx.plain).to(ctx.dtype), grad_eps, None, None, None
 
 
 def soft_rank_rows(x: torch.Tensor, eps: float | torch.Tensor, *, kl: bool, descending: bool) -> torch.Tensor:
@@ -196,11 +215,11 @@ def soft_rank_rows(x: torch.Tensor, eps: float | torch.Tensor, *, kl: bool, desc
     ``descending``), in ``x``'s dtype."""
     if x.numel() == 0:
         return x * 1
-    return SoftRankFn.apply(x, eps, -1.0 if descending else 1.0, kl)[0].to(x.dtype)
+    return SoftRankFn.apply(x, eps, -1.0 if descending else 1.0, kl, _plain(x))[0].to(x.dtype)
 
 
 def soft_sort_rows(x: torch.Tensor, eps: float | torch.Tensor, *, kl: bool, descending: bool) -> torch.Tensor:
     """Soft sort of rows ``x`` (B, n), increasing (decreasing with ``descending``), in ``x``'s dtype."""
     if x.numel() == 0:
         return x * 1
-    return SoftSortFn.apply(x, eps, 1.0 if descending else -1.0, kl)[0].to(x.dtype)
+    return SoftSortFn.apply(x, eps, 1.0 if descending else -1.0, kl, _plain(x))[0].to(x.dtype)
