@@ -41,7 +41,7 @@ __all__ = [
     "sparse_topk_mag",
     "sparse_topk_mask",
     "top1_svm",
-    "topk",
     "topk_cross_entropy",
+    "topk",
     "topk_svm",
 ]

@@ -12,7 +12,9 @@ Both act along ``dim`` of ``x`` (``n = x.shape[dim]``) and return ``x``'s shape 
 the soft ranks, and the soft sort ``s(x)``, the projection of ``w/ε`` onto the permutahedron
 ``P(x)`` of the values (l2; kl with the log-sum-exp geometry), where ``P(z)`` is the convex hull
 of the permutations of ``z``. Both are solved exactly, by isotonic regression on the sorted row
-(:mod:`softtopk.ops.isotonic`: O(n log² n) work, fixed shapes, no value read on the host).
+(:mod:`softtopk.ops.isotonic`: O(n log² n) work in fixed shapes with no value read on the host on
+accelerators, under ``torch.compile`` and in ``vmap``; on CPU tensors, where a read costs no
+synchronisation, rounds of pooling that read values first).
 """
 
 from __future__ import annotations
