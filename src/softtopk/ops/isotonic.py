@@ -111,7 +111,8 @@ def _pad(v: torch.Tensor, lw: torch.Tensor | None):
     size = 1 << max(n - 1, 0).bit_length()
     if size == n:
         return v, lw
-    low = v.amin(-1, keepdim=True) - 1.0
+    low = v.amin(-1, keepdim=True)
+    low = low - 1.0 - low.abs()  # strictly below, whatever the magnitude
     v = torch.cat([v, low.expand(*v.shape[:-1], size - n)], -1)
     if lw is not None:
         lw = torch.cat([lw, lw.new_zeros(*lw.shape[:-1], size - n)], -1)

@@ -58,7 +58,9 @@ def _separated(v0: torch.Tensor, finite: torch.Tensor, top: torch.Tensor) -> tor
     one: above every finite value at the ``top`` positions, below at the others."""
     hi = torch.where(finite, v0, -torch.inf).amax(-1, keepdim=True)
     lo = torch.where(finite, v0, torch.inf).amin(-1, keepdim=True)
-    hi, lo = torch.where(hi.isfinite(), hi + 1, 0.0), torch.where(lo.isfinite(), lo - 1, 0.0)
+    # strictly outside the finite values, whatever their magnitude
+    hi = torch.where(hi.isfinite(), hi + 1 + hi.abs(), 0.0)
+    lo = torch.where(lo.isfinite(), lo - 1 - lo.abs(), 0.0)
     return torch.where(finite, v0, torch.where(top, hi, lo))
 
 
