@@ -1,5 +1,5 @@
 """Functional face: every operator and loss as a function (re-exported; defined in the family files
-:mod:`softtopk.operators`, :mod:`softtopk.stochastic` and :mod:`softtopk.losses`)."""
+:mod:`softtopk.operators`, :mod:`softtopk.sorting`, :mod:`softtopk.stochastic` and :mod:`softtopk.losses`)."""
 
 from ._registry import methods
 from .losses.ndcg import ndcg_loss
@@ -18,6 +18,7 @@ from .operators import (
     topk,
 )
 from .routing import load_balancing_loss
+from .sorting import soft_rank, soft_sort
 from .stochastic import gumbel_topk, noised_kth_value, perturbed_topk
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "smooth_top1_svm",
     "smooth_topk_svm",
     "soft_permutation",
+    "soft_rank",
+    "soft_sort",
     "soft_topk",
     "soft_topk_ranks",
     "sparse_topk_mag",

@@ -1,0 +1,126 @@
+"""Benchmark soft ranks and soft sorts (fwd+bwd) against ``torch.sort`` and torchsort.
+
+Usage::
+
+    python benchmarks/bench_soft_sort.py                       # CPU, 1 thread -> results/soft_sort.md
+    python benchmarks/bench_soft_sort.py --device cuda --out /tmp/soft_sort_cuda.md
+    python benchmarks/bench_soft_sort.py --sizes 100 1000 --repeats 5   # quick
+
+What one run measures: ``x = randn(batch, n)`` float32 with ``requires_grad``, one call and the
+backward of ``(out * g).sum()`` for a fixed random ``g`` (fwd+bwd). Candidates: ``torch.sort``
+(``values``), softtopk's ``soft_rank``/``soft_sort`` (l2 and kl, strength 1) and
+``torchsort.soft_rank``/``soft_sort`` when torchsort is importable (it needs a C++ build; recorded as
+missing otherwise). Per repeat every candidate is timed once, in an order rotated every repeat, so
+load from other processes hits all alike; the table gives the median over repeats and each
+candidate's median ratio to ``torch.sort`` timed in the same repeat. Accelerators are synchronised
+around each call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from _machine import machine_info, steady_malloc
+
+import softtopk
+
+try:
+    import torchsort
+
+    TORCHSORT_ERROR = None
+except ImportError as error:  # it compiles a C++ extension at install time
+    torchsort, TORCHSORT_ERROR = None, f"{type(error).__name__}: {error}"
+
+
+def candidates() -> dict:
+    found = {
+        "torch.sort": lambda x: torch.sort(x, -1).values,
+        "softtopk.soft_rank l2": lambda x: softtopk.soft_rank(x),
+        "softtopk.soft_rank kl": lambda x: softtopk.soft_rank(x, regularization="kl"),
+        "softtopk.soft_sort l2": lambda x: softtopk.soft_sort(x),
+        "softtopk.soft_sort kl": lambda x: softtopk.soft_sort(x, regularization="kl"),
+    }
+    if torchsort is not None:
+        found["torchsort.soft_rank l2"] = lambda x: torchsort.soft_rank(x)
+        found["torchsort.soft_sort l2"] = lambda x: torchsort.soft_sort(x)
+    return found
+
+
+def time_once(fn, x: torch.Tensor, g: torch.Tensor) -> float:
+    sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
+    leaf = x.detach().requires_grad_()
+    sync()
+    start = time.perf_counter()
+    (fn(leaf) * g).sum().backward()
+    sync()
+    return time.perf_counter() - start
+
+
+def run(sizes: list[int], batch: int, repeats: int, device: str) -> list[dict]:
+    rows = []
+    for n in sizes:
+        gen = torch.Generator().manual_seed(n)
+        x = torch.randn(batch, n, generator=gen).to(device)
+        g = torch.randn(batch, n, generator=gen).to(device)
+        fns = candidates()
+        for fn in fns.values():  # warm-up (and compile caches)
+            time_once(fn, x, g)
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        names = list(fns)
+        for r in range(repeats):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for name in order:
+                times[name].append(time_once(fns[name], x, g))
+        base = times["torch.sort"]
+        for name in names:
+            ratio = statistics.median(t / b for t, b in zip(times[name], base))
+            rows.append({"n": n, "candidate": name, "ms": 1e3 * statistics.median(times[name]), "ratio": ratio})
+            print(f"n={n:>6} {name:<24} {rows[-1]['ms']:9.2f} ms  x{ratio:6.2f} torch.sort", flush=True)
+    return rows
+
+
+def write_markdown(path: Path, rows: list[dict], args: argparse.Namespace) -> None:
+    info = machine_info("torchsort")
+    lines = [
+        "# Soft sort and soft rank: fwd+bwd time",
+        "",
+        f"Command: `python benchmarks/bench_soft_sort.py {' '.join(sys.argv[1:])}`  ",
+        f"Device: {args.device}; batch {args.batch}; {args.repeats} repeats; torch threads "
+        f"{torch.get_num_threads()}; CPU {info['cpu_model']} ({info['logical_cpus']} logical); torch "
+        f"{info['torch']}; torchsort {info['torchsort'] or 'not installed (' + str(TORCHSORT_ERROR) + ')'}; "
+        f"commit {info['git_commit']}{' (src dirty)' if info['git_src_dirty'] else ''}; {info['date']}; "
+        f"load average at the end {os.getloadavg()[0]:.1f}.",
+        "",
+        "Median wall time of one forward and backward; ratio: median over repeats of the time over "
+        "`torch.sort`'s in the same repeat.",
+        "",
+        "| n | candidate | fwd+bwd (ms) | × torch.sort |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {r['n']} | {r['candidate']} | {r['ms']:.2f} | {r['ratio']:.2f} |" for r in rows]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "soft_sort.md")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print("malloc:", steady_malloc(), flush=True)
+    write_markdown(args.out, run(args.sizes, args.batch, args.repeats, args.device), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+r"""Soft ranks and soft sorts of rows: projections onto the permutahedron (Blondel et al., ICML 2020).
+
+With ``w = (n, n-1, ..., 1)``, ``ε`` the regularisation strength and ``s`` the row sorted in
+decreasing order (``σ`` its permutation):
+
+* rank, l2: ``r = P(x/ε)``, the Euclidean projection onto the permutahedron of ``w``:
+  ``r_σ = s/ε - v`` with ``v`` the decreasing isotonic fit of ``s/ε - w``;
+* rank, kl: ``r_σ = exp(s/ε - v)``, ``v`` the kl isotonic solution of ``(s/ε, log w)``;
+* sort, l2: ``h = w/ε - v``, ``v`` the decreasing isotonic fit of ``w/ε - s``;
+* sort, kl: ``h = w/ε - v``, ``v`` the kl isotonic solution of ``(w/ε, s)``.
+
+Ascending ranks (the largest entry gets rank ``n``) and the ascending sort are those of the
+negated row (``sign = -1`` for the sort, as in the reference implementation). The isotonic
+problems are solved exactly by :mod:`softtopk.ops.isotonic`, in float64.
+
+**Backward** (the Jacobian of isotonic regression is block-wise; O(n)). With ``g`` the incoming
+gradient in sorted order and ``mean_B``/``sum_B`` over each pooled block: rank l2
+``∂s = (g - mean_B g)/ε``; rank kl ``∂s = (g r - r sum_B(g r)/sum_B w)/ε``; sort l2 ``∂s = mean_B g``;
+sort kl ``∂s = softmax_B(s) sum_B g``. A per-row ``ε`` gets ``∂ε = -<∂θ, θ>/ε`` for ranks
+(``r`` depends on ``x/ε`` only) and ``-<g - mean_B g, w>/ε²`` (l2) or ``-<g, w - Σ_B softmax_B(w/ε) w>/ε²``
+(kl) for sorts.
+
+**±inf** (``softtopk._extended``): ranks are the exact limits: the ``p`` entries at ``+inf`` share
+the top ``p`` ranks equally, the ``q`` at ``-inf`` the bottom ``q``, and the finite entries are
+projected onto the permutahedron of the ranks in between. Sorts put the ``+inf`` and ``-inf``
+entries at their ends and soft-sort the finite entries as though the infinite ones were absent
+(the l2 and kl sorts are invariant to the shift of ``w`` that this is). Infinite entries have
+gradient 0. A row holding a NaN is NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .compute import can_inspect
+from .isotonic import block_ids, block_starts, block_sum, isotonic_kl, isotonic_l2
+
+
+def _plain(rows: torch.Tensor) -> bool:
+    """Whether ``rows`` are known to be finite: checked (one read) only where values may be read
+    (a CPU tensor outside compile and vmap); the ``±inf``/NaN handling is then skipped."""
+    return can_inspect(rows) and bool(rows.isfinite().all())
+
+
+def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``sign * rows`` sorted in decreasing order (float64; NaN read as 0), its permutation, the
+    rows holding a NaN (B, 1)."""
+    if plain:
+        s, perm = (rows * sign).sort(-1, descending=True)
+        return s.to(torch.float64), perm, torch.zeros_like(s[:, :1], dtype=torch.bool)
+    nan = rows.isnan()
+    s, perm = torch.where(nan, 0.0, rows * sign).sort(-1, descending=True)
+    return s.to(torch.float64), perm, nan.any(-1, keepdim=True)
+
+
+def _separated(v0: torch.Tensor, finite: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """``v0`` with its infinite positions replaced by constants that never pool with a finite
+    one: above every finite value at the ``top`` positions, below at the others."""
+    hi = torch.where(finite, v0, -torch.inf).amax(-1, keepdim=True)
+    lo = torch.where(finite, v0, torch.inf).amin(-1, keepdim=True)
+    # strictly outside the finite values, whatever their magnitude
+    hi = torch.where(hi.isfinite(), hi + 1 + hi.abs(), 0.0)
+    lo = torch.where(lo.isfinite(), lo - 1 - lo.abs(), 0.0)
+    return torch.where(finite, v0, torch.where(top, hi, lo))
+
+
+def _solve(y: torch.Tensor, lw: torch.Tensor | None, finite: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """l2 (``lw`` None) or kl isotonic solution with the infinite positions kept apart."""
+    if lw is None:
+        return isotonic_l2(_separated(y, finite, top))
+    lw = torch.where(finite, lw, 0.0)
+    v0 = _separated(torch.where(finite, y, 0.0) - lw, finite, top)
+    return isotonic_kl(v0 + lw, lw)
+
+
+def _weights(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(n, 0, -1, device=device, dtype=torch.float64)
+
+
+def _nan_rows(grad: torch.Tensor, nan: torch.Tensor, plain: bool) -> torch.Tensor:
+    """NaN gradients in the rows that hold a NaN (their values are NaN); none if ``plain``."""
+    return grad if plain else torch.where(nan, torch.nan, grad)
+
+
+def _softmax_blocks(z: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """``softmax`` of ``z`` (decreasing within each block) over each point's block."""
+    e = (z - z.gather(-1, first)).exp()
+    return e / block_sum(e, ids)
+
+
+class SoftRankFn(torch.autograd.Function):
+    """Soft ranks of rows ``x`` (B, n) with strength ``eps`` (a float or (B, 1)); ``sign = 1``
+    gives rank ``n`` to the largest entry. Returns float64 ranks."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
+        s, perm, nan = _sorted(x, sign, plain)
+        n = s.shape[-1]
+        eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
+        theta = s / eps64
+        w = _weights(n, x.device)
+        if plain:
+            v = isotonic_kl(theta, w.log().expand_as(theta)) if kl else isotonic_l2(theta - w)
+            r = (theta - v).exp() if kl else theta - v
+            return torch.zeros_like(r).scatter(-1, perm, r), v, r, theta, perm, nan
+        finite = theta.isfinite()
+        top = theta > 0
+        # the infinite entries share their ranks: the mean of w over the top p (bottom q) positions
+        p = (theta == torch.inf).sum(-1, keepdim=True)
+        q = (theta == -torch.inf).sum(-1, keepdim=True)
+        shared = torch.where(top, n - (p - 1) / 2, (q + 1) / 2).to(torch.float64)
+        if kl:
+            v = _solve(theta, w.log().expand_as(theta), finite, top)
+            r = torch.where(finite, (theta - v).exp(), shared)
+        else:
+            v = _solve(theta - w, None, finite, top)
+            r = torch.where(finite, theta - v, shared)
+        out = torch.zeros_like(r).scatter(-1, perm, r)
+        return torch.where(nan, torch.nan, out), v, r, theta, perm, nan
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, eps, sign, kl, ctx.plain = inputs
+        _, v, r, theta, perm, nan = output
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.tensor_eps = isinstance(eps, torch.Tensor)
+        ctx.save_for_backward(v, r, theta, perm, nan, *([eps] if ctx.tensor_eps else []))
+        ctx.eps, ctx.sign, ctx.kl, ctx.dtype = (None if ctx.tensor_eps else eps), sign, kl, x.dtype
+
+    @staticmethod
+    def backward(ctx, grad, *_):
+        v, r, theta, perm, nan, *eps = ctx.saved_tensors
+        eps = eps[0].to(torch.float64) if eps else ctx.eps
+        ids = block_ids(v)
+        g = grad.to(torch.float64).gather(-1, perm)
+        if ctx.kl:
+            gr = g * r
+            d_theta = gr - r * block_sum(gr, ids) / block_sum(_weights(v.shape[-1], v.device).expand_as(v), ids)
+        else:
+            d_theta = g - block_sum(g, ids) / block_sum(torch.ones_like(g), ids)
+        if not ctx.plain:
+            finite = theta.isfinite()
+            d_theta, theta = torch.where(finite, d_theta, 0.0), torch.where(finite, theta, 0.0)
+        grad_x = torch.zeros_like(d_theta).scatter(-1, perm, d_theta) * (ctx.sign / eps)
+        grad_eps = None
+        if ctx.needs_input_grad[1]:
+            inner = torch.linalg.vecdot(d_theta, theta).unsqueeze(-1)
+            grad_eps = _nan_rows(-inner / eps, nan, ctx.plain).to(ctx.saved_tensors[-1].dtype)
+        return _nan_rows(grad_x, nan, ctx.plain).to(ctx.dtype), grad_eps, None, None, None
+
+
+class SoftSortFn(torch.autograd.Function):
+    """Soft sort of rows ``x`` (B, n) with strength ``eps``; ``sign = -1`` sorts in increasing
+    order. Returns the float64 sorted values."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
+        s, perm, nan = _sorted(x, sign, plain)
+        n = s.shape[-1]
+        eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
+        ws = (_weights(n, x.device) / eps64).expand_as(s)
+        if plain:
+            v = isotonic_kl(ws, s) if kl else isotonic_l2(ws - s)
+            return (ws - v) * sign, v, s, perm, nan
+        finite = s.isfinite()
+        top = s > 0
+        if kl:
+            v = _solve(ws, s, finite, top)
+        else:
+            v = _solve(ws - s, None, finite, top)
+        h = torch.where(finite, ws - v, s) * sign
+        return torch.where(nan, torch.nan, h), v, s, perm, nan
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, eps, sign, kl, ctx.plain = inputs
+        _, v, s, perm, nan = output
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.tensor_eps = isinstance(eps, torch.Tensor)
+        ctx.save_for_backward(v, s, perm, nan, *([eps] if ctx.tensor_eps else []))
+        ctx.eps, ctx.sign, ctx.kl, ctx.dtype = (None if ctx.tensor_eps else eps), sign, kl, x.dtype
+
+    @staticmethod
+    def backward(ctx, grad, *_):
+        v, s, perm, nan, *eps = ctx.saved_tensors
+        eps = eps[0].to(torch.float64) if eps else ctx.eps
+        ids = block_ids(v)
+        first = block_starts(v) if ctx.kl else None
+        g = grad.to(torch.float64)
+        if not ctx.plain:
+            finite = s.isfinite()
+            g, s = torch.where(finite, g, 0.0), torch.where(finite, s, 0.0)
+        total = block_sum(g, ids)
+        d_s = _softmax_blocks(s, ids, first) * total if ctx.kl else total / block_sum(torch.ones_like(g), ids)
+        if not ctx.plain:
+            d_s = torch.where(finite, d_s, 0.0)
+        grad_x = torch.zeros_like(d_s).scatter(-1, perm, d_s)
+        grad_eps = None
+        if ctx.needs_input_grad[1]:
+            w = _weights(v.shape[-1], v.device).expand_as(v)
+            if ctx.kl:
+                centred = w - block_sum(_softmax_blocks(w / eps, ids, first) * w, ids)
+                inner = torch.linalg.vecdot(g, centred if ctx.plain else torch.where(finite, centred, 0.0))
+            else:
+                inner = torch.linalg.vecdot(g - d_s, w)
+            grad_eps = _nan_rows(-ctx.sign * inner.unsqueeze(-1) / eps**2, nan, ctx.plain)
+            grad_eps = grad_eps.to(ctx.saved_tensors[-1].dtype)
+        return _nan_rows(grad_x, nan, ctx.plain).to(ctx.dtype), grad_eps, None, None, None
+
+
+def soft_rank_rows(x: torch.Tensor, eps: float | torch.Tensor, *, kl: bool, descending: bool) -> torch.Tensor:
+    """Soft ranks of rows ``x`` (B, n), ``1..n`` (rank ``n`` to the largest; rank 1 with
+    ``descending``), in ``x``'s dtype."""
+    if x.numel() == 0:
+        return x * 1
+    return SoftRankFn.apply(x, eps, -1.0 if descending else 1.0, kl, _plain(x))[0].to(x.dtype)
+
+
+def soft_sort_rows(x: torch.Tensor, eps: float | torch.Tensor, *, kl: bool, descending: bool) -> torch.Tensor:
+    """Soft sort of rows ``x`` (B, n), increasing (decreasing with ``descending``), in ``x``'s dtype."""
+    if x.numel() == 0:
+        return x * 1
+    return SoftSortFn.apply(x, eps, 1.0 if descending else -1.0, kl, _plain(x))[0].to(x.dtype)
