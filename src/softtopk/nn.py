@@ -6,6 +6,7 @@ from .knn import DifferentiableKNN, KNNOutput
 from .losses.ndcg import NDCGLoss
 from .losses.noised import BalNoisedTopK, ImbalNoisedTopK
 from .losses.smooth_svm import SmoothTop1SVM, SmoothTopKSVM, Top1SVM, TopKSVM
+from .losses.spearman import SpearmanLoss
 from .losses.topk_ce import TopKCrossEntropyLoss
 from .operators import SoftTopK, SoftTopKRanks
 from .routing import Routing, TopKRouter
@@ -22,6 +23,7 @@ __all__ = [
     "SmoothTopkSVM",
     "SoftTopK",
     "SoftTopKRanks",
+    "SpearmanLoss",
     "Top1SVM",
     "TopKCrossEntropyLoss",
     "TopKRouter",
