@@ -6,6 +6,7 @@ from .losses.ndcg import ndcg_loss
 from .losses.noised import bal_noised_topk
 from .losses.noised_imbalanced import imbal_noised_topk
 from .losses.smooth_svm import smooth_top1_svm, smooth_topk_svm, top1_svm, topk_svm
+from .losses.spearman import spearman_loss
 from .losses.topk_ce import topk_cross_entropy
 from .operators import (
     hard_topk_mag,
@@ -41,6 +42,7 @@ __all__ = [
     "soft_topk_ranks",
     "sparse_topk_mag",
     "sparse_topk_mask",
+    "spearman_loss",
     "top1_svm",
     "topk_cross_entropy",
     "topk",

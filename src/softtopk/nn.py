@@ -7,6 +7,7 @@ from .losses.ndcg import NDCGLoss
 from .losses.noised import BalNoisedTopK
 from .losses.noised_imbalanced import ImbalNoisedTopK
 from .losses.smooth_svm import SmoothTop1SVM, SmoothTopKSVM, Top1SVM, TopKSVM
+from .losses.spearman import SpearmanLoss
 from .losses.topk_ce import TopKCrossEntropyLoss
 from .operators import SoftTopK, SoftTopKRanks
 from .routing import Routing, TopKRouter
@@ -23,6 +24,7 @@ __all__ = [
     "SmoothTopkSVM",
     "SoftTopK",
     "SoftTopKRanks",
+    "SpearmanLoss",
     "Top1SVM",
     "TopKCrossEntropyLoss",
     "TopKRouter",
