@@ -1,5 +1,6 @@
-"""mkdocs hook: publish the benchmark write-ups, their plots and the changelog from where the
-scripts write them (``benchmarks/``, ``CHANGELOG.md``), so the site never holds a stale copy."""
+"""mkdocs hook: publish the benchmark write-ups, their plots, the changelog and the contributing
+guide from where they live (``benchmarks/``, ``CHANGELOG.md``, ``CONTRIBUTING.md``), so the site
+never holds a stale copy."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _published() -> dict[str, Path]:
     """Site path -> source file."""
-    pages = {"benchmarks/index.md": ROOT / "benchmarks" / "README.md", "changelog.md": ROOT / "CHANGELOG.md"}
+    pages = {"benchmarks/index.md": ROOT / "benchmarks" / "README.md", "changelog.md": ROOT / "CHANGELOG.md",
+             "contributing.md": ROOT / "CONTRIBUTING.md"}
     for path in sorted((ROOT / "benchmarks" / "results").glob("*")):
         if path.suffix in (".md", ".png"):
             pages[f"benchmarks/results/{path.name}"] = path
@@ -27,7 +29,8 @@ def on_files(files: Files, config) -> Files:
 
 # The README is the site's home page (docs/index.md names it): its links are relative to the
 # repository root, the site's to docs/, so the hook inlines it with its links rewritten.
-_README_LINKS = {"](docs/": "](", "](benchmarks/README.md)": "](benchmarks/index.md)", "](CHANGELOG.md)": "](changelog.md)"}
+_README_LINKS = {"](docs/": "](", "](benchmarks/README.md)": "](benchmarks/index.md)", "](CHANGELOG.md)": "](changelog.md)",
+                 "](CONTRIBUTING.md)": "](contributing.md)"}
 _README_INCLUDE = '--8<-- "README.md"'
 
 
