@@ -34,6 +34,41 @@ def test_import_softtopk_does_not_import_jax():
     assert out.stdout.strip() == "False"
 
 
+# a Python where ``import torch`` fails, as in a venv with the jax extra only
+NO_TORCH = """
+import sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+def test_softtopk_jax_needs_no_torch():
+    """The JAX quick start runs without torch, loads none, and a torch name says how to install it."""
+    code = NO_TORCH + """
+import jax.numpy as jnp
+import softtopk
+import softtopk.jax as sj
+import softtopk.jax.compat.sparse_soft_topk
+print([round(float(v), 3) for v in sj.soft_topk(jnp.array([0.0, 3.0, 1.0, 2.0]), 2, tau=0.1)])
+assert "torch" not in sys.modules
+try:
+    softtopk.soft_topk
+except ImportError as error:
+    print(error)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [
+        "[0.0, 1.0, 0.003, 0.997]",
+        "softtopk.soft_topk is part of softtopk's PyTorch API, which needs torch: "
+        "pip install 'softtopk[torch]' (softtopk.jax needs no torch)",
+    ]
+
+
 # ----------------------------------------------------------------------------------- oracle, grads
 
 

@@ -1,6 +1,7 @@
-"""The import rule (README, "Architecture"): ops -> conventions -> families -> faces -> compat -> lab;
-the JAX front-end ``softtopk.jax`` stands apart: jax and numpy, and of the torch library the shared
-checks of ``softtopk._validation`` only.
+"""The import rule (README, "Architecture"): shared -> ops -> conventions -> families -> faces -> compat
+-> lab, where "shared" is the framework-free ``softtopk._checks`` (the Python-value checks and the
+messages, the standard library only); the JAX front-end ``softtopk.jax`` stands apart: jax and
+numpy, and of the rest of softtopk the shared module only (so ``import softtopk.jax`` loads no torch).
 
 Walks the ``ast`` of every module of ``src/softtopk`` and ``src/softtopk_lab`` and fails on an upward
 import, a cycle, a private name imported from another module, a private module imported by compat or
@@ -17,9 +18,10 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+SHARED = {"softtopk._checks"}
 CONVENTIONS = {"softtopk._validation", "softtopk._layout", "softtopk._extended", "softtopk._registry"}
 FACES = {"softtopk", "softtopk.functional", "softtopk.nn", "softtopk.losses"}
-LAYERS = ("ops", "conventions", "families", "faces", "compat", "jax", "lab")
+LAYERS = ("shared", "ops", "conventions", "families", "faces", "compat", "jax", "lab")
 
 
 def layer(module: str) -> int:
@@ -28,6 +30,8 @@ def layer(module: str) -> int:
         return LAYERS.index("lab")
     if module.startswith("softtopk.jax"):
         return LAYERS.index("jax")
+    if module in SHARED:
+        return LAYERS.index("shared")
     if module.startswith("softtopk.ops"):
         return LAYERS.index("ops")
     if module in CONVENTIONS:
@@ -95,11 +99,11 @@ def test_imports_run_one_way(module):
         front_end = module.startswith("softtopk.jax")
         if root not in ("softtopk", "softtopk_lab"):
             allowed = {"torch"} if module.startswith("softtopk.") or module == "softtopk" else None
-            allowed = {"jax", "numpy"} if front_end else allowed
+            allowed = {"jax", "numpy"} if front_end else set() if module in SHARED else allowed
             assert allowed is None or root in allowed, f"{where}: {module} imports {root} ({sorted(allowed or ())})"
             continue
         if front_end and not target.startswith("softtopk.jax"):
-            assert target == "softtopk._validation", f"{where}: softtopk.jax imports {target} (the torch library)"
+            assert target in SHARED, f"{where}: softtopk.jax imports {target} (the torch library)"
             continue
         assert layer(target) <= layer(module), f"{where}: upward import of {target} ({LAYERS[layer(target)]})"
         assert name is None or not name.startswith("_"), f"{where}: private name {name} imported from {target}"

@@ -1,6 +1,7 @@
-"""The argument checks of :mod:`softtopk.jax`: the torch API's messages (scalars through
-:mod:`softtopk._validation` itself), with ``axis`` for ``dim`` and JAX arrays for tensors. Values
-are checked where they are concrete; a traced ``l``/``tau``/``k`` (under ``jit``) is not inspected."""
+"""The argument checks of :mod:`softtopk.jax`: the torch API's checks and messages, from the
+framework-free :mod:`softtopk._checks` (no torch), with ``axis`` for ``dim`` and JAX arrays for
+tensors. Values are checked where they are concrete; a traced ``l``/``tau``/``k`` (under ``jit``)
+is not inspected."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._validation import check_bool, check_choice, check_int, check_real
+from .. import _checks as msg
+from .._checks import check_bool, check_choice, check_int, check_real
 
 __all__ = ["check_bool", "check_choice", "check_int", "check_real"]
-
-FLOATS = "float16/bfloat16/float32/float64"
 
 
 def compute_dtype(dtype: Any) -> Any:
@@ -31,40 +31,34 @@ def is_concrete(value: Any) -> bool:
 def check_x(x: Any) -> jax.Array:
     """Scores: a floating JAX (or NumPy) array with at least one dimension."""
     if not isinstance(x, (jax.Array, np.ndarray)):
-        raise TypeError(f"x must be a JAX array, got {type(x).__name__}")
+        raise TypeError(msg.not_an_array("x", "JAX array", x))
     if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"x must have a floating dtype ({FLOATS}), got {x.dtype}")
+        raise TypeError(msg.not_floating("x", x.dtype))
     if x.ndim == 0:
-        raise ValueError("x must have at least one dimension, got a 0-d array")
+        raise ValueError(msg.zero_dim("x", "array"))
     return jnp.asarray(x)
 
 
 def check_axis(x: jax.Array, axis: Any) -> int:
     """``axis`` as a non-negative axis of ``x``."""
-    axis = check_int("axis", axis)
-    if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis must be in [{-x.ndim}, {x.ndim - 1}] for a {x.ndim}-d input, got {axis}")
-    return axis % x.ndim
+    return msg.check_axis("axis", axis, x.ndim)
 
 
 def check_k(k: Any, n: int, axis: int) -> int:
     """An int ``k`` with ``1 <= k <= n`` (``n`` the size of ``axis``)."""
-    k = check_int("k", k)
-    if not 1 <= k <= n:
-        raise ValueError(f"k must satisfy 1 <= k <= n = {n} (the size of axis {axis}), got {k}")
-    return k
+    return msg.check_k(k, n, axis, "axis")
 
 
 def check_k_array(k: Any, n: int) -> jax.Array:
     """An array ``k`` of per-row values in ``(0, n]``, floating or integer (counts; returned as
     float32), values unchecked when traced."""
     if k.dtype == jnp.bool_ or not (jnp.issubdtype(k.dtype, jnp.floating) or jnp.issubdtype(k.dtype, jnp.integer)):
-        raise TypeError(f"k must be an int or a real tensor of per-row counts, got a tensor of dtype {k.dtype}")
+        raise TypeError(msg.k_dtype(k.dtype))
     if not jnp.issubdtype(k.dtype, jnp.floating):
         k = k.astype(jnp.float32)
     if is_concrete(k) and k.size and not bool(jnp.all((k > 0) & (k <= n))):
         bad = k[~((k > 0) & (k <= n))].ravel()[0]
-        raise ValueError(f"k must lie in (0, n = {n}] in every row, got {float(bad)}")
+        raise ValueError(msg.k_out_of_range(n, float(bad)))
     return k
 
 
@@ -73,19 +67,19 @@ def check_scale(name: str, value: Any, dtype: Any) -> Any:
     every concrete value in ``[tiny, 1/tiny]`` of the compute dtype of ``dtype`` scores."""
     if isinstance(value, (jax.Array, np.ndarray)):
         if not jnp.issubdtype(value.dtype, jnp.floating):
-            raise TypeError(f"{name} must be a floating tensor when given as a tensor, got {value.dtype}")
+            raise TypeError(msg.scale_not_floating(name, value.dtype))
         if not (is_concrete(value) and value.size):
             return value
         lowest, highest = float(value.min()), float(value.max())
         if not (lowest > 0 and math.isfinite(highest)):
-            raise ValueError(f"{name} must be positive and finite, got a tensor with min {lowest!r}")
+            raise ValueError(msg.scale_not_positive(name, lowest))
         worst = lowest if lowest < _bounds(dtype)[0] else highest
     else:
         worst = value = check_real(name, value, positive=True)
     low, high = _bounds(dtype)
     if not low <= worst <= high:
-        raise ValueError(f"{name} must lie in [{low:.3g}, {high:.3g}] for {jnp.dtype(dtype).name} scores "
-                         f"(computed in {jnp.dtype(compute_dtype(dtype)).name}), got {worst!r}")
+        raise ValueError(msg.scale_out_of_range(name, low, high, jnp.dtype(dtype).name,
+                                                jnp.dtype(compute_dtype(dtype)).name, worst))
     return value
 
 
@@ -99,8 +93,7 @@ def per_row(name: str, value: Any, batch: tuple[int, ...]) -> jax.Array:
     try:
         return jnp.broadcast_to(value, batch).reshape(-1, 1)
     except ValueError:
-        raise ValueError(f"{name} must be a scalar or broadcastable to the batch shape {batch} (x without "
-                         f"axis), got shape {tuple(jnp.shape(value))}") from None
+        raise ValueError(msg.not_broadcastable(name, batch, "axis", tuple(jnp.shape(value)))) from None
 
 
 def rows_of(x: jax.Array, axis: int) -> jax.Array:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _checks as msg
 from . import _dykstra, _sparse
 from ._checks import (
     check_axis,
@@ -33,8 +34,7 @@ from ._laplace import laplace_mask
 
 __all__ = ["hard_topk_mag", "hard_topk_mask", "soft_topk", "sparse_topk_mag", "sparse_topk_mask"]
 
-P_VALUES = (2.0, 4.0 / 3.0)
-SOLVERS = ("exact", "pav", "dykstra")
+P_VALUES, SOLVERS = msg.P_VALUES, msg.SOLVERS
 
 
 def _hard_rows(rows: jax.Array, k: int) -> jax.Array:
@@ -55,8 +55,7 @@ def _sparse_params(x: jax.Array, k: Any, axis: Any, l: Any, p: Any, solver: Any,
     p = float(check_choice("p", p, P_VALUES))
     solver = check_choice("solver", solver, SOLVERS)
     n_iter = check_int("n_iter", n_iter, low=1)
-    if solver == "dykstra" and p != 2:
-        raise ValueError(f"solver='dykstra' solves p=2 only, got p={p!r}; use solver='pav' for p=4/3")
+    msg.check_dykstra_p(solver, p)
     return x, axis, k, check_scale("l", l, x.dtype), _sparse.exponent(p), solver, n_iter
 
 
@@ -146,10 +145,9 @@ def sparse_topk_mag(
         [-5. -0.  3.  0.]
     """
     if isinstance(l, jax.Array):
-        raise TypeError("l must be a float for sparse_topk_mag (a per-row tensor l is the mask's), got a tensor")
+        raise TypeError(msg.MAG_L_IS_FLOAT)
     x, axis, k, l, r, solver, n_iter = _sparse_params(x, k, axis, l, p, solver, n_iter)  # noqa: E741
-    if r == 3 and l > 1e30:
-        raise ValueError(f"l must be at most 1e+30 for sparse_topk_mag with p=4/3, got {l!r}")
+    msg.check_mag_l(l, p)
     if k >= x.shape[axis]:
         return x
     if solver == "dykstra":
@@ -202,7 +200,7 @@ def soft_topk(
     check_bool("largest", largest)
     if isinstance(k, (jax.Array, np.ndarray)):
         if hard:
-            raise ValueError("hard=True needs an int k (its forward is the k-hot mask), got a tensor k")
+            raise ValueError(msg.HARD_NEEDS_INT_K)
         k = per_row("k", check_k_array(k, n), batch)
     else:
         k = check_k(k, n, axis)
