@@ -20,6 +20,7 @@ from typing import Any
 FLOATS = "float16/bfloat16/float32/float64"
 P_VALUES = (2.0, 4.0 / 3.0)  # the sparse method's p
 SOLVERS = ("exact", "pav", "dykstra")  # the sparse method's solvers ("exact" and "pav" name one solver)
+SCALES = ("tau", "l", "steepness", "sigma")  # the methods' positive scale (temperature) parameters
 HARD_NEEDS_INT_K = "hard=True needs an int k (its forward is the k-hot mask), got a tensor k"
 MAG_L_IS_FLOAT = "l must be a float for sparse_topk_mag (a per-row tensor l is the mask's), got a tensor"
 MAG_L_MAX = 1e30  # sparse_topk_mag with p = 4/3: θ ~ Σ|x|³/(k l³), whose gradient is NaN from ~1e36 on
@@ -97,8 +98,12 @@ def check_k(k: Any, n: int, axis: int, axis_name: str = "dim") -> int:
     return k
 
 
-def check_method(method: Any, available: Sequence[str]) -> str:
-    """A method name among ``available`` (the methods a framework has)."""
+def check_method(method: Any, available: Sequence[str], elsewhere: Sequence[str] = ()) -> str:
+    """A method name among ``available`` (the methods a framework has); ``elsewhere``: the methods
+    only the other framework has, which the error names as such."""
+    if isinstance(method, str) and method in elsewhere:
+        raise ValueError(f"method {method!r} is in softtopk's PyTorch API only; softtopk.jax has "
+                         f"{sorted(available)}")
     if not isinstance(method, str) or method not in available:
         raise ValueError(f"method must be one of {sorted(available)}, got {method!r}")
     return method
@@ -159,3 +164,7 @@ def scale_out_of_range(name: str, low: float, high: float, scores: Any, computed
 def not_broadcastable(name: str, batch: tuple[int, ...], axis_name: str, shape: tuple[int, ...]) -> str:
     return (f"{name} must be a scalar or broadcastable to the batch shape {batch} (x without {axis_name}), "
             f"got shape {shape}")
+
+
+def unexpected_params(method: str, unknown: list[str], takes: list[str]) -> str:
+    return f"method {method!r} got unexpected parameter(s) {unknown}; it takes {takes}"

@@ -17,6 +17,7 @@ from . import _checks as msg
 
 # the checks of Python values, re-exported: families and compat take every check from here
 from ._checks import (  # noqa: F401
+    SCALES,
     check_bool,
     check_choice,
     check_int,
@@ -97,7 +98,6 @@ def check_class_counts(name: str, value: Any, classes: int | None = None) -> tup
     return counts
 
 
-SCALES = ("tau", "l", "steepness", "sigma")  # the methods' positive scale (temperature) parameters
 
 
 def check_scale(name: str, value: Any, dtype: torch.dtype, *, zero: bool = False) -> Any:

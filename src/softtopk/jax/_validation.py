@@ -1,11 +1,10 @@
-"""The argument checks of :mod:`softtopk.jax`: the torch API's checks and messages, from the
-framework-free :mod:`softtopk._checks` (no torch), with ``axis`` for ``dim`` and JAX arrays for
-tensors. Values are checked where they are concrete; a traced ``l``/``tau``/``k`` (under ``jit``)
-is not inspected."""
+"""The argument checks of :mod:`softtopk.jax` (as :mod:`softtopk._validation`): the torch API's
+checks and messages, with ``axis`` for ``dim`` and JAX arrays for tensors. The checks of Python
+values and every message come from the framework-free :mod:`softtopk._checks` (no torch). Values
+are checked where they are concrete; a traced ``l``/``tau``/``k`` (under ``jit``) is not inspected."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -13,30 +12,26 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _checks as msg
-from .._checks import check_bool, check_choice, check_int, check_real
+from .._checks import SCALES, check_bool, check_choice, check_int, check_real
+from .ops.compute import can_inspect, compute_dtype
 
-__all__ = ["check_bool", "check_choice", "check_int", "check_real"]
-
-
-def compute_dtype(dtype: Any) -> Any:
-    """float64 stays float64; every other float is computed in float32 (as in the torch API)."""
-    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+__all__ = ["check_bool", "check_choice", "check_int", "check_real"]  # re-exported, as the torch side does
 
 
-def is_concrete(value: Any) -> bool:
-    """Whether an array's values may be read here (not a tracer under ``jit``/``vmap``/``grad``)."""
-    return not isinstance(value, jax.core.Tracer)
+def is_array(value: Any) -> bool:
+    """A JAX or NumPy array (the arrays a JAX function takes)."""
+    return isinstance(value, (jax.Array, np.ndarray))
 
 
-def check_x(x: Any) -> jax.Array:
-    """Scores: a floating JAX (or NumPy) array with at least one dimension."""
-    if not isinstance(x, (jax.Array, np.ndarray)):
-        raise TypeError(msg.not_an_array("x", "JAX array", x))
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(msg.not_floating("x", x.dtype))
-    if x.ndim == 0:
-        raise ValueError(msg.zero_dim("x", "array"))
-    return jnp.asarray(x)
+def check_scores(name: str, value: Any) -> jax.Array:
+    """A floating JAX (or NumPy) array with at least one dimension."""
+    if not is_array(value):
+        raise TypeError(msg.not_an_array(name, "JAX array", value))
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+        raise TypeError(msg.not_floating(name, value.dtype))
+    if value.ndim == 0:
+        raise ValueError(msg.zero_dim(name, "array"))
+    return jnp.asarray(value)
 
 
 def check_axis(x: jax.Array, axis: Any) -> int:
@@ -49,6 +44,13 @@ def check_k(k: Any, n: int, axis: int) -> int:
     return msg.check_k(k, n, axis, "axis")
 
 
+def check_topk_args(x: Any, k: Any, axis: Any) -> tuple[jax.Array, int, int]:
+    """An operator's scores ``x``, its ``axis`` (non-negative) and an int ``k`` in ``[1, n]``."""
+    x = check_scores("x", x)
+    axis = check_axis(x, axis)
+    return x, axis, check_k(k, x.shape[axis], axis)
+
+
 def check_k_array(k: Any, n: int) -> jax.Array:
     """An array ``k`` of per-row values in ``(0, n]``, floating or integer (counts; returned as
     float32), values unchecked when traced."""
@@ -56,53 +58,43 @@ def check_k_array(k: Any, n: int) -> jax.Array:
         raise TypeError(msg.k_dtype(k.dtype))
     if not jnp.issubdtype(k.dtype, jnp.floating):
         k = k.astype(jnp.float32)
-    if is_concrete(k) and k.size and not bool(jnp.all((k > 0) & (k <= n))):
+    if can_inspect(k) and k.size and not bool(jnp.all((k > 0) & (k <= n))):
         bad = k[~((k > 0) & (k <= n))].ravel()[0]
         raise ValueError(msg.k_out_of_range(n, float(bad)))
     return k
 
 
-def check_scale(name: str, value: Any, dtype: Any) -> Any:
-    """A positive scale (``l``, ``tau``): a finite float or a floating array of positive values, with
-    every concrete value in ``[tiny, 1/tiny]`` of the compute dtype of ``dtype`` scores."""
-    if isinstance(value, (jax.Array, np.ndarray)):
-        if not jnp.issubdtype(value.dtype, jnp.floating):
-            raise TypeError(msg.scale_not_floating(name, value.dtype))
-        if not (is_concrete(value) and value.size):
-            return value
-        lowest, highest = float(value.min()), float(value.max())
-        if not (lowest > 0 and math.isfinite(highest)):
-            raise ValueError(msg.scale_not_positive(name, lowest))
-        worst = lowest if lowest < _bounds(dtype)[0] else highest
-    else:
-        worst = value = check_real(name, value, positive=True)
-    low, high = _bounds(dtype)
-    if not low <= worst <= high:
-        raise ValueError(msg.scale_out_of_range(name, low, high, jnp.dtype(dtype).name,
-                                                jnp.dtype(compute_dtype(dtype)).name, worst))
+def check_positive_or_array(name: str, value: Any) -> Any:
+    """A positive finite number, or a floating array of positive finite values (one per row or one)."""
+    if not is_array(value):
+        return check_real(name, value, positive=True)
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+        raise TypeError(msg.scale_not_floating(name, value.dtype))
+    if can_inspect(value) and value.size and not bool(jnp.all((value > 0) & jnp.isfinite(value))):
+        raise ValueError(msg.scale_not_positive(name, float(value.min())))
     return value
 
 
-def _bounds(dtype: Any) -> tuple[float, float]:
+def check_scale(name: str, value: Any, dtype: Any) -> Any:
+    """A positive scale parameter (a float or array values) that the computation can use for scores
+    of ``dtype``: between the smallest normal number of the compute dtype and its reciprocal."""
     tiny = float(jnp.finfo(compute_dtype(dtype)).tiny)
-    return tiny, 1.0 / tiny
+    low, high = tiny, 1.0 / tiny
+    if is_array(value):
+        if not (can_inspect(value) and value.size):
+            return value
+        ok = (value >= low) & (value <= high)
+        if bool(jnp.all(ok)):
+            return value
+        value = float(value[~ok].ravel()[0])
+    elif low <= value <= high:
+        return value
+    raise ValueError(msg.scale_out_of_range(name, low, high, jnp.dtype(dtype).name,
+                                            jnp.dtype(compute_dtype(dtype)).name, value))
 
 
-def per_row(name: str, value: Any, batch: tuple[int, ...]) -> jax.Array:
-    """A scalar or per-row array argument as ``(B, 1)``, aligned with the rows of ``x``."""
-    try:
-        return jnp.broadcast_to(value, batch).reshape(-1, 1)
-    except ValueError:
-        raise ValueError(msg.not_broadcastable(name, batch, "axis", tuple(jnp.shape(value)))) from None
-
-
-def rows_of(x: jax.Array, axis: int) -> jax.Array:
-    """The rows ``(B, n)`` of ``x`` along ``axis``, in the compute dtype."""
-    moved = jnp.moveaxis(x, axis, -1)
-    return moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1]).astype(compute_dtype(x.dtype))
-
-
-def from_rows(rows: jax.Array, x: jax.Array, axis: int) -> jax.Array:
-    """Rows ``(B, n)`` back in ``x``'s shape (``axis`` in place) and dtype."""
-    moved = jnp.moveaxis(x, axis, -1).shape
-    return jnp.moveaxis(rows.astype(x.dtype).reshape(moved), -1, axis)
+def check_scales(params: dict[str, Any], dtype: Any) -> None:
+    """:func:`check_scale` for every scale parameter of a method's ``params``."""
+    for name in SCALES:
+        if name in params:
+            check_scale(name, params[name], dtype)
