@@ -110,8 +110,16 @@ __all__ = [
 ]
 
 def __getattr__(name: str) -> Any:
-    """A public name, imported (with torch) on first use and kept in the module."""
+    """A public name, imported (with torch) on first use and kept in the module; a submodule
+    (``softtopk.routing``) is imported on first use too, as the eager imports of 0.2.0 made it an
+    attribute of ``import softtopk``."""
     if name not in __all__:
+        try:
+            if not name.startswith("__"):
+                return import_module(f".{name}", __name__)
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{name}":
+                raise
         raise AttributeError(f"module 'softtopk' has no attribute {name!r}")
     try:
         import torch  # noqa: F401

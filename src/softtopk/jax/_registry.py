@@ -80,3 +80,8 @@ def resolve(method: Any, params: dict[str, Any]) -> tuple[_Method, dict[str, Any
     if spec.joint is not None:
         spec.joint(resolved)
     return spec, resolved
+
+
+def lookup(method: str) -> _Method:
+    """A method already checked by :func:`resolve`."""
+    return _REGISTRY[method]

@@ -8,14 +8,15 @@ methods of :mod:`softtopk.jax._registry`."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from .. import _checks as msg
 from ._layout import along_rows, per_row
-from ._registry import resolve
+from ._registry import lookup, resolve
 from ._validation import (
     check_axis,
     check_bool,
@@ -30,11 +31,6 @@ from .ops import dykstra, sparse
 from .ops._straight_through import hard_mask_rows
 
 __all__ = ["hard_topk_mag", "hard_topk_mask", "soft_topk", "sparse_topk_mag", "sparse_topk_mask"]
-
-
-def _oriented(fn: Callable[[jax.Array], jax.Array], largest: Any) -> Callable[[jax.Array], jax.Array]:
-    """``fn`` on the rows, or on the negated rows for the ``k`` smallest (``largest=False``)."""
-    return fn if check_bool("largest", largest) else (lambda rows: fn(-rows))
 
 
 def sparse_topk_mask(
@@ -115,10 +111,18 @@ def sparse_topk_mag(
     check_scales(params, x.dtype)
     if k >= x.shape[axis]:
         return x
-    l, n_iter = params["l"], params["n_iter"]  # noqa: E741
-    if params["solver"] == "dykstra":
+    return _sparse_topk_mag(x, axis=axis, k=k, l=params["l"], p=params["p"], solver=params["solver"],
+                            n_iter=params["n_iter"])
+
+
+@partial(jax.jit, static_argnames=("axis", "k", "l", "p", "solver", "n_iter"))
+def _sparse_topk_mag(x: jax.Array, *, axis: int, k: int, l: float, p: float, solver: str,  # noqa: E741
+                     n_iter: int) -> jax.Array:
+    """:func:`sparse_topk_mag` on checked arguments, compiled once per shape, dtype and argument
+    (``l``, a float that the kernels' derivative rules hold fixed, included)."""
+    if solver == "dykstra":
         return along_rows(x, axis, lambda rows: dykstra.mag_rows(rows, l, k, n_iter))
-    return along_rows(x, axis, lambda rows: sparse.mag_rows(rows, l, k, sparse.exponent(params["p"])))
+    return along_rows(x, axis, lambda rows: sparse.mag_rows(rows, l, k, sparse.exponent(p)))
 
 
 def soft_topk(
@@ -171,20 +175,37 @@ def soft_topk(
     axis = check_axis(x, axis)
     check_scales(params, x.dtype)
     n = x.shape[axis]
-    batch = x.shape[:axis] + x.shape[axis + 1 :]
+    given = {name: params.pop(name) for name in spec.tensor_args if name != "k"}
     if is_array(k) and "k" in spec.tensor_args:
         if params.get("hard"):
             raise ValueError(msg.HARD_NEEDS_INT_K)
-        k = per_row("k", check_k_array(k, n), batch)
+        given["k"], k = check_k_array(k, n), None
     else:
         k = check_k(k, n, axis)
+    # the sparse mask runs op by op: its support (exact 0 and 1) comes from comparisons of rounded
+    # values, and XLA, compiling the whole mask, rounds an entry at a kink off 0 or 1, where the
+    # derivative jumps; op by op it rounds as the torch kernel does
+    run = _soft_topk_rows if method == "sparse" else _soft_topk
+    return run(x, given, method=method, axis=axis, largest=check_bool("largest", largest), k=k,
+               static=tuple(sorted(params.items())))
+
+
+def _soft_topk_rows(x: jax.Array, given: dict[str, Any], *, method: str, axis: int, largest: bool,
+                    k: int | None, static: tuple[tuple[str, Any], ...]) -> jax.Array:
+    """:func:`soft_topk` on checked arguments: ``given`` holds the arguments that may be arrays, ``k``
+    is the int ``k`` (``None``: ``given["k"]``), ``static`` the others."""
+    batch = x.shape[:axis] + x.shape[axis + 1 :]
 
     def mask(rows: jax.Array) -> jax.Array:
-        given = {name: per_row(name, jnp.asarray(params[name], rows.dtype), batch)
-                 for name in spec.tensor_args if name != "k"}
-        return spec.mask(rows, k if isinstance(k, int) else k.astype(rows.dtype), **{**params, **given})
+        arrays = {name: per_row(name, jnp.asarray(value, rows.dtype), batch) for name, value in given.items()}
+        kk = arrays.pop("k") if k is None else k
+        return lookup(method).mask(rows, kk, **dict(static), **arrays)
 
-    return along_rows(x, axis, _oriented(mask, largest))
+    return along_rows(x, axis, mask if largest else lambda rows: mask(-rows))
+
+
+# compiled once per shape, dtype and static argument; ``given`` is traced, so a new ``tau`` compiles nothing
+_soft_topk = partial(jax.jit, static_argnames=("method", "axis", "largest", "k", "static"))(_soft_topk_rows)
 
 
 def hard_topk_mask(x: jax.Array, k: int, *, axis: int = -1, largest: bool = True) -> jax.Array:
@@ -198,7 +219,12 @@ def hard_topk_mask(x: jax.Array, k: int, *, axis: int = -1, largest: bool = True
         [0. 0. 1. 1.]
     """
     x, axis, k = check_topk_args(x, k, axis)
-    return along_rows(x, axis, _oriented(lambda rows: hard_mask_rows(rows, k), largest))
+    return _hard_topk_mask(x, axis=axis, k=k, largest=check_bool("largest", largest))
+
+
+@partial(jax.jit, static_argnames=("axis", "k", "largest"))
+def _hard_topk_mask(x: jax.Array, *, axis: int, k: int, largest: bool) -> jax.Array:
+    return along_rows(x, axis, lambda rows: hard_mask_rows(rows if largest else -rows, k))
 
 
 def hard_topk_mag(x: jax.Array, k: int, *, axis: int = -1, largest: bool = True) -> jax.Array:
