@@ -65,8 +65,8 @@ except ImportError as error:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == [
         "[0.0, 1.0, 0.003, 0.997]",
-        "softtopk.soft_topk is part of softtopk's PyTorch API, which needs torch: "
-        "pip install 'softtopk[torch]' (softtopk.jax needs no torch)",
+        ("softtopk.soft_topk is part of softtopk's PyTorch API, which needs torch: "
+         "pip install 'softtopk[torch]' (softtopk.jax needs no torch)"),
     ]
 
 
