@@ -1,6 +1,7 @@
 """softtopk.jax on its own: the float64 oracle, ``check_grads``, jit/vmap/jvp, axes and dtypes, the
 invariants (hypothesis), ``±inf`` scores, the exact fallback of the candidate search, extreme
-scales, and every error message. The agreement with the torch operators is tests/test_jax_torch.py."""
+scales, and no torch needed. The agreement with the torch operators is tests/test_jax_torch.py (values
+and gradients) and tests/test_jax_mirror.py (values and every error message)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from jax.test_util import check_grads  # noqa: E402
 from pav_reference import pav_mag, pav_mask  # noqa: E402
 
 import softtopk.jax as sj  # noqa: E402
-from softtopk.jax import _sparse  # noqa: E402
+from softtopk.jax.ops import sparse as _sparse  # noqa: E402
 
 P_VALUES = (2.0, 4.0 / 3.0)
 PROPERTY = settings(max_examples=25, deadline=None)
@@ -32,6 +33,41 @@ def test_import_softtopk_does_not_import_jax():
     code = "import sys, softtopk; softtopk.soft_topk; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# a Python where ``import torch`` fails, as in a venv with the jax extra only
+NO_TORCH = """
+import sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+def test_softtopk_jax_needs_no_torch():
+    """The JAX quick start runs without torch, loads none, and a torch name says how to install it."""
+    code = NO_TORCH + """
+import jax.numpy as jnp
+import softtopk
+import softtopk.jax as sj
+import softtopk.jax.compat.sparse_soft_topk
+print([round(float(v), 3) for v in sj.soft_topk(jnp.array([0.0, 3.0, 1.0, 2.0]), 2, tau=0.1)])
+assert "torch" not in sys.modules
+try:
+    softtopk.soft_topk
+except ImportError as error:
+    print(error)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [
+        "[0.0, 1.0, 0.003, 0.997]",
+        ("softtopk.soft_topk is part of softtopk's PyTorch API, which needs torch: "
+         "pip install 'softtopk[torch]' (softtopk.jax needs no torch)"),
+    ]
 
 
 # ----------------------------------------------------------------------------------- oracle, grads
@@ -249,40 +285,7 @@ def test_ties_with_a_tiny_l_share_exactly():
             np.testing.assert_array_equal(np.asarray(sj.sparse_topk_mask(x, 1, l=1e-30, p=p)), [[0.5, 0.5, 0, 0]])
 
 
-# ----------------------------------------------------------------------------------------- errors
-
-ERRORS = [
-    (lambda: sj.sparse_topk_mask([1.0, 2.0], 1), TypeError, "x must be a JAX array, got list"),
-    (lambda: sj.soft_topk(jnp.arange(3), 1), TypeError, r"x must have a floating dtype \(float16/bfloat16/float32/float64\), got int32"),
-    (lambda: sj.hard_topk_mask(jnp.asarray(1.0), 1), ValueError, "x must have at least one dimension, got a 0-d array"),
-    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, axis=1.0), TypeError, "axis must be an int, got float 1.0"),
-    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, axis=2), ValueError, r"axis must be in \[-1, 0\] for a 1-d input, got 2"),
-    (lambda: sj.sparse_topk_mag(jnp.ones(3), 2.0), TypeError, "k must be an int, got float 2.0"),
-    (lambda: sj.soft_topk(jnp.ones((2, 3)), 4), ValueError, r"k must satisfy 1 <= k <= n = 3 \(the size of axis 1\), got 4"),
-    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, l=-1.0), ValueError, "l must be a positive finite number, got -1.0"),
-    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, l=1e-40), ValueError, r"l must lie in \[1.18e-38, 8.51e\+37\] for float32 scores \(computed in float32\), got 1e-40"),
-    (lambda: sj.sparse_topk_mask(jnp.ones((2, 3)), 1, l=jnp.asarray([1, 2])), TypeError, "l must be a floating tensor when given as a tensor, got int32"),
-    (lambda: sj.sparse_topk_mask(jnp.ones((2, 3)), 1, l=jnp.asarray([1.0, -2.0])), ValueError, "l must be positive and finite, got a tensor with min -2.0"),
-    (lambda: sj.sparse_topk_mask(jnp.ones((2, 3)), 1, l=jnp.ones(3)), ValueError, r"l must be a scalar or broadcastable to the batch shape \(2,\) \(x without axis\), got shape \(3,\)"),
-    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, p=3), ValueError, r"p must be one of \(2.0, 1.3333333333333333\), got 3"),
-    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, solver="bisect"), ValueError, r"solver must be one of \('exact', 'pav', 'dykstra'\), got 'bisect'"),
-    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, n_iter=0), ValueError, "n_iter must be >= 1, got 0"),
-    (lambda: sj.sparse_topk_mask(jnp.ones(3), 1, solver="dykstra"), ValueError, r"solver='dykstra' solves p=2 only, got p=1.3333333333333333; use solver='pav' for p=4/3"),
-    (lambda: sj.sparse_topk_mag(jnp.ones(3), 1, l=jnp.asarray(0.5)), TypeError, r"l must be a float for sparse_topk_mag \(a per-row tensor l is the mask's\), got a tensor"),
-    (lambda: sj.sparse_topk_mag(jnp.ones(3), 1, l=1e31), ValueError, r"l must be at most 1e\+30 for sparse_topk_mag with p=4/3, got 1e\+31"),
-    (lambda: sj.soft_topk(jnp.ones(3), 1, tau=0.0), ValueError, "tau must be a positive finite number, got 0.0"),
-    (lambda: sj.soft_topk(jnp.ones((2, 3)), jnp.asarray([True, False])), TypeError, "k must be an int or a real tensor of per-row counts, got a tensor of dtype bool"),
-    (lambda: sj.soft_topk(jnp.ones((2, 3)), jnp.asarray([1.0, 3.5])), ValueError, r"k must lie in \(0, n = 3\] in every row, got 3.5"),
-    (lambda: sj.soft_topk(jnp.ones((2, 3)), jnp.asarray([1.0, 2.0]), hard=True), ValueError, r"hard=True needs an int k \(its forward is the k-hot mask\), got a tensor k"),
-    (lambda: sj.soft_topk(jnp.ones(3), 1, hard=1), TypeError, "hard must be a bool, got int 1"),
-    (lambda: sj.hard_topk_mask(jnp.ones(3), 1, largest="yes"), TypeError, "largest must be a bool, got str 'yes'"),
-]
-
-
-@pytest.mark.parametrize("call, error, message", ERRORS, ids=[e[2][:40] for e in ERRORS])
-def test_error_messages(call, error, message):
-    with pytest.raises(error, match=message):
-        call()
+# ------------------------------------------------------------------------ traced arguments, empty batch
 
 
 def test_traced_l_and_tau_are_not_inspected_and_need_no_recompile():

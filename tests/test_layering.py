@@ -1,6 +1,10 @@
-"""The import rule (README, "Architecture"): ops -> conventions -> families -> faces -> compat -> lab;
-the JAX front-end ``softtopk.jax`` stands apart: jax and numpy, and of the torch library the shared
-checks of ``softtopk._validation`` only.
+"""The import rule (README, "Architecture"): shared -> ops -> conventions -> families -> faces -> compat
+-> lab, where "shared" is the framework-free ``softtopk._checks`` (the Python-value checks and the
+messages, the standard library only); the JAX front-end ``softtopk.jax`` stands apart: jax and
+numpy, and of the rest of softtopk the shared module only (so ``import softtopk.jax`` loads no torch).
+Inside, it mirrors the torch tree and its rule: ``softtopk.jax.X`` sits in the layer of ``softtopk.X``,
+except ``softtopk.jax._extended``, which sits with the kernels (the JAX lapsum kernel reads its
+``±inf`` rows off its own candidates with the closed form there).
 
 Walks the ``ast`` of every module of ``src/softtopk`` and ``src/softtopk_lab`` and fails on an upward
 import, a cycle, a private name imported from another module, a private module imported by compat or
@@ -17,17 +21,22 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+SHARED = {"softtopk._checks"}
 CONVENTIONS = {"softtopk._validation", "softtopk._layout", "softtopk._extended", "softtopk._registry"}
 FACES = {"softtopk", "softtopk.functional", "softtopk.nn", "softtopk.losses"}
-LAYERS = ("ops", "conventions", "families", "faces", "compat", "jax", "lab")
+LAYERS = ("shared", "ops", "conventions", "families", "faces", "compat", "lab")
 
 
 def layer(module: str) -> int:
     """The layer of a module of the repository (adding a module outside these places fails here)."""
     if module.startswith("softtopk_lab"):
         return LAYERS.index("lab")
+    if module == "softtopk.jax._extended":
+        return LAYERS.index("ops")
     if module.startswith("softtopk.jax"):
-        return LAYERS.index("jax")
+        return layer(mirror(module))
+    if module in SHARED:
+        return LAYERS.index("shared")
     if module.startswith("softtopk.ops"):
         return LAYERS.index("ops")
     if module in CONVENTIONS:
@@ -40,6 +49,11 @@ def layer(module: str) -> int:
     if module in families or module.startswith("softtopk.losses."):
         return LAYERS.index("families")
     raise AssertionError(f"{module} has no layer: place it in tests/test_layering.py and the README's Architecture")
+
+
+def mirror(module: str) -> str:
+    """The torch module that a module of ``softtopk.jax`` mirrors (others unchanged)."""
+    return "softtopk" + module[len("softtopk.jax") :] if module.startswith("softtopk.jax") else module
 
 
 def modules() -> dict[str, Path]:
@@ -95,19 +109,20 @@ def test_imports_run_one_way(module):
         front_end = module.startswith("softtopk.jax")
         if root not in ("softtopk", "softtopk_lab"):
             allowed = {"torch"} if module.startswith("softtopk.") or module == "softtopk" else None
-            allowed = {"jax", "numpy"} if front_end else allowed
+            allowed = {"jax", "numpy"} if front_end else set() if module in SHARED else allowed
             # the optional Triton kernels, imported only where they run (softtopk.ops.lapsum_triton)
             allowed = {"triton"} if module == "softtopk.ops.lapsum_kernels" else allowed
             assert allowed is None or root in allowed, f"{where}: {module} imports {root} ({sorted(allowed or ())})"
             continue
         if front_end and not target.startswith("softtopk.jax"):
-            assert target == "softtopk._validation", f"{where}: softtopk.jax imports {target} (the torch library)"
+            assert target in SHARED, f"{where}: softtopk.jax imports {target} (the torch library)"
             continue
+        assert front_end or not target.startswith("softtopk.jax"), f"{where}: {module} imports the JAX front-end"
         assert layer(target) <= layer(module), f"{where}: upward import of {target} ({LAYERS[layer(target)]})"
         assert name is None or not name.startswith("_"), f"{where}: private name {name} imported from {target}"
         if layer(module) >= LAYERS.index("compat") and layer(target) < LAYERS.index("compat"):
-            shared_checks = layer(module) == LAYERS.index("compat") and target == "softtopk._validation"
-            assert target in FACES or shared_checks, f"{where}: {module} imports {target}, not a face"
+            shared_checks = layer(module) == LAYERS.index("compat") and mirror(target) == "softtopk._validation"
+            assert mirror(target) in FACES or shared_checks, f"{where}: {module} imports {target}, not a face"
 
 
 def test_no_import_cycle():

@@ -47,9 +47,12 @@ def test_version_prints_the_installed_version():
 
 
 def test_library_depends_on_torch_only_and_the_lab_extra_brings_the_tools():
+    """torch is the "torch" extra (softtopk.jax needs none); the lab and the tests bring it."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert len(project["dependencies"]) == 1 and project["dependencies"][0].startswith("torch")
-    assert {"numpy", "tqdm", "matplotlib"} <= set(project["optional-dependencies"]["lab"])
+    extras = project["optional-dependencies"]
+    assert project["dependencies"] == [] and len(extras["torch"]) == 1 and extras["torch"][0].startswith("torch")
+    assert {"softtopk[torch]", "numpy", "tqdm", "matplotlib"} <= set(extras["lab"])
+    assert "softtopk[torch]" in extras["test"] and not any("torch" in need for need in extras["jax"])
     assert project["scripts"] == {"softtopk": "softtopk_lab.cli:main"}
     assert "[project.urls]" not in (ROOT / "pyproject.toml").read_text()
 

@@ -1,7 +1,8 @@
 """The argument checks of softtopk, in one place: ``check_*(name, value, ...)`` returns the value,
 normalised, or raises a ``TypeError``/``ValueError`` whose message names the argument, what was
 expected and what was received. Families, compat adapters and Modules compose these; ``ops/``
-never validates."""
+never validates. The checks of Python values and the messages of the tensor checks come from
+:mod:`softtopk._checks`, which :mod:`softtopk.jax` shares (each message is written once)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,18 @@ from typing import Any
 
 import torch
 
+from . import _checks as msg
+
+# the checks of Python values, re-exported: families and compat take every check from here
+from ._checks import (  # noqa: F401
+    SCALES,
+    check_bool,
+    check_choice,
+    check_int,
+    check_k,
+    check_number,
+    check_real,
+)
 from .ops.compute import can_inspect, compute_dtype
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -20,65 +33,11 @@ REDUCTIONS = ("mean", "sum", "none")
 # ------------------------------------------------------------------------------------ scalars
 
 
-def check_int(name: str, value: Any, *, low: int | None = None, high: int | None = None, why: str = "") -> int:
-    """``value`` as an int in ``[low, high]`` (either bound optional; bools refused); ``why`` explains
-    the bound."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if (low is not None and value < low) or (high is not None and value > high):
-        if high is None or low is None:
-            bound = f"be >= {low}" if high is None else f"be <= {high}"
-        else:
-            bound = f"satisfy {low} <= {name} <= {high}"
-        raise ValueError(f"{name} must {bound}{why}, got {value}")
-    return value
-
-
-def check_number(name: str, value: Any) -> float:
-    """``value`` as a float; TypeError for anything but a real number (bools included)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    return float(value)
-
-
-def check_real(
-    name: str, value: Any, *, positive: bool = False, low: float | None = None, below: float | None = None
-) -> float:
-    """``value`` as a finite float; ``positive``: ``> 0``; ``low``: ``>= low``; ``below``: ``< below``."""
-    number = check_number(name, value)
-    if positive:
-        expected, ok = "a positive finite number", number > 0
-    elif below is not None:
-        expected, ok = f"in [{low:g}, {below:g})", (low is None or number >= low) and number < below
-    elif low is not None:
-        expected, ok = f"a finite number >= {low:g}", number >= low
-    else:
-        expected, ok = "a finite number", True
-    if not (math.isfinite(number) and ok):
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
-    return number
-
-
 def values_checked(value: torch.Tensor) -> bool:
     """Whether an argument's values are checked: only for CPU tensors outside ``torch.compile`` and
     ``vmap`` (as PyTorch's own losses do), where a check costs no device synchronisation; on an
     accelerator it would stall the host until the device catches up, so values there go unchecked."""
     return value.numel() > 0 and can_inspect(value)
-
-
-def check_bool(name: str, value: Any) -> bool:
-    """A bool (ints refused)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return value
-
-
-def check_choice(name: str, value: Any, options: Sequence[Any]) -> Any:
-    """``value`` if it equals one of ``options`` (a bool never equals a number here)."""
-    if not any(value == option and type(value) is not bool for option in options):
-        raise ValueError(f"{name} must be one of {tuple(options)}, got {value!r}")
-    return value
 
 
 def check_generator(name: str, value: Any, device: torch.device | None = None) -> torch.Generator | None:
@@ -97,9 +56,9 @@ def check_positive_or_tensor(name: str, value: Any) -> float | torch.Tensor:
     if not isinstance(value, torch.Tensor):
         return check_real(name, value, positive=True)
     if not value.is_floating_point():
-        raise TypeError(f"{name} must be a floating tensor when given as a tensor, got {value.dtype}")
+        raise TypeError(msg.scale_not_floating(name, value.dtype))
     if values_checked(value) and not bool(((value > 0) & torch.isfinite(value)).all()):
-        raise ValueError(f"{name} must be positive and finite, got a tensor with min {value.min().item()!r}")
+        raise ValueError(msg.scale_not_positive(name, value.min().item()))
     return value
 
 
@@ -139,7 +98,6 @@ def check_class_counts(name: str, value: Any, classes: int | None = None) -> tup
     return counts
 
 
-SCALES = ("tau", "l", "steepness", "sigma")  # the methods' positive scale (temperature) parameters
 
 
 def check_scale(name: str, value: Any, dtype: torch.dtype, *, zero: bool = False) -> Any:
@@ -158,8 +116,7 @@ def check_scale(name: str, value: Any, dtype: torch.dtype, *, zero: bool = False
         value = value[~ok][0].item()
     elif (low <= value or (zero and value == 0)) and value <= high:
         return value
-    raise ValueError(f"{name} must lie in [{low:.3g}, {high:.3g}] for {dtype} scores (computed in "
-                     f"{compute_dtype(dtype)}), got {value!r}")
+    raise ValueError(msg.scale_out_of_range(name, low, high, dtype, compute_dtype(dtype), value))
 
 
 def check_scales(params: dict[str, Any], dtype: torch.dtype) -> None:
@@ -175,13 +132,11 @@ def check_scales(params: dict[str, Any], dtype: torch.dtype) -> None:
 def check_scores(name: str, value: Any, *, dims: int | None = None, shape: str = "") -> torch.Tensor:
     """A floating tensor with at least one dimension (exactly ``dims`` when given; ``shape`` names it)."""
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        raise TypeError(msg.not_an_array(name, "torch.Tensor", value))
     if not value.is_floating_point():
-        raise TypeError(
-            f"{name} must have a floating dtype (float16/bfloat16/float32/float64), got {value.dtype}"
-        )
+        raise TypeError(msg.not_floating(name, value.dtype))
     if value.dim() == 0:
-        raise ValueError(f"{name} must have at least one dimension, got a 0-d tensor")
+        raise ValueError(msg.zero_dim(name, "tensor"))
     if dims is not None and value.dim() != dims:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
     return value
@@ -231,20 +186,7 @@ def check_noise(name: str, value: Any, shape: torch.Size, *, samples: int | None
 
 def check_dim(x: torch.Tensor, dim: Any) -> int:
     """``dim`` as a non-negative axis of ``x``."""
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral):
-        raise TypeError(f"dim must be an int, got {type(dim).__name__} {dim!r}")
-    dim = int(dim)
-    if not -x.dim() <= dim < x.dim():
-        raise ValueError(f"dim must be in [{-x.dim()}, {x.dim() - 1}] for a {x.dim()}-d input, got {dim}")
-    return dim % x.dim()
-
-
-def check_k(k: Any, n: int, dim: int) -> int:
-    """``k`` as an int with ``1 <= k <= n`` (``n`` the size of axis ``dim``)."""
-    k = check_int("k", k)
-    if not 1 <= k <= n:
-        raise ValueError(f"k must satisfy 1 <= k <= n = {n} (the size of dim {dim}), got {k}")
-    return k
+    return msg.check_axis("dim", dim, x.dim())
 
 
 def check_topk_args(x: Any, k: Any, dim: Any) -> tuple[torch.Tensor, int, int]:
@@ -258,12 +200,12 @@ def check_k_tensor(k: torch.Tensor, n: int) -> torch.Tensor:
     """A tensor ``k`` of per-row values in ``(0, n]``, floating or integer (counts; returned as
     float32), values checked on CPU tensors only (unchecked on accelerators, under compile/vmap)."""
     if k.dtype == torch.bool or k.is_complex():
-        raise TypeError(f"k must be an int or a real tensor of per-row counts, got a tensor of dtype {k.dtype}")
+        raise TypeError(msg.k_dtype(k.dtype))
     if not k.is_floating_point():
         k = k.to(torch.float32)
     if values_checked(k) and not bool(((k > 0) & (k <= n)).all()):
         bad = k[~((k > 0) & (k <= n))][0].item()
-        raise ValueError(f"k must lie in (0, n = {n}] in every row, got {bad}")
+        raise ValueError(msg.k_out_of_range(n, bad))
     return k
 
 

@@ -1,67 +1,40 @@
 """The public JAX operators: sparse soft top-k (mask and magnitude), the closed-form Laplace mask
 and the hard top-k, on any shape and ``axis``, under ``jit``, ``vmap``, ``grad`` and ``jvp``.
 
-Every function mirrors its torch twin in :mod:`softtopk` (``axis`` for ``dim``; the same
-arguments, defaults and error messages; ``±inf`` as in the torch API) and agrees with it to
-rounding (float64: 1e-9, checked by the test suite)."""
+Every function mirrors its torch twin in :mod:`softtopk.operators` (``axis`` for ``dim``; the same
+arguments, defaults, method names and error messages; ``±inf`` as in the torch API) and agrees with
+it to rounding (float64: 1e-9, checked by the test suite); ``soft_topk(method=...)`` takes the
+methods of :mod:`softtopk.jax._registry`."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax import lax
 
-from . import _dykstra, _sparse
-from ._checks import (
+from .. import _checks as msg
+from ._layout import along_rows, per_row
+from ._registry import lookup, resolve
+from ._validation import (
     check_axis,
     check_bool,
-    check_choice,
-    check_int,
     check_k,
     check_k_array,
-    check_scale,
-    check_x,
-    from_rows,
-    per_row,
-    rows_of,
+    check_scales,
+    check_scores,
+    check_topk_args,
+    is_array,
 )
-from ._extended import extended_mask
-from ._laplace import laplace_mask
+from .ops import dykstra, sparse
+from .ops._straight_through import hard_mask_rows
 
 __all__ = ["hard_topk_mag", "hard_topk_mask", "soft_topk", "sparse_topk_mag", "sparse_topk_mask"]
 
-P_VALUES = (2.0, 4.0 / 3.0)
-SOLVERS = ("exact", "pav", "dykstra")
-
-
-def _hard_rows(rows: jax.Array, k: int) -> jax.Array:
-    """k-hot rows (B, n) of the ``k`` largest entries (``lax.top_k``'s ties), no gradient."""
-    index = lax.top_k(lax.stop_gradient(rows), k)[1]
-    return jnp.zeros_like(rows).at[jnp.arange(rows.shape[0])[:, None], index].set(1.0)
-
-
-def _along(x: jax.Array, axis: int, fn, largest: bool = True) -> jax.Array:
-    rows = rows_of(x, axis)
-    return from_rows(fn(rows if largest else -rows), x, axis)
-
-
-def _sparse_params(x: jax.Array, k: Any, axis: Any, l: Any, p: Any, solver: Any, n_iter: Any):  # noqa: E741
-    x = check_x(x)
-    axis = check_axis(x, axis)
-    k = check_k(k, x.shape[axis], axis)
-    p = float(check_choice("p", p, P_VALUES))
-    solver = check_choice("solver", solver, SOLVERS)
-    n_iter = check_int("n_iter", n_iter, low=1)
-    if solver == "dykstra" and p != 2:
-        raise ValueError(f"solver='dykstra' solves p=2 only, got p={p!r}; use solver='pav' for p=4/3")
-    return x, axis, k, check_scale("l", l, x.dtype), _sparse.exponent(p), solver, n_iter
-
 
 def sparse_topk_mask(
-    x: jax.Array, k: int, *, l: float | jax.Array = 0.1, p: float = 4 / 3, solver: str = "exact",  # noqa: E741
+    x: jax.Array, k: int, *, l: float | jax.Array = 0.1, p: float = 4 / 3, solver: str = "pav",  # noqa: E741
     axis: int = -1, n_iter: int = 500, largest: bool = True, hard: bool = False,
 ) -> jax.Array:
     r"""Sparse soft top-k mask (Sander et al. 2023): p-norm regularised, with exact zeros.
@@ -81,8 +54,8 @@ def sparse_topk_mask(
         l: λ > 0, a float or an array broadcastable to the batch shape (``x`` without ``axis``),
             traced or not, with a gradient. Default 0.1.
         p: 4/3 (default) or 2.
-        solver: ``'exact'`` (default; ``'pav'``, the torch default, names the same solver, and both
-            frameworks take both names): the threshold search, O(n) memory; ``'dykstra'``: the
+        solver: ``'pav'`` (default; ``'exact'`` names the same solver, in both frameworks): the
+            threshold search, O(n) memory; ``'dykstra'``: the
             original's ``n_iter`` alternating projections (p = 2), whose derivative is the exact
             problem's.
         axis: the axis to select along. Default -1.
@@ -104,27 +77,12 @@ def sparse_topk_mask(
         Sander, Puigcerver, Djolonga, Peyré, Blondel. "Fast, Differentiable and Sparse Top-k: a
         Convex Analysis Perspective", ICML 2023 (arXiv:2302.01425).
     """
-    x, axis, k, l, r, solver, n_iter = _sparse_params(x, k, axis, l, p, solver, n_iter)  # noqa: E741
-    hard = check_bool("hard", hard)
-    check_bool("largest", largest)
-    batch = x.shape[:axis] + x.shape[axis + 1 :]
-    n = x.shape[axis]
-
-    def mask(rows: jax.Array) -> jax.Array:
-        lam = per_row("l", jnp.asarray(l, rows.dtype), batch)
-        if k >= n:
-            return jnp.ones_like(rows)
-        if solver == "dykstra":
-            soft = extended_mask(rows, k, lambda clean: _dykstra.mask_rows(clean, lam, k, n_iter))
-        else:
-            soft = extended_mask(rows, k, lambda clean: _sparse.mask_rows(clean, lam, k, r))
-        return soft + lax.stop_gradient(_hard_rows(rows, k) - soft) if hard else soft
-
-    return _along(x, axis, mask, largest)
+    return soft_topk(x, k, method="sparse", axis=axis, largest=largest, l=l, p=p, solver=solver, n_iter=n_iter,
+                     hard=hard)
 
 
 def sparse_topk_mag(
-    x: jax.Array, k: int, *, l: float = 0.1, p: float = 4 / 3, solver: str = "exact",  # noqa: E741
+    x: jax.Array, k: int, *, l: float = 0.1, p: float = 4 / 3, solver: str = "pav",  # noqa: E741
     axis: int = -1, n_iter: int = 500,
 ) -> jax.Array:
     r"""Sparse soft top-k in magnitude: a smooth ``x ⊙ topkmask(|x|)`` that keeps signs (pruning).
@@ -145,23 +103,37 @@ def sparse_topk_mag(
         >>> print(sparse_topk_mag(jnp.array([-5.0, -2.0, 3.0, 1.0]), 2, l=1e-2))
         [-5. -0.  3.  0.]
     """
-    if isinstance(l, jax.Array):
-        raise TypeError("l must be a float for sparse_topk_mag (a per-row tensor l is the mask's), got a tensor")
-    x, axis, k, l, r, solver, n_iter = _sparse_params(x, k, axis, l, p, solver, n_iter)  # noqa: E741
-    if r == 3 and l > 1e30:
-        raise ValueError(f"l must be at most 1e+30 for sparse_topk_mag with p=4/3, got {l!r}")
+    if is_array(l):
+        raise TypeError(msg.MAG_L_IS_FLOAT)
+    _, params = resolve("sparse", {"l": l, "p": p, "solver": solver, "n_iter": n_iter})
+    msg.check_mag_l(params["l"], params["p"])
+    x, axis, k = check_topk_args(x, k, axis)
+    check_scales(params, x.dtype)
     if k >= x.shape[axis]:
         return x
+    return _sparse_topk_mag(x, axis=axis, k=k, l=params["l"], p=params["p"], solver=params["solver"],
+                            n_iter=params["n_iter"])
+
+
+@partial(jax.jit, static_argnames=("axis", "k", "l", "p", "solver", "n_iter"))
+def _sparse_topk_mag(x: jax.Array, *, axis: int, k: int, l: float, p: float, solver: str,  # noqa: E741
+                     n_iter: int) -> jax.Array:
+    """:func:`sparse_topk_mag` on checked arguments, compiled once per shape, dtype and argument
+    (``l``, a float that the kernels' derivative rules hold fixed, included)."""
     if solver == "dykstra":
-        return _along(x, axis, lambda rows: _dykstra.mag_rows(rows, l, k, n_iter))
-    return _along(x, axis, lambda rows: _sparse.mag_rows(rows, l, k, r))
+        return along_rows(x, axis, lambda rows: dykstra.mag_rows(rows, l, k, n_iter))
+    return along_rows(x, axis, lambda rows: sparse.mag_rows(rows, l, k, sparse.exponent(p)))
 
 
 def soft_topk(
-    x: jax.Array, k: int | jax.Array, *, tau: float | jax.Array = 1.0, axis: int = -1, largest: bool = True,
-    hard: bool = False,
+    x: jax.Array, k: int | jax.Array, *, method: str = "lapsum", axis: int = -1, largest: bool = True, **params: Any
 ) -> jax.Array:
-    r"""Closed-form soft top-k mask (the torch API's default, ``method='lapsum'``).
+    r"""Relaxed top-k mask of ``x``'s shape, summing to ``k`` along ``axis``: the torch API's
+    :func:`softtopk.soft_topk` (``axis`` for ``dim``) for the methods JAX has, ``'lapsum'``
+    (default) and ``'sparse'`` (:func:`sparse_topk_mask`); another method of
+    :func:`softtopk.methods` is a ``ValueError`` naming these.
+
+    ``'lapsum'``, the closed-form Laplace soft top-k:
 
     .. math::
         m_i = F\Big(\frac{x_i - t}{\tau}\Big), \quad F(z) = \begin{cases} \tfrac12 e^{z} & z < 0 \\
@@ -172,15 +144,18 @@ def soft_topk(
 
     Args:
         x: scores, a floating array of any shape.
-        k: an int in ``[1, n]`` or a floating array of per-row values in ``(0, n]``
-            (broadcastable to the batch shape; a gradient in ``k``; sorts the whole row).
-        tau: temperature τ > 0, a float or a per-row array (with a gradient). Default 1.0.
+        k: an int in ``[1, n]``; for ``'lapsum'`` also a floating array of per-row values in
+            ``(0, n]`` (broadcastable to the batch shape; a gradient in ``k``; sorts the whole row).
+        method: ``'lapsum'`` (default) or ``'sparse'``.
         axis: the axis to select along. Default -1.
         largest: ``False`` selects the smallest entries. Default ``True``.
-        hard: ``True``: the exact k-hot forward with this mask's derivative (int ``k`` only).
+        **params: the method's parameters, as in the torch API: ``'lapsum'``: ``tau`` (temperature
+            τ > 0, a float or a per-row array with a gradient; default 1.0) and ``hard``
+            (``True``: the exact k-hot forward with this mask's derivative, int ``k`` only);
+            ``'sparse'``: those of :func:`sparse_topk_mask`.
 
     Returns:
-        ``x``'s shape and dtype. Derivative with ``d = F'(z)/τ``, ``w = d/Σd``:
+        ``x``'s shape and dtype. ``'lapsum'``'s derivative with ``d = F'(z)/τ``, ``w = d/Σd``:
         ``ṁ = d (ẋ - Σ w ẋ) - d (z - Σ w z) τ̇ + w k̇``.
 
     Example:
@@ -188,32 +163,49 @@ def soft_topk(
         >>> from softtopk.jax import soft_topk
         >>> print(np.asarray(soft_topk(jnp.array([0.0, 3.0, 1.0, 2.0]), 2, tau=0.1)).round(3))
         [0.    1.    0.003 0.997]
+        >>> print(soft_topk(jnp.array([0.0, 3.0, 1.0, 2.0]), 2, method="sparse", l=2.0, p=2))
+        [0.   1.   0.25 0.75]
 
     References:
         Struski, Bednarczyk, Podolak, Tabor. "LapSum - One Method to Differentiate Them All",
         ICML 2025.
     """
-    x = check_x(x)
+    spec, params = resolve(method, params)
+    x = check_scores("x", x)
     axis = check_axis(x, axis)
+    check_scales(params, x.dtype)
     n = x.shape[axis]
-    batch = x.shape[:axis] + x.shape[axis + 1 :]
-    tau = check_scale("tau", tau, x.dtype)
-    hard = check_bool("hard", hard)
-    check_bool("largest", largest)
-    if isinstance(k, (jax.Array, np.ndarray)):
-        if hard:
-            raise ValueError("hard=True needs an int k (its forward is the k-hot mask), got a tensor k")
-        k = per_row("k", check_k_array(k, n), batch)
+    given = {name: params.pop(name) for name in spec.tensor_args if name != "k"}
+    if is_array(k) and "k" in spec.tensor_args:
+        if params.get("hard"):
+            raise ValueError(msg.HARD_NEEDS_INT_K)
+        given["k"], k = check_k_array(k, n), None
     else:
         k = check_k(k, n, axis)
+    # the sparse mask runs op by op: its support (exact 0 and 1) comes from comparisons of rounded
+    # values, and XLA, compiling the whole mask, rounds an entry at a kink off 0 or 1, where the
+    # derivative jumps; op by op it rounds as the torch kernel does
+    run = _soft_topk_rows if method == "sparse" else _soft_topk
+    return run(x, given, method=method, axis=axis, largest=check_bool("largest", largest), k=k,
+               static=tuple(sorted(params.items())))
+
+
+def _soft_topk_rows(x: jax.Array, given: dict[str, Any], *, method: str, axis: int, largest: bool,
+                    k: int | None, static: tuple[tuple[str, Any], ...]) -> jax.Array:
+    """:func:`soft_topk` on checked arguments: ``given`` holds the arguments that may be arrays, ``k``
+    is the int ``k`` (``None``: ``given["k"]``), ``static`` the others."""
+    batch = x.shape[:axis] + x.shape[axis + 1 :]
 
     def mask(rows: jax.Array) -> jax.Array:
-        t = per_row("tau", jnp.asarray(tau, rows.dtype), batch)
-        kk = k if isinstance(k, int) else k.astype(rows.dtype)
-        soft = laplace_mask(rows, t, kk)
-        return soft + lax.stop_gradient(_hard_rows(rows, k) - soft) if hard else soft
+        arrays = {name: per_row(name, jnp.asarray(value, rows.dtype), batch) for name, value in given.items()}
+        kk = arrays.pop("k") if k is None else k
+        return lookup(method).mask(rows, kk, **dict(static), **arrays)
 
-    return _along(x, axis, mask, largest)
+    return along_rows(x, axis, mask if largest else lambda rows: mask(-rows))
+
+
+# compiled once per shape, dtype and static argument; ``given`` is traced, so a new ``tau`` compiles nothing
+_soft_topk = partial(jax.jit, static_argnames=("method", "axis", "largest", "k", "static"))(_soft_topk_rows)
 
 
 def hard_topk_mask(x: jax.Array, k: int, *, axis: int = -1, largest: bool = True) -> jax.Array:
@@ -226,11 +218,13 @@ def hard_topk_mask(x: jax.Array, k: int, *, axis: int = -1, largest: bool = True
         >>> print(hard_topk_mask(jnp.array([-5.0, -2.0, 3.0, 1.0]), 2))
         [0. 0. 1. 1.]
     """
-    x = check_x(x)
-    axis = check_axis(x, axis)
-    k = check_k(k, x.shape[axis], axis)
-    check_bool("largest", largest)
-    return _along(x, axis, lambda rows: _hard_rows(rows, k), largest)
+    x, axis, k = check_topk_args(x, k, axis)
+    return _hard_topk_mask(x, axis=axis, k=k, largest=check_bool("largest", largest))
+
+
+@partial(jax.jit, static_argnames=("axis", "k", "largest"))
+def _hard_topk_mask(x: jax.Array, *, axis: int, k: int, largest: bool) -> jax.Array:
+    return along_rows(x, axis, lambda rows: hard_mask_rows(rows if largest else -rows, k))
 
 
 def hard_topk_mag(x: jax.Array, k: int, *, axis: int = -1, largest: bool = True) -> jax.Array:
@@ -243,5 +237,5 @@ def hard_topk_mag(x: jax.Array, k: int, *, axis: int = -1, largest: bool = True)
         >>> print(hard_topk_mag(jnp.array([-5.0, -2.0, 3.0, 1.0]), 2))
         [-5. -0.  3.  0.]
     """
-    kept = hard_topk_mask(jnp.abs(check_x(x)), k, axis=axis, largest=largest)
+    kept = hard_topk_mask(jnp.abs(check_scores("x", x)), k, axis=axis, largest=largest)
     return jnp.where(kept > 0, x, jnp.where(jnp.isinf(x), 0.0, x * 0))

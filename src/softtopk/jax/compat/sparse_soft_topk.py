@@ -77,7 +77,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .. import operators
+import softtopk.jax as sj  # the face: this module's names repeat its hard_topk_*
 
 __all__ = [
     "hard_topk_mag",
@@ -105,7 +105,7 @@ def sparse_soft_topk_mask_pav(x, k: int, l: float = 1e-1, p: float = 4 / 3, bise
         x's shape: in [0, 1], summing to k, exactly 0 outside the soft support.
     """
     del bisect_max_iter
-    return operators.sparse_topk_mask(_array(x), k, l=l, p=p)
+    return sj.sparse_topk_mask(_array(x), k, l=l, p=p)
 
 
 def sparse_soft_topk_mag_pav(x, k: int, l: float = 1e-1, p: float = 4 / 3, bisect_max_iter: int = 50):  # noqa: E741
@@ -118,7 +118,7 @@ def sparse_soft_topk_mag_pav(x, k: int, l: float = 1e-1, p: float = 4 / 3, bisec
         x's shape: the k largest ``|x_i|`` kept (softly) with their signs, the others exactly 0.
     """
     del bisect_max_iter
-    return operators.sparse_topk_mag(_array(x), k, l=l, p=p)
+    return sj.sparse_topk_mag(_array(x), k, l=l, p=p)
 
 
 def sparse_soft_topk_mask_dykstra(x, k: int, l: float = 1e-1, num_iter: int = 500):  # noqa: E741
@@ -127,19 +127,19 @@ def sparse_soft_topk_mask_dykstra(x, k: int, l: float = 1e-1, num_iter: int = 50
     Every iterate sums to k; [0, 1] and exact zeros hold at convergence only (the README's
     1.0000229 after 100 projections). ``l`` may be traced, with a gradient.
     """
-    return operators.sparse_topk_mask(_array(x), k, l=l, p=2.0, solver="dykstra", n_iter=num_iter)
+    return sj.sparse_topk_mask(_array(x), k, l=l, p=2.0, solver="dykstra", n_iter=num_iter)
 
 
 def sparse_soft_topk_mag_dykstra(x, k: int, l: float = 1e-1, num_iter: int = 500):  # noqa: E741
     """Relaxed top-k in magnitude (p = 2) by ``num_iter`` Dykstra projections, any batch shape."""
-    return operators.sparse_topk_mag(_array(x), k, l=l, p=2.0, solver="dykstra", n_iter=num_iter)
+    return sj.sparse_topk_mag(_array(x), k, l=l, p=2.0, solver="dykstra", n_iter=num_iter)
 
 
 def hard_topk_mask(x, k: int):
     """The k-hot mask of the k largest entries along the last axis (x's shape)."""
-    return operators.hard_topk_mask(_array(x), k)
+    return sj.hard_topk_mask(_array(x), k)
 
 
 def hard_topk_mag(x, k: int):
     """``x * hard_topk_mask(|x|, k)`` along the last axis."""
-    return operators.hard_topk_mag(_array(x), k)
+    return sj.hard_topk_mag(_array(x), k)

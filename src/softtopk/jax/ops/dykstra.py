@@ -5,7 +5,7 @@ approximated by ``n_iter // 2`` trips, each a projection on C_odd (pairs (1,2),(
 C_even (pairs (2,3),(4,5),...), with one correction vector per set; an even length gets a padding
 entry ``min(row) - 1`` of weight 0. The original's iteration (the same pairing, order, padding and
 count), vectorised over rows with ``lax.fori_loop`` (the original ran on one row). Its value is
-returned; its derivative rule is the exact problem's (:mod:`._sparse`), so the truncation error
+returned; its derivative rule is the exact problem's (:mod:`.sparse`), so the truncation error
 stays out of the gradient. Every iterate of the mask sums to ``k``; [0, 1] and exact zeros hold
 at convergence only (roughly (block size)² projections).
 """
@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._sparse import exact_mask, extended_mag, mask_tangent
-from ._sparse import mag_rows as exact_mag_rows
+from .sparse import exact_mask, extended_mag, mask_tangent
+from .sparse import mag_rows as exact_mag_rows
 
 
 def _project_pairs(z, u):

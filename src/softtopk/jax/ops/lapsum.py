@@ -7,7 +7,7 @@ segment. Every entry above ``t`` has ``m > 1/2``, so for ``k <= n/2`` the thresh
 are clamped to ``±2^20`` (no overflow for any ``τ``, exact at ``±inf``); ``k > n/2`` uses
 ``m(x, k) = 1 - m(-x, n - k)``; a per-row array ``k`` sorts the whole row.
 
-``±inf`` as in the torch API (:mod:`._extended`); with an int ``k`` the degenerate rows (at least
+``±inf`` as in the torch API (:mod:`softtopk.jax._extended`); with an int ``k`` the degenerate rows (at least
 ``k`` entries at ``+inf``, or at most ``k`` above ``-inf``) are read off the candidates: no pass
 over the row is spent on them unless one has ``2k`` entries at ``+inf``.
 
@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from ._extended import closed_form, extended_mask
-from ._sparse import sorted_desc, wide_dtype
+from .._extended import closed_form, extended_mask
+from .sparse import sorted_desc, wide_dtype
 
 SATURATED = 2.0**20
 
