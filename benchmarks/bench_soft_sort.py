@@ -79,7 +79,7 @@ def run(sizes: list[int], batch: int, repeats: int, device: str) -> list[dict]:
                 times[name].append(time_once(fns[name], x, g))
         base = times["torch.sort"]
         for name in names:
-            ratio = statistics.median(t / b for t, b in zip(times[name], base))
+            ratio = statistics.median(t / b for t, b in zip(times[name], base, strict=False))
             rows.append({"n": n, "candidate": name, "ms": 1e3 * statistics.median(times[name]), "ratio": ratio})
             print(f"n={n:>6} {name:<24} {rows[-1]['ms']:9.2f} ms  x{ratio:6.2f} torch.sort", flush=True)
     return rows

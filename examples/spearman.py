@@ -58,7 +58,7 @@ def load() -> dict[str, torch.Tensor]:
         raise SystemExit("examples/spearman.py needs scikit-learn: pip install scikit-learn") from None
     x, y = (torch.tensor(a, dtype=torch.float32) for a in load_diabetes(return_X_y=True))
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(DATA_SEED))
-    parts = dict(zip(("train", "val", "test"), order.split([265, 88, 89])))
+    parts = dict(zip(("train", "val", "test"), order.split([265, 88, 89]), strict=False))
     mean, std = x[parts["train"]].mean(0), x[parts["train"]].std(0)
     y_mean, y_std = y[parts["train"]].mean(), y[parts["train"]].std()
     data = {}

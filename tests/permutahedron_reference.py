@@ -50,7 +50,7 @@ def isotonic_kl(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """``argmin_{v decreasing} <exp(y - v), 1> + <exp(w), v>`` by PAV; a block's value is
     ``logsumexp(y_B) - logsumexp(w_B)``."""
     blocks: list[list[float]] = []  # [lse y, lse w, count]
-    for a, b in zip(y, w):
+    for a, b in zip(y, w, strict=False):
         blocks.append([float(a), float(b), 1.0])
         while len(blocks) > 1 and blocks[-2][0] - blocks[-2][1] <= blocks[-1][0] - blocks[-1][1]:
             ly, lw, count = blocks.pop()

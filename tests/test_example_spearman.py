@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from example_scripts import run_example
 
 pytest.importorskip("sklearn", reason="examples/spearman.py needs scikit-learn (the test extra)")

@@ -8,7 +8,8 @@ message is written here: each side is the other's reference (both build theirs f
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest

@@ -119,13 +119,13 @@ def test_per_row_l_and_tau_and_k_agree():
         for p in P_VALUES:
             tx, tl = torch.tensor(x, requires_grad=True), torch.tensor(lam, requires_grad=True)
             (softtopk.sparse_topk_mask(tx, 3, l=tl, p=p) * torch.tensor(g)).sum().backward()
-            grads = jax.grad(lambda a, b: (sj.sparse_topk_mask(a, 3, l=b, p=p) * g).sum(), (0, 1))(x, lam)
+            grads = jax.grad(lambda a, b, p=p: (sj.sparse_topk_mask(a, 3, l=b, p=p) * g).sum(), (0, 1))(x, lam)
             np.testing.assert_allclose(np.asarray(grads[0]), tx.grad.numpy(), rtol=0, atol=1e-9)
             np.testing.assert_allclose(np.asarray(grads[1]), tl.grad.numpy(), rtol=0, atol=1e-9)
         tx, tt, tk = (torch.tensor(v, requires_grad=True) for v in (x, lam, kk))
         (softtopk.soft_topk(tx, tk, tau=tt) * torch.tensor(g)).sum().backward()
         grads = jax.grad(lambda a, b, c: (sj.soft_topk(a, c, tau=b) * g).sum(), (0, 1, 2))(x, lam, kk)
-        for mine, theirs in zip(grads, (tx.grad, tt.grad, tk.grad)):
+        for mine, theirs in zip(grads, (tx.grad, tt.grad, tk.grad), strict=False):
             np.testing.assert_allclose(np.asarray(mine), theirs.numpy(), rtol=0, atol=1e-9)
 
 

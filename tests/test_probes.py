@@ -107,7 +107,7 @@ class Probe:
         except Exception as error:  # noqa: BLE001
             self.problems.append(f"{label}: backward raised {type(error).__name__}: {str(error)[:120]}")
             return
-        for name, grad in zip(("x", "temperature"), grads):
+        for name, grad in zip(("x", "temperature"), grads, strict=False):
             if grad is None:
                 continue
             if name != "x" and not bool(rows.all()):  # a shared temperature also sees the NaN row

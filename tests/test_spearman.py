@@ -39,7 +39,7 @@ def test_gradcheck_float64():
     target = torch.randn(3, 7, dtype=torch.float64)
     for regularization in ("l2", "kl"):
         assert torch.autograd.gradcheck(
-            lambda p: softtopk.spearman_loss(p, target, regularization=regularization, strength=0.5,
+            lambda p, regularization=regularization: softtopk.spearman_loss(p, target, regularization=regularization, strength=0.5,
                                              reduction="none"), (pred,))
 
 

@@ -15,16 +15,14 @@ import torch
 
 from . import _checks as msg
 
-# the checks of Python values, re-exported: families and compat take every check from here
-from ._checks import (  # noqa: F401
-    SCALES,
-    check_bool,
-    check_choice,
-    check_int,
-    check_k,
-    check_number,
-    check_real,
-)
+# the checks of Python values, re-exported (``as``: explicitly): families and compat take every check from here
+from ._checks import SCALES as SCALES
+from ._checks import check_bool as check_bool
+from ._checks import check_choice as check_choice
+from ._checks import check_int as check_int
+from ._checks import check_k as check_k
+from ._checks import check_number as check_number
+from ._checks import check_real as check_real
 from .ops.compute import can_inspect, compute_dtype
 
 REDUCTIONS = ("mean", "sum", "none")

@@ -7,7 +7,7 @@ sees zeros in their rows. Computed with ``where`` on every call (static shapes).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -9,8 +9,9 @@ a ``(B, 1)`` array where ``"k"`` is a tensor argument) and every scale parameter
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +40,7 @@ class _Method:
 
 def _lapsum(rows: jax.Array, k: int | jax.Array, *, tau: jax.Array, hard: bool) -> jax.Array:
     soft = laplace_mask(rows, tau, k)
-    return straight_through_mask(rows, k, soft) if hard else soft
+    return straight_through_mask(rows, cast(int, k), soft) if hard else soft  # hard: an int k (checked)
 
 
 def _sparse(rows: jax.Array, k: int, *, l: jax.Array, p: float, solver: str, n_iter: int,  # noqa: E741

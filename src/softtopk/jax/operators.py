@@ -176,17 +176,18 @@ def soft_topk(
     check_scales(params, x.dtype)
     n = x.shape[axis]
     given = {name: params.pop(name) for name in spec.tensor_args if name != "k"}
+    row_k: int | None = None
     if is_array(k) and "k" in spec.tensor_args:
         if params.get("hard"):
             raise ValueError(msg.HARD_NEEDS_INT_K)
-        given["k"], k = check_k_array(k, n), None
+        given["k"] = check_k_array(k, n)
     else:
-        k = check_k(k, n, axis)
+        row_k = check_k(k, n, axis)
     # the sparse mask runs op by op: its support (exact 0 and 1) comes from comparisons of rounded
     # values, and XLA, compiling the whole mask, rounds an entry at a kink off 0 or 1, where the
     # derivative jumps; op by op it rounds as the torch kernel does
     run = _soft_topk_rows if method == "sparse" else _soft_topk
-    return run(x, given, method=method, axis=axis, largest=check_bool("largest", largest), k=k,
+    return run(x, given, method=method, axis=axis, largest=check_bool("largest", largest), k=row_k,
                static=tuple(sorted(params.items())))
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -177,7 +178,7 @@ class _Head(torch.autograd.Function):
             mass = mass.add_(q_y, alpha=p1)
         floored = mass.mul_(1 - 2 * _FLOOR).add_(_FLOOR)
         loss = floored.log().neg_()
-        if smce:
+        if log_q is not None:  # smce
             loss = loss.mul_(1 - p1).sub_(log_q.gather(-1, position).squeeze(-1), alpha=p1)
         return loss.masked_fill_(masked, math.inf), q, q_y, floored
 

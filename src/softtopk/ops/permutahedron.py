@@ -82,8 +82,10 @@ def _nan_rows(grad: torch.Tensor, nan: torch.Tensor, plain: bool) -> torch.Tenso
     return grad if plain else torch.where(nan, torch.nan, grad)
 
 
-def _softmax_blocks(z: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-    """``softmax`` of ``z`` (decreasing within each block) over each point's block."""
+def _softmax_blocks(z: torch.Tensor, ids: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
+    """``softmax`` of ``z`` (decreasing within each block) over each point's block; ``first``: each
+    point's block start (given whenever the problem is kl)."""
+    assert first is not None
     e = (z - z.gather(-1, first)).exp()
     return e / block_sum(e, ids)
 
@@ -168,10 +170,7 @@ class SoftSortFn(torch.autograd.Function):
             return (ws - v) * sign, v, s, perm, nan
         finite = s.isfinite()
         top = s > 0
-        if kl:
-            v = _solve(ws, s, finite, top)
-        else:
-            v = _solve(ws - s, None, finite, top)
+        v = _solve(ws, s, finite, top) if kl else _solve(ws - s, None, finite, top)
         h = torch.where(finite, ws - v, s) * sign
         return torch.where(nan, torch.nan, h), v, s, perm, nan
 

@@ -39,6 +39,8 @@ Magnitude: identity on saturated entries, 0 below ``θ``, and on the interior ``
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from .compute import can_inspect
@@ -100,7 +102,7 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     big = s.shape[-1]
     sk = s[:, k - 1 : k]
     if magnitude:
-        lower, upper = _saturation_knot(sk, lam, r), sk + lam * sk.pow(1.0 / r)
+        lower, upper = _saturation_knot(sk, cast(float, lam), r), sk + lam * sk.pow(1.0 / r)
         u, lam_u = s.clamp(lower, upper) - sk, lam  # statuses unchanged for every threshold in the bracket
     else:  # scaled before clamping, so that the bracket cannot round away
         u, lam_u = ((s - sk) / lam).clamp(-1.0, 1.0), 1.0
@@ -131,7 +133,7 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     position = torch.arange(big, device=s.device).expand(s.shape[0], big)
     n_above = (total(u, position) < k - slack).sum(-1, keepdim=True)
     knots = u[:, : k + 1]
-    sat_knots = (_saturation_knot(knots + sk, lam, r) - sk) if magnitude else knots - 1.0
+    sat_knots = (_saturation_knot(knots + sk, cast(float, lam), r) - sk) if magnitude else knots - 1.0
     n_sat = (total(sat_knots, None) <= k + slack).sum(-1, keepdim=True).clamp_max(n_above)
     deficit = k - n_sat.to(s.dtype)
     window_prefix = [p.gather(-1, n_above) - p.gather(-1, n_sat) for p in prefix]
@@ -157,7 +159,7 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     # answer is the hard k-hot mask (decided from the gap, not from sums that rounding blurs)
     if magnitude:
         nxt, last = s.gather(-1, n_sat.clamp_max(big - 1)), s.gather(-1, (n_sat - 1).clamp(0, big - 1))
-        flat = torch.where(n_sat < big, 0.5 * (nxt + torch.maximum(_saturation_knot(last, lam, r), nxt)), s[:, -1:])
+        flat = torch.where(n_sat < big, 0.5 * (nxt + torch.maximum(_saturation_knot(last, cast(float, lam), r), nxt)), s[:, -1:])
         following = s[:, k : k + 1]
         return torch.where(lower >= following, 0.5 * (lower + following), torch.where(solved, at + sk, flat))
     limit = torch.finfo(s.dtype).max ** 0.5

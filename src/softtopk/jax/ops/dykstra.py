@@ -96,7 +96,8 @@ def mask_rows(x, lam, k, n_iter):
 def _mask_jvp(k, n_iter, primals, tangents):
     x, lam = primals
     y = exact_mask(x, lam, k, 1)
-    return mask_rows(x, lam, k, n_iter), mask_tangent(x, lam, y, *tangents, 1)
+    dx, dlam = tangents
+    return mask_rows(x, lam, k, n_iter), mask_tangent(x, lam, y, dx, dlam, 1)
 
 
 def dykstra_mag(x, lam, k, n_iter):

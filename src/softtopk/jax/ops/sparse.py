@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+
 def exponent(p: float) -> int:
     """``r = 1/(p-1)``: 1 for p = 2, 3 for p = 4/3."""
     return 1 if abs(p - 2.0) < 1e-9 else 3
@@ -247,7 +248,8 @@ def mask_rows(x, lam, k, r):
 def _mask_jvp(k, r, primals, tangents):
     x, lam = primals
     y = exact_mask(x, lam, k, r)
-    return y, mask_tangent(x, lam, y, *tangents, r)
+    dx, dlam = tangents
+    return y, mask_tangent(x, lam, y, dx, dlam, r)
 
 
 def _mag_parts(x, lam, k, r):
