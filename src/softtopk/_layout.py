@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from ._checks import check_bool
 from .ops.compute import compute_dtype
 
 
@@ -93,3 +95,8 @@ def reduce_loss(
         loss = loss.reshape(shape)
     autocast = torch.amp.is_autocast_available(input.device.type) and torch.is_autocast_enabled(input.device.type)
     return loss if autocast else loss.to(input.dtype)
+
+
+def oriented(fn: Callable[[torch.Tensor], torch.Tensor], largest: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``fn`` on the rows, or on the negated rows for the ``k`` smallest (``largest=False``)."""
+    return fn if check_bool("largest", largest) else (lambda rows: fn(-rows))

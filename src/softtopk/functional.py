@@ -8,18 +8,10 @@ from .losses.noised_imbalanced import imbal_noised_topk
 from .losses.smooth_svm import smooth_top1_svm, smooth_topk_svm, top1_svm, topk_svm
 from .losses.spearman import spearman_loss
 from .losses.topk_ce import topk_cross_entropy
-from .operators import (
-    hard_topk_mag,
-    hard_topk_mask,
-    soft_permutation,
-    soft_topk,
-    soft_topk_ranks,
-    sparse_topk_mag,
-    sparse_topk_mask,
-    topk,
-)
+from .operators import soft_permutation, soft_topk, soft_topk_ranks, topk
 from .routing import load_balancing_loss
 from .sorting import soft_rank, soft_sort
+from .sparse import hard_topk_mag, hard_topk_mask, sparse_topk_mag, sparse_topk_mask
 from .stochastic import gumbel_topk, noised_kth_value, perturbed_topk
 
 __all__ = [

@@ -43,7 +43,8 @@ from .errors import UsageError
 from .loop import Batch, Step, Task, train
 from .metrics import topk_metrics
 from .models import resnet18_cifar
-from .runner import Run, epoch_permutation, resolve_device
+from .runner import Run
+from .runtime import epoch_permutation, resolve_device
 from .train_losses import build_loss
 
 

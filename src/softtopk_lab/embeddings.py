@@ -26,7 +26,8 @@ from .embedding_data import default_val_size, load_data, split_validation
 from .errors import UsageError
 from .loop import Batch, Step, Task, train
 from .metrics import evaluate
-from .runner import Run, epoch_permutation
+from .runner import Run
+from .runtime import epoch_permutation
 from .train_losses import build_loss
 
 

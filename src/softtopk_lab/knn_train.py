@@ -48,7 +48,8 @@ from .config import KnnConfig
 from .errors import UsageError
 from .loop import Batch, Step, Task, train
 from .mnist_data import load_fashion_mnist, load_mnist
-from .runner import Run, epoch_permutation
+from .runner import Run
+from .runtime import epoch_permutation
 
 NUM_CLASSES = 10
 TAU_METHODS = {"gumbel": "tau", "neuralsort": "tau", "softsort": "tau", "lapsum": "tau", "sparse": "l",

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -42,55 +41,11 @@ from .files import append_text, remove_stale_temporaries, replace_atomic, write_
 from .interrupts import interrupt_after
 from .records import metrics_csv, progress_line
 from .rundir import RunLock, check_new_run_directory, claim, owned
+from .runtime import git_commit, jsonable, resolve_device
 
 #: the run of this process, for the line an interruption prints (``softtopk_lab.cli``)
 ACTIVE: Run | None = None
 RESUME_IGNORED = ("out", "resume", "no_progress", "quiet", "tensorboard", "device", "experiment_id")
-
-
-def resolve_device(text: str, local_rank: int | None = None) -> torch.device:
-    """``--device`` as a ``torch.device``: ``cpu``, ``cuda`` (``cuda:LOCAL_RANK`` under torchrun) or ``cuda:N``.
-
-    Raises:
-        UsageError: an unknown device string, or CUDA requested but not available.
-    """
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise UsageError(f"--device must be cpu, cuda or cuda:N, got {text!r}") from None
-    if device.type == "cpu":
-        return device
-    if device.type != "cuda":
-        raise UsageError(f"--device must be cpu, cuda or cuda:N, got {text!r}")
-    if not torch.cuda.is_available():
-        raise UsageError(f"--device {text}: CUDA is not available on this machine (use --device cpu)")
-    index = device.index if device.index is not None else (local_rank or 0)
-    if index >= torch.cuda.device_count():
-        raise UsageError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) visible")
-    return torch.device("cuda", index)
-
-
-def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
-    """The training order of epoch ``epoch``: a function of ``(seed, epoch)`` only, so replays are exact."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=generator)
-
-
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                              check=False, text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 class Run:
@@ -118,7 +73,7 @@ class Run:
         self.total_steps: int | None = None  # set by the tool, for the ETA of those lines
         self.tensorboard = output.tensorboard
         flags = {"command": command, **config.flags()}  # the keys of the parsed flags, as before the typed configs
-        self.config = {name: _jsonable(value) for name, value in sorted(flags.items())}
+        self.config = {name: jsonable(value) for name, value in sorted(flags.items())}
         self.resumed: dict[str, Any] | None = None
         self.lock: RunLock | None = None
         if output.resume is not None:
@@ -145,7 +100,7 @@ class Run:
             torch.distributed.init_process_group(backend)
         if self.is_main and self.resumed is None:
             meta = {"softtopk_version": version("softtopk"), "torch_version": torch.__version__,
-                    "git_commit": _git_commit(), "world_size": self.world_size, "command": command}
+                    "git_commit": git_commit(), "world_size": self.world_size, "command": command}
             write_text_atomic(self.dir / "config.json", json.dumps({"flags": self.config, **meta}, indent=2) + "\n")
             write_text_atomic(self.dir / "metrics.jsonl", "")
         self.started = time.monotonic() - (self.resumed["elapsed"] if self.resumed else 0.0)

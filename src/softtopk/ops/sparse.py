@@ -44,6 +44,7 @@ from typing import cast
 import torch
 
 from .compute import can_inspect
+from .cubic import cubic_root
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
 P_VALUES = (2.0, 4.0 / 3.0)
@@ -55,28 +56,11 @@ def exponent(p: float) -> int:
     return 1 if abs(p - 2.0) < 1e-9 else 3
 
 
-def _cbrt(v: torch.Tensor) -> torch.Tensor:
-    return v.sign() * v.abs().pow(1.0 / 3.0)
-
-
-def _cubic_root(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The real root of ``y³ + p y + q = 0`` for ``p >= 0`` (one real root), float64."""
-    half = 0.5 * q
-    disc = (half * half + p * p * p / 27.0).sqrt()
-    big = _cbrt(-half - torch.where(q >= 0, disc, -disc))
-    y = torch.where(big == 0, torch.zeros_like(big), big - p / (3.0 * big).where(big != 0, torch.ones_like(big)))
-    for _ in range(2):  # Newton polish: the closed form cancels when p dominates
-        slope = 3.0 * y * y + p
-        step = (y * y * y + p * y + q) / slope.where(slope > 0, torch.ones_like(slope))
-        y = y - torch.where(slope > 0, step, torch.zeros_like(step))
-    return y
-
-
 def _saturation_knot(s: torch.Tensor, lam: float, r: int) -> torch.Tensor:
     """Magnitude: the θ at which an entry of size ``s`` saturates, ``θ + λ θ^{1/r} = s``."""
     if r == 1:
         return s / (1.0 + lam)
-    return _cubic_root(torch.full_like(s, lam), -s).pow(3)
+    return cubic_root(torch.full_like(s, lam), -s).pow(3)
 
 
 def _power_sums(u: torch.Tensor, r: int) -> list[torch.Tensor]:
@@ -149,9 +133,9 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
         v3 = m3 - 3 * mu * m2 + 3 * mu * mu * m1 - mu * mu * mu * count
         load = lam_u**3 * deficit
         if magnitude:
-            at = mu + _cubic_root((3 * v2 + load) / safe, (load * (mu + sk) - v3) / safe)
+            at = mu + cubic_root((3 * v2 + load) / safe, (load * (mu + sk) - v3) / safe)
         else:
-            at = mu + _cubic_root(3 * v2 / safe, (load - v3) / safe)
+            at = mu + cubic_root(3 * v2 / safe, (load - v3) / safe)
     solved = (count > 0) & (deficit > 0)
     # otherwise nothing is strictly inside (or only entries at the zero edge, deficit 0): the sum is
     # flat at k there and any threshold between the groups is exact (their middle; solving the
