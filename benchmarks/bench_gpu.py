@@ -56,8 +56,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import softtopk
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MASK_SHAPES = [((64, 1000), (10,)), ((64, 10000), (10, 1000)), ((64, 100000), (10, 1000)),
-               ((16384, 64), (2, 8)), ((65536, 256), (8,))]
+MASK_SHAPES = [
+    ((64, 1000), (10,)),
+    ((64, 10000), (10, 1000)),
+    ((64, 100000), (10, 1000)),
+    ((16384, 64), (2, 8)),
+    ((65536, 256), (8,)),
+]
 QUICK_MASK_SHAPES = [((64, 1000), (10,)), ((64, 10000), (10,)), ((16384, 64), (2,))]
 LOSS_ROWS, QUICK_LOSS_ROWS, CLASSES = (512, 4096), (512,), 1000
 ROUTER = {"tokens": 16384, "d_model": 1024, "experts": 64, "k": 2}
@@ -190,6 +195,7 @@ def _difftopk(device):
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             import difftopk
+
             return difftopk.TopKCrossEntropyLoss("neuralsort", 1.0, [0.2] * 5, CLASSES, m=16, device=str(device))
     except ImportError as error:
         raise Skip(f"difftopk not installed ({error})") from None
@@ -204,8 +210,9 @@ def loss_cases() -> dict[str, Callable]:
         "TopKCE splitter m=16": topk_ce("splitter_selection"),
         "TopKCE neuralsort m=16": topk_ce("neuralsort"),
         "SmoothTopKSVM k=5": _loss_case(lambda d: softtopk.SmoothTopKSVM(k=5)),
-        "BalNoisedTopK k=5 eps=1 S=5": _loss_case(lambda d: softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5),
-                                                  stochastic=True),
+        "BalNoisedTopK k=5 eps=1 S=5": _loss_case(
+            lambda d: softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5), stochastic=True
+        ),
         "pytopk BalNoisedTopK": _loss_case(_pytopk, stochastic=True),
         "difftopk neuralsort m=16": _loss_case(_difftopk),
     }
@@ -378,7 +385,7 @@ def run_group(group: str, shape: dict, cases: dict[str, Callable], args: list, d
             log(f"  {group} {shape} {name}: {rec['status']}: {rec['reason']}")
     timer = cuda_ms if device.type == "cuda" else cpu_ms
     for rep in range(opts.repeats):
-        order = live[rep % max(len(live), 1):] + live[:rep % max(len(live), 1)]
+        order = live[rep % max(len(live), 1) :] + live[: rep % max(len(live), 1)]
         for rec, step, times in order:
             if rec["status"] == "ok":
                 try:
@@ -391,8 +398,10 @@ def run_group(group: str, shape: dict, cases: dict[str, Callable], args: list, d
         ratios = [t / b for t, b in zip(times, base, strict=True)] if len(base) == len(times) else []
         rec["ratio"] = statistics.median(ratios) if ratios else None
         rec["times_ms"] = times
-        log(f"  {group} {shape} {rec['case']}: {rec['fwd_bwd_ms'] or float('nan'):.3f} ms, "
-            f"x{rec['ratio'] or float('nan'):.2f}, syncs {rec['syncs_per_call']}")
+        log(
+            f"  {group} {shape} {rec['case']}: {rec['fwd_bwd_ms'] or float('nan'):.3f} ms, "
+            f"x{rec['ratio'] or float('nan'):.2f}, syncs {rec['syncs_per_call']}"
+        )
     return records
 
 
@@ -411,14 +420,16 @@ def device_name(device: torch.device, machine: dict) -> str:
 def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [
-        f"# bench_gpu: {result['device_name']}", "",
+        f"# bench_gpu: {result['device_name']}",
+        "",
         f"`{result['command']}`, torch {m['torch']}, softtopk commit {m['git_commit']}"
         f"{' (src modified)' if m['git_src_dirty'] else ''} imported from `{result['softtopk_path']}`, {m['date']}, "
         "load average "
         f"{m['loadavg_before'][0]:.1f} → {m['loadavg_after'][0]:.1f}, {result['wall_s']:.0f} s. "
         "Forward + backward, median over interleaved repeats; × is the median ratio to the first row of its "
         "shape in the same repeat. Syncs: host syncs per call (CPU: value reads, CPU-only argument checks "
-        "included).", "",
+        "included).",
+        "",
         "| group | shape | dtype | k | case | fwd+bwd ms | × base | syncs | graph (replay / eager fwd ms) "
         "| peak MiB | status |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -430,13 +441,18 @@ def markdown(result: dict) -> str:
     for r in result["records"]:
         graph = r.get("graph")
         if isinstance(graph, dict):
-            graph = (f"{graph['replay_equals_eager']} ({graph['replay_ms']:.3f} / {graph['eager_fwd_ms']:.3f})"
-                     if graph["captured"] else f"failed: {graph['error'][:60]}")
+            graph = (
+                f"{graph['replay_equals_eager']} ({graph['replay_ms']:.3f} / {graph['eager_fwd_ms']:.3f})"
+                if graph["captured"]
+                else f"failed: {graph['error'][:60]}"
+            )
         status = r["status"] + (f": {r['reason'][:80]}" if r["reason"] else "")
-        lines.append(f"| {r['group']} | {'×'.join(map(str, r['shape']))} | {r['dtype']} | {r.get('k', '—')} "
-                     f"| {r['case']} | {fmt(r.get('fwd_bwd_ms'), '.3f')} | {fmt(r.get('ratio'), '.2f')} "
-                     f"| {fmt(r.get('syncs_per_call'), 'd')} | {graph or '—'} | {fmt(r.get('peak_mib'), '.1f')} "
-                     f"| {status} |")
+        lines.append(
+            f"| {r['group']} | {'×'.join(map(str, r['shape']))} | {r['dtype']} | {r.get('k', '—')} "
+            f"| {r['case']} | {fmt(r.get('fwd_bwd_ms'), '.3f')} | {fmt(r.get('ratio'), '.2f')} "
+            f"| {fmt(r.get('syncs_per_call'), 'd')} | {graph or '—'} | {fmt(r.get('peak_mib'), '.1f')} "
+            f"| {status} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -475,17 +491,30 @@ def main(argv: list[str] | None = None) -> None:
     info = {"shape": [tokens, ROUTER["d_model"], ROUTER["experts"]], "dtype": "bfloat16", "k": ROUTER["k"]}
     records += run_group("router", info, router_cases(), [tokens], device, opts, log)
 
-    machine = {**machine_info("pytopk", "difftopk", "torchsort", "softtorch"), "malloc": malloc,
-               "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    machine = {
+        **machine_info("pytopk", "difftopk", "torchsort", "softtorch"),
+        "malloc": malloc,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
     args = argv if argv is not None else sys.argv[1:]
     result = {
         "command": " ".join(["python benchmarks/bench_gpu.py", *args]),
-        "device": opts.device, "device_name": device_name(device, machine), "machine": machine,
+        "device": opts.device,
+        "device_name": device_name(device, machine),
+        "machine": machine,
         "softtopk_path": _where(Path(softtopk.__file__).parent),
-        "settings": {"quick": opts.quick, "repeats": opts.repeats, "warmup": opts.warmup, "router": ROUTER,
-                     "router_tokens": tokens, "dense_limit": DENSE_LIMIT,
-                     "timing": "CUDA events per call" if device.type == "cuda" else "time.perf_counter, 1 thread"},
-        "records": records, "wall_s": time.perf_counter() - started,
+        "settings": {
+            "quick": opts.quick,
+            "repeats": opts.repeats,
+            "warmup": opts.warmup,
+            "router": ROUTER,
+            "router_tokens": tokens,
+            "dense_limit": DENSE_LIMIT,
+            "timing": "CUDA events per call" if device.type == "cuda" else "time.perf_counter, 1 thread",
+        },
+        "records": records,
+        "wall_s": time.perf_counter() - started,
     }
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     opts.out.write_text(json.dumps(result, indent=1))

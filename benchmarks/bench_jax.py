@@ -116,9 +116,12 @@ def other_ops() -> tuple[dict, list[str]]:
     ops, notes = {}, []
     try:
         from ott.tools import soft_sort
+
         ops["ott topk_mask (eps 1e-2)"] = (lambda x, k: soft_sort.topk_mask(x, axis=-1, k=k), lambda n, k: None)
-        notes.append(f"ott-jax {version('ott-jax')}: `soft_sort.topk_mask(x, axis=-1, k=k)`, defaults "
-                     "(epsilon 1e-2, Sinkhorn's defaults)")
+        notes.append(
+            f"ott-jax {version('ott-jax')}: `soft_sort.topk_mask(x, axis=-1, k=k)`, defaults "
+            "(epsilon 1e-2, Sinkhorn's defaults)"
+        )
     except ImportError:
         notes.append("ott-jax: not installed")
     try:
@@ -130,11 +133,15 @@ def other_ops() -> tuple[dict, list[str]]:
             return f"soft index (B, k, n) = {B * k * n * 4 / GB:.1f} GB" if B * k * n * 4 > GB else None
 
         ops["softjax top_k (neuralsort)"] = (lambda x, k: softjax.top_k(x, k)[0], softjax_skip)
-        notes.append(f"SoftJAX {version('softjax')}: the values of `softjax.top_k(x, k)`, defaults "
-                     "(method 'neuralsort', mode 'smooth', softness 0.1)")
+        notes.append(
+            f"SoftJAX {version('softjax')}: the values of `softjax.top_k(x, k)`, defaults "
+            "(method 'neuralsort', mode 'smooth', softness 0.1)"
+        )
     except ImportError:
-        notes.append("SoftJAX: not installed (PyPI's softjax 0.1.1 declares Python >= 3.12; "
-                     "pip install --ignore-requires-python softjax)")
+        notes.append(
+            "SoftJAX: not installed (PyPI's softjax 0.1.1 declares Python >= 3.12; "
+            "pip install --ignore-requires-python softjax)"
+        )
     return ops, notes
 
 
@@ -147,7 +154,8 @@ def our_ops() -> dict:
         "soft_topk tau=1": (lambda x, k: stj.soft_topk(x, k, tau=1.0), never),
         "sparse_topk_mask p=2 dykstra(500)": (
             lambda x, k: stj.sparse_topk_mask(x, k, l=L, p=2, solver="dykstra", n_iter=500),
-            lambda n, k: "n > 1e3 (Dykstra)" if n > 1000 else None),
+            lambda n, k: "n > 1e3 (Dykstra)" if n > 1000 else None,
+        ),
     }
 
 
@@ -199,8 +207,13 @@ def measure(fn, base, n: int, k: int, backward: bool, repeats: int, budget: floa
         times.append(op_s)
         ratios.append(op_s / base_s)
     q = statistics.quantiles(ratios, n=4) if repeats > 1 else ratios * 3
-    return {"ms": 1e3 * statistics.median(times), "ratio": statistics.median(ratios), "q1": q[0], "q3": q[2],
-            "repeats": repeats}
+    return {
+        "ms": 1e3 * statistics.median(times),
+        "ratio": statistics.median(ratios),
+        "q1": q[0],
+        "q3": q[2],
+        "repeats": repeats,
+    }
 
 
 def peak_rss(which: str) -> None:
@@ -230,8 +243,12 @@ def tables(rows: list[dict], names: list[str]) -> list[str]:
     lines = []
     for name in names:
         mine = {(r["n"], r["k"], r["backward"]): r for r in rows if r["op"] == name}
-        lines += [f"### {name}", "", "| n | k | fwd ms | fwd ÷ top_k (IQR) | fwd+bwd ms | fwd+bwd ÷ top_k (IQR) |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            f"### {name}",
+            "",
+            "| n | k | fwd ms | fwd ÷ top_k (IQR) | fwd+bwd ms | fwd+bwd ÷ top_k (IQR) |",
+            "|---|---|---|---|---|---|",
+        ]
         for n, k in sorted({(n, k) for n, k, _ in mine}):
             fwd, bwd = mine.get((n, k, False)), mine.get((n, k, True))
             if fwd and bwd and "skipped" in fwd and "skipped" in bwd:
@@ -272,31 +289,45 @@ def main() -> None:
                 for backward in (False, True):
                     row = {"op": name, "n": n, "k": k, "backward": backward}
                     reason = skip(n, k)
-                    row.update({"skipped": reason} if reason else measure(fn, base, n, k, backward, repeats,
-                                                                          args.budget))
+                    row.update(
+                        {"skipped": reason} if reason else measure(fn, base, n, k, backward, repeats, args.budget)
+                    )
                     rows.append(row)
-                    print(f"{name:36s} n={n:<6d} k={k:<5d} {'fwd+bwd' if backward else 'fwd':7s} {cell(row)}",
-                          flush=True)
+                    print(
+                        f"{name:36s} n={n:<6d} k={k:<5d} {'fwd+bwd' if backward else 'fwd':7s} {cell(row)}", flush=True
+                    )
     rss = {}
     if not args.quick:
         for which in ("sparse", "top_k"):
-            out = subprocess.run([sys.executable, __file__, "--rss-child", which], capture_output=True, text=True,
-                                 check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--rss-child", which], capture_output=True, text=True, check=True
+            )
             rss[which] = float(out.stdout.split()[-1])
     from _machine import machine_info  # imports torch (kept out of the RSS children)
 
     info = machine_info("jax", "jaxlib", "numba", "ott-jax", "softjax")
-    info.update(backend=jax.default_backend(), device=str(device), threads=1, notes=notes,
-                loadavg_before=load_before, loadavg_after=os.getloadavg()[0])
-    header = [f"jitted forward and forward+backward ÷ `lax.top_k` (B = {B}, float32, λ = {L}), "
-              f"`python benchmarks/bench_jax.py{' --quick' if args.quick else ''}`; jax {jax.__version__}, "
-              f"backend {jax.default_backend()} ({device}), {info['cpu_model']}, 1 thread, {info['date']}, load average "
-              f"{info['loadavg_before']:.1f} → {info['loadavg_after']:.1f}. "
-              "The original runs through this script's pure_callback shim (see its docstring).", ""]
+    info.update(
+        backend=jax.default_backend(),
+        device=str(device),
+        threads=1,
+        notes=notes,
+        loadavg_before=load_before,
+        loadavg_after=os.getloadavg()[0],
+    )
+    header = [
+        f"jitted forward and forward+backward ÷ `lax.top_k` (B = {B}, float32, λ = {L}), "
+        f"`python benchmarks/bench_jax.py{' --quick' if args.quick else ''}`; jax {jax.__version__}, "
+        f"backend {jax.default_backend()} ({device}), {info['cpu_model']}, 1 thread, {info['date']}, load average "
+        f"{info['loadavg_before']:.1f} → {info['loadavg_after']:.1f}. "
+        "The original runs through this script's pure_callback shim (see its docstring).",
+        "",
+    ]
     header += [f"* {note}" for note in notes]
     if rss:
-        header.append(f"* peak RSS, one fwd+bwd at 64 × 1e5, k = 1e4 in a fresh process: sparse_topk_mask p=4/3 "
-                      f"{rss['sparse']:.0f} MB, lax.top_k {rss['top_k']:.0f} MB (both include Python and JAX)")
+        header.append(
+            f"* peak RSS, one fwd+bwd at 64 × 1e5, k = 1e4 in a fresh process: sparse_topk_mask p=4/3 "
+            f"{rss['sparse']:.0f} MB, lax.top_k {rss['top_k']:.0f} MB (both include Python and JAX)"
+        )
     lines = header + [""] + tables(rows, list(ops))
     print("\n".join(lines))
     if args.out is not None:

@@ -88,14 +88,22 @@ def run(repeats: int, malloc: str) -> dict:
         times = {name: [] for name in names}
         ratios = {name: [] for name in names}
         for rep in range(repeats):
-            order = names[rep % len(names):] + names[: rep % len(names)]
+            order = names[rep % len(names) :] + names[: rep % len(names)]
             now = {name: _time(calls[name], x) for name in order}
             for name in names:
                 times[name].append(now[name] * 1e3)
                 ratios[name].append(now[name] / now["cross_entropy"])
         for name in names:
-            rows.append({"n": n, "batch": b, "candidate": name, "ms": statistics.median(times[name]),
-                         "ratio_to_ce": statistics.median(ratios[name]), "repeats": repeats})
+            rows.append(
+                {
+                    "n": n,
+                    "batch": b,
+                    "candidate": name,
+                    "ms": statistics.median(times[name]),
+                    "ratio_to_ce": statistics.median(ratios[name]),
+                    "repeats": repeats,
+                }
+            )
     return {
         "command": "python benchmarks/bench_losses.py",
         "machine": {**machine_info("pytopk"), "malloc": malloc},
@@ -105,11 +113,15 @@ def run(repeats: int, malloc: str) -> dict:
 
 def markdown(result: dict) -> str:
     machine = result["machine"]
-    lines = [f"fwd+bwd, 1 thread, torch {machine['torch']}, malloc: {machine['malloc']}, medians "
-             f"(`{result['command']}`)", ""]
+    lines = [
+        f"fwd+bwd, 1 thread, torch {machine['torch']}, malloc: {machine['malloc']}, medians (`{result['command']}`)",
+        "",
+    ]
     lines += ["| candidate | n | batch | ms | × CE |", "|---|---|---|---|---|"]
-    lines += [f"| {r['candidate']} | {r['n']} | {r['batch']} | {r['ms']:.3g} | {r['ratio_to_ce']:.1f}× |"
-              for r in result["rows"]]
+    lines += [
+        f"| {r['candidate']} | {r['n']} | {r['batch']} | {r['ms']:.3g} | {r['ratio_to_ce']:.1f}× |"
+        for r in result["rows"]
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -117,8 +129,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats, results not written")
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--default-malloc", action="store_true",
-                        help="keep glibc's adaptive malloc thresholds (see _machine.steady_malloc)")
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="keep glibc's adaptive malloc thresholds (see _machine.steady_malloc)",
+    )
     args = parser.parse_args()
     malloc = "glibc default" if args.default_malloc else steady_malloc()
     result = run(3 if args.quick else args.repeats, malloc)

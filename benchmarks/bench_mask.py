@@ -184,31 +184,63 @@ class Candidate:
 
 def candidate_list() -> list[Candidate]:
     return [
-        Candidate("torch.topk", "torch.topk(x, k).values", _resolve_topk, kind="values",
-                  note="hard baseline; output (B, k) values, backward of (values * g_k).sum()"),
-        Candidate("entmax.budget_bisect", "entmax.budget_bisect(x, budget=k, dim=-1)", _resolve_entmax,
-                  note="Euclidean projection onto the capped simplex, 50 bisection steps (entmax default)"),
-        Candidate("torchsort soft_rank clamp",
-                  "clamp(torchsort.soft_rank(x, regularization_strength=(max x - min x) / (4 n)) - (n - k), 0, 1)",
-                  _resolve_torchsort, note="l2 soft ranks (PAV), ranks ascending 1..n; not normalised"),
-        Candidate("softtopk lapsum", f"softtopk.soft_topk(x, k, method='lapsum', tau={LAPSUM_TAU})",
-                  _resolve_lapsum, note="closed-form Laplace-CDF threshold"),
+        Candidate(
+            "torch.topk",
+            "torch.topk(x, k).values",
+            _resolve_topk,
+            kind="values",
+            note="hard baseline; output (B, k) values, backward of (values * g_k).sum()",
+        ),
+        Candidate(
+            "entmax.budget_bisect",
+            "entmax.budget_bisect(x, budget=k, dim=-1)",
+            _resolve_entmax,
+            note="Euclidean projection onto the capped simplex, 50 bisection steps (entmax default)",
+        ),
+        Candidate(
+            "torchsort soft_rank clamp",
+            "clamp(torchsort.soft_rank(x, regularization_strength=(max x - min x) / (4 n)) - (n - k), 0, 1)",
+            _resolve_torchsort,
+            note="l2 soft ranks (PAV), ranks ascending 1..n; not normalised",
+        ),
+        Candidate(
+            "softtopk lapsum",
+            f"softtopk.soft_topk(x, k, method='lapsum', tau={LAPSUM_TAU})",
+            _resolve_lapsum,
+            note="closed-form Laplace-CDF threshold",
+        ),
         Candidate("softtopk sparse p=2", f"softtopk.sparse_topk_mask(x, k, l={L_REG}, p=2)", _resolve_sparse(2.0)),
-        Candidate("softtopk sparse p=4/3", f"softtopk.sparse_topk_mask(x, k, l={L_REG}, p=4/3)",
-                  _resolve_sparse(4.0 / 3.0)),
-        Candidate("softtopk sparse p=2 dykstra",
-                  f"softtopk.sparse_topk_mask(x, k, l={L_REG}, p=2, solver='dykstra', n_iter={DYKSTRA_ITERS})",
-                  _resolve_sparse(2.0, solver="dykstra", n_iter=DYKSTRA_ITERS), max_n=10000,
-                  note="O(n_iter * n); only n <= 10000"),
-        Candidate("softtopk sparse_topk_mag", f"softtopk.sparse_topk_mag(x, k, l={L_REG})", _resolve_mag,
-                  kind="mag", note="soft top-k by magnitude, x-valued output: sum != k and range beyond [0, 1] "
-                  "by design (shown for reference)"),
-        Candidate("softtopk perturbed",
-                  f"softtopk.perturbed_topk(x, k, sigma={PERTURBED['sigma']}, n_samples={PERTURBED['n_samples']})",
-                  _resolve_perturbed, max_n=10000, note="memory B * n_samples * n; only n <= 10000"),
-        Candidate("sigmoid (k-th value)",
-                  f"torch.sigmoid((x - x.topk(k).values[..., -1:]) / {SIGMOID_TEMPERATURE})", _resolve_sigmoid,
-                  note="not normalised (sum != k); a cost floor"),
+        Candidate(
+            "softtopk sparse p=4/3", f"softtopk.sparse_topk_mask(x, k, l={L_REG}, p=4/3)", _resolve_sparse(4.0 / 3.0)
+        ),
+        Candidate(
+            "softtopk sparse p=2 dykstra",
+            f"softtopk.sparse_topk_mask(x, k, l={L_REG}, p=2, solver='dykstra', n_iter={DYKSTRA_ITERS})",
+            _resolve_sparse(2.0, solver="dykstra", n_iter=DYKSTRA_ITERS),
+            max_n=10000,
+            note="O(n_iter * n); only n <= 10000",
+        ),
+        Candidate(
+            "softtopk sparse_topk_mag",
+            f"softtopk.sparse_topk_mag(x, k, l={L_REG})",
+            _resolve_mag,
+            kind="mag",
+            note="soft top-k by magnitude, x-valued output: sum != k and range beyond [0, 1] "
+            "by design (shown for reference)",
+        ),
+        Candidate(
+            "softtopk perturbed",
+            f"softtopk.perturbed_topk(x, k, sigma={PERTURBED['sigma']}, n_samples={PERTURBED['n_samples']})",
+            _resolve_perturbed,
+            max_n=10000,
+            note="memory B * n_samples * n; only n <= 10000",
+        ),
+        Candidate(
+            "sigmoid (k-th value)",
+            f"torch.sigmoid((x - x.topk(k).values[..., -1:]) / {SIGMOID_TEMPERATURE})",
+            _resolve_sigmoid,
+            note="not normalised (sum != k); a cost floor",
+        ),
     ]
 
 
@@ -270,15 +302,17 @@ def sanity(cand: Candidate, inputs: dict, k: int) -> dict:
     if cand.kind != "values":
         mask = out.detach().double()
         nnz = (mask != 0).sum(-1)
-        result.update({
-            "sum_err_max": float((mask.sum(-1) - k).abs().max()),  # meaningful for kind "mask" only
-            "mask_min": float(mask.min()),
-            "mask_max": float(mask.max()),
-            "nnz_min": int(nnz.min()),
-            "nnz_max": int(nnz.max()),
-            "finite": bool(torch.isfinite(mask).all()),
-            "shape_ok": list(out.shape) == list(x.shape),
-        })
+        result.update(
+            {
+                "sum_err_max": float((mask.sum(-1) - k).abs().max()),  # meaningful for kind "mask" only
+                "mask_min": float(mask.min()),
+                "mask_max": float(mask.max()),
+                "nnz_min": int(nnz.min()),
+                "nnz_max": int(nnz.max()),
+                "finite": bool(torch.isfinite(mask).all()),
+                "shape_ok": list(out.shape) == list(x.shape),
+            }
+        )
         if cand.kind == "mask":
             result["in_unit_interval"] = bool(mask.min() >= 0 and mask.max() <= 1)
     x.grad = None
@@ -357,8 +391,10 @@ def prepare(entries: list[Entry], args, log) -> None:
         s = e.sanity or {}
         extra = ""
         if "sum_err_max" in s:
-            extra = (f", |sum-k| {s['sum_err_max']:.2e}, range [{s['mask_min']:.3g}, {s['mask_max']:.3g}]"
-                     f"{'' if s['grad_finite'] else ', NON-FINITE GRAD'}")
+            extra = (
+                f", |sum-k| {s['sum_err_max']:.2e}, range [{s['mask_min']:.3g}, {s['mask_max']:.3g}]"
+                f"{'' if s['grad_finite'] else ', NON-FINITE GRAD'}"
+            )
         log(f"  {tag}: fwd {t_f * 1e3:.2f} ms, fwd+bwd {t_fb * 1e3:.2f} ms, repeats {e.repeats}{extra}")
 
 
@@ -417,8 +453,15 @@ def summarise(entries: list[Entry]) -> list[dict]:
     for e in entries:
         n, k = e.cfg["n"], e.cfg["k"]
         rec = {
-            "candidate": e.cand.name, "call": e.cand.call, "n": n, "k": k, "k_rules": e.cfg["rules"],
-            "batch": BATCH, "status": e.status, "reason": e.reason, "sanity": e.sanity,
+            "candidate": e.cand.name,
+            "call": e.cand.call,
+            "n": n,
+            "k": k,
+            "k_rules": e.cfg["rules"],
+            "batch": BATCH,
+            "status": e.status,
+            "reason": e.reason,
+            "sanity": e.sanity,
             "first_ms": e.first_ms or None,
         }
         b = base.get((n, k))
@@ -445,8 +488,10 @@ def softtopk_api() -> dict:
     if softtopk is None:
         return {"error": SOFTTOPK_ERROR}
     return {
-        "functions": {name: hasattr(softtopk, name) for name in
-                      ("soft_topk", "sparse_topk_mask", "sparse_topk_mag", "perturbed_topk")},
+        "functions": {
+            name: hasattr(softtopk, name)
+            for name in ("soft_topk", "sparse_topk_mask", "sparse_topk_mag", "perturbed_topk")
+        },
         "lapsum_method": "lapsum" in getattr(softtopk, "methods", dict)(),
     }
 
@@ -457,26 +502,57 @@ def softtopk_api() -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: n <= 10000, few repeats (< 1 min)")
-    parser.add_argument("--repeats", type=int, default=None, help="max timed repeats per candidate (default 40, quick 3)")
-    parser.add_argument("--min-repeats", type=int, default=None, help="least repeats for slow candidates (default 5, quick 1)")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="max timed repeats per candidate (default 40, quick 3)"
+    )
+    parser.add_argument(
+        "--min-repeats", type=int, default=None, help="least repeats for slow candidates (default 5, quick 1)"
+    )
     parser.add_argument("--warmup", type=int, default=None, help="untimed fwd and fwd+bwd calls (default 2, quick 1)")
-    parser.add_argument("--budget", type=float, default=None,
-                        help="timing seconds per candidate and config capping its repeats (default 6, quick 0.3)")
-    parser.add_argument("--max-call", type=float, default=None,
-                        help="do not time a candidate whose first fwd+bwd exceeds this (s; default 20, quick 1)")
-    parser.add_argument("--time-limit", type=float, default=None,
-                        help="scale repeats down so the timed part takes about this long (s; default 600, quick 20)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="timing seconds per candidate and config capping its repeats (default 6, quick 0.3)",
+    )
+    parser.add_argument(
+        "--max-call",
+        type=float,
+        default=None,
+        help="do not time a candidate whose first fwd+bwd exceeds this (s; default 20, quick 1)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="scale repeats down so the timed part takes about this long (s; default 600, quick 20)",
+    )
     parser.add_argument("--ns", type=int, nargs="+", default=None, help="sizes n (default 100 1000 10000 100000)")
-    parser.add_argument("--only", nargs="+", default=None, help="candidate names to run (substring match); "
-                        "torch.topk is always included")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="candidate names to run (substring match); torch.topk is always included",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--note", action="append", default=[], help="free text recorded in the JSON notes "
-                        "(e.g. why torchsort could not be installed); repeatable")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON to write (default benchmarks/results/mask.json; --quick: $TMPDIR/softtopk_bench/mask_quick.json)")
-    parser.add_argument("--default-malloc", action="store_true",
-                        help="keep glibc's adaptive malloc thresholds (see _machine.steady_malloc)")
+    parser.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="free text recorded in the JSON notes (e.g. why torchsort could not be installed); repeatable",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON to write (default benchmarks/results/mask.json; --quick: $TMPDIR/softtopk_bench/mask_quick.json)",
+    )
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="keep glibc's adaptive malloc thresholds (see _machine.steady_malloc)",
+    )
     args = parser.parse_args(argv)
     malloc = "glibc default" if args.default_malloc else steady_malloc()
     q = args.quick
@@ -488,8 +564,11 @@ def main(argv: list[str] | None = None) -> None:
     args.time_limit = args.time_limit or (20.0 if q else 600.0)
     ns = tuple(args.ns or (QUICK_NS if q else NS))
     if args.out is None:  # smoke runs stay out of the repository
-        args.out = (Path(tempfile.gettempdir()) / "softtopk_bench" / "mask_quick.json" if q
-                    else Path(__file__).resolve().parent / "results" / "mask.json")
+        args.out = (
+            Path(tempfile.gettempdir()) / "softtopk_bench" / "mask_quick.json"
+            if q
+            else Path(__file__).resolve().parent / "results" / "mask.json"
+        )
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
 
@@ -508,38 +587,75 @@ def main(argv: list[str] | None = None) -> None:
 
     load_before = os.getloadavg()
     cfgs = configs(ns)
-    entries = [Entry(c, cfg, inputs) for cfg in cfgs
-               for inputs in [make_inputs(cfg["n"], cfg["k"], args.seed)] for c in candidates]
-    log(f"{len(cfgs)} configs x {len(candidates)} candidates; repeats <= {args.repeats} (>= {args.min_repeats}), "
-        f"budget {args.budget} s each, warm-up {args.warmup}, threads {args.threads}")
+    entries = [
+        Entry(c, cfg, inputs)
+        for cfg in cfgs
+        for inputs in [make_inputs(cfg["n"], cfg["k"], args.seed)]
+        for c in candidates
+    ]
+    log(
+        f"{len(cfgs)} configs x {len(candidates)} candidates; repeats <= {args.repeats} (>= {args.min_repeats}), "
+        f"budget {args.budget} s each, warm-up {args.warmup}, threads {args.threads}"
+    )
     prepare(entries, args, log)
     plan(entries, args.time_limit, args.min_repeats, log)
     log("timing (interleaved, rotated order per repeat)")
     run_timing(entries, args.repeats, log)
     records = summarise(entries)
 
-    command = "python " + " ".join(shlex.quote(a) for a in
-                                   [os.path.relpath(__file__, Path.cwd()) if Path(__file__).is_absolute() else __file__,
-                                    *(sys.argv[1:] if argv is None else argv)])
+    command = "python " + " ".join(
+        shlex.quote(a)
+        for a in [
+            os.path.relpath(__file__, Path.cwd()) if Path(__file__).is_absolute() else __file__,
+            *(sys.argv[1:] if argv is None else argv),
+        ]
+    )
     result = {
         "command": command,
-        "machine": {**machine_info("entmax", "torchsort"), "malloc": malloc, "loadavg_before": load_before,
-                    "loadavg_after": os.getloadavg()},
+        "machine": {
+            **machine_info("entmax", "torchsort"),
+            "malloc": malloc,
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
         "settings": {
-            "quick": q, "ns": list(ns), "k_rules": list(K_RULES), "batch": BATCH, "dtype": "float32",
-            "repeats": args.repeats, "min_repeats": args.min_repeats, "warmup": args.warmup,
-            "budget_s": args.budget, "max_call_s": args.max_call, "time_limit_s": args.time_limit, "seed": args.seed,
+            "quick": q,
+            "ns": list(ns),
+            "k_rules": list(K_RULES),
+            "batch": BATCH,
+            "dtype": "float32",
+            "repeats": args.repeats,
+            "min_repeats": args.min_repeats,
+            "warmup": args.warmup,
+            "budget_s": args.budget,
+            "max_call_s": args.max_call,
+            "time_limit_s": args.time_limit,
+            "seed": args.seed,
             "timing_mode": "single interleaved calls, rotated order; fwd pass then fwd+bwd pass per repeat",
             "fwd": "out = f(x, k) with x.requires_grad (graph built, dropped)",
             "fwd_bwd": "(out * g).sum().backward(), g fixed randn of out's shape",
-            "params": {"l": L_REG, "dykstra_n_iter": DYKSTRA_ITERS, "sigmoid_temperature": SIGMOID_TEMPERATURE,
-                       "torchsort_regularization_strength": "(max x - min x) / (4 n), mean over the rows", "perturbed": PERTURBED,
-                       "lapsum_tau": LAPSUM_TAU},
+            "params": {
+                "l": L_REG,
+                "dykstra_n_iter": DYKSTRA_ITERS,
+                "sigmoid_temperature": SIGMOID_TEMPERATURE,
+                "torchsort_regularization_strength": "(max x - min x) / (4 n), mean over the rows",
+                "perturbed": PERTURBED,
+                "lapsum_tau": LAPSUM_TAU,
+            },
         },
         "softtopk_api": softtopk_api(),
-        "candidates": [{"name": c.name, "call": c.call, "max_n": c.max_n, "kind": c.kind, "note": c.note,
-                        "available": c.unavailable is None, "unavailable_reason": c.unavailable}
-                       for c in candidates],
+        "candidates": [
+            {
+                "name": c.name,
+                "call": c.call,
+                "max_n": c.max_n,
+                "kind": c.kind,
+                "note": c.note,
+                "available": c.unavailable is None,
+                "unavailable_reason": c.unavailable,
+            }
+            for c in candidates
+        ],
         "notes": list(args.note),
         "records": records,
         "wall_s": time.perf_counter() - started,
@@ -548,20 +664,24 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_text(json.dumps(result, indent=1))
 
     print()
-    print(f"{'candidate':28} {'n':>6} {'k':>5} {'fwd ms':>9} {'x topk':>7} {'f+b ms':>9} {'x topk':>7} "
-          f"{'reps':>4} {'|sum-k|':>9} {'min':>7} {'max':>7}  status")
+    print(
+        f"{'candidate':28} {'n':>6} {'k':>5} {'fwd ms':>9} {'x topk':>7} {'f+b ms':>9} {'x topk':>7} "
+        f"{'reps':>4} {'|sum-k|':>9} {'min':>7} {'max':>7}  status"
+    )
     for r in records:
         s = r["sanity"] or {}
 
         def num(d, key="median", fmt="9.3f"):
             return format(d[key], fmt) if d else format("-", fmt.split(".")[0] + "s")
 
-        print(f"{r['candidate']:28} {r['n']:6d} {r['k']:5d} {num(r['fwd_ms'])} {num(r['fwd_ratio'], fmt='7.2f')} "
-              f"{num(r['fwd_bwd_ms'])} {num(r['fwd_bwd_ratio'], fmt='7.2f')} {r['repeats']:4d} "
-              f"{num(s, 'sum_err_max', '9.2e') if 'sum_err_max' in s else format('-', '>9')} "
-              f"{num(s, 'mask_min', '7.3f') if 'mask_min' in s else format('-', '>7')} "
-              f"{num(s, 'mask_max', '7.3f') if 'mask_max' in s else format('-', '>7')}  "
-              f"{r['status']}{'' if not r['reason'] else ': ' + r['reason'][:80]}")
+        print(
+            f"{r['candidate']:28} {r['n']:6d} {r['k']:5d} {num(r['fwd_ms'])} {num(r['fwd_ratio'], fmt='7.2f')} "
+            f"{num(r['fwd_bwd_ms'])} {num(r['fwd_bwd_ratio'], fmt='7.2f')} {r['repeats']:4d} "
+            f"{num(s, 'sum_err_max', '9.2e') if 'sum_err_max' in s else format('-', '>9')} "
+            f"{num(s, 'mask_min', '7.3f') if 'mask_min' in s else format('-', '>7')} "
+            f"{num(s, 'mask_max', '7.3f') if 'mask_max' in s else format('-', '>7')}  "
+            f"{r['status']}{'' if not r['reason'] else ': ' + r['reason'][:80]}"
+        )
     log(f"wrote {args.out} ({result['wall_s']:.0f} s)")
 
 

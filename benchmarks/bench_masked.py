@@ -63,8 +63,15 @@ def measure(n: int, k: int, method: str, repeats: int) -> dict:
             plain_s, masked_s = _step(x, k, method, params, g), _step(masked, k, method, params, g)
         ratios.append(masked_s / plain_s)
     q = statistics.quantiles(ratios, n=4)
-    return {"method": method, "n": n, "k": k, "median_ratio": statistics.median(ratios), "q1": q[0], "q3": q[2],
-            "repeats": repeats}
+    return {
+        "method": method,
+        "n": n,
+        "k": k,
+        "median_ratio": statistics.median(ratios),
+        "q1": q[0],
+        "q3": q[2],
+        "repeats": repeats,
+    }
 
 
 def main() -> None:
@@ -79,17 +86,20 @@ def main() -> None:
     sizes, repeats = ((256,), 10) if args.quick else ((256, 4096), args.repeats)
     rows = [measure(n, 8, method, repeats) for n in sizes for method in METHODS]
     lines = ["| method | n | k | masked / unmasked (median) | IQR |", "|---|---|---|---|---|"]
-    lines += [f"| {r['method']} | {r['n']} | {r['k']} | {r['median_ratio']:.3f} | {r['q1']:.3f}–{r['q3']:.3f} |"
-              for r in rows]
+    lines += [
+        f"| {r['method']} | {r['n']} | {r['k']} | {r['median_ratio']:.3f} | {r['q1']:.3f}–{r['q3']:.3f} |" for r in rows
+    ]
     print("\n".join(lines))
     if args.out is not None:
         info = machine_info()
         info["malloc"], info["threads"] = malloc, args.threads
         args.out.write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
-        header = (f"Masked (-inf on a random quarter of each row) against unmasked forward+backward, "
-                  f"`python benchmarks/bench_masked.py --out {args.out}`; "
-                  f"{info['cpu_model']} ({info['logical_cpus']} logical CPUs), "
-                  f"{args.threads} thread(s), torch {torch.__version__}, {info['date']}.\n\n")
+        header = (
+            f"Masked (-inf on a random quarter of each row) against unmasked forward+backward, "
+            f"`python benchmarks/bench_masked.py --out {args.out}`; "
+            f"{info['cpu_model']} ({info['logical_cpus']} logical CPUs), "
+            f"{args.threads} thread(s), torch {torch.__version__}, {info['date']}.\n\n"
+        )
         args.out.with_suffix(".md").write_text(header + "\n".join(lines) + "\n")
 
 

@@ -74,7 +74,7 @@ def run(sizes: list[int], batch: int, repeats: int, device: str) -> list[dict]:
         times: dict[str, list[float]] = {name: [] for name in fns}
         names = list(fns)
         for r in range(repeats):
-            order = names[r % len(names):] + names[: r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
                 times[name].append(time_once(fns[name], x, g))
         base = times["torch.sort"]

@@ -130,11 +130,15 @@ def candidate_list(quick: bool) -> list[dict]:
             specs.append({**cfg, "library": "softtopk", "method": method, "params": _ce_params(method)})
         if difftopk is not None:
             for variant, method in DIFFTOPK_CE_VARIANTS.items():
-                params = {"inverse_temperature": 1.0 / TAU} if method in ("neuralsort", "softsort") else {
-                    "inverse_temperature": NET_PARAMS["steepness"],
-                    "distribution": NET_PARAMS["distribution"],
-                    "art_lambda": NET_PARAMS["art_lambda"],
-                }
+                params = (
+                    {"inverse_temperature": 1.0 / TAU}
+                    if method in ("neuralsort", "softsort")
+                    else {
+                        "inverse_temperature": NET_PARAMS["steepness"],
+                        "distribution": NET_PARAMS["distribution"],
+                        "art_lambda": NET_PARAMS["art_lambda"],
+                    }
+                )
                 specs.append({**cfg, "library": "difftopk", "method": variant, "compare_to": method, "params": params})
     for n in RANKS_NS:
         cfg = {"suite": "ranks", "n": n, "b": RANKS_B, "k": RANKS_K}
@@ -142,11 +146,25 @@ def candidate_list(quick: bool) -> list[dict]:
         for method in ("bitonic", "splitter_selection"):
             specs.append({**cfg, "library": "softtopk", "method": method, "params": dict(RANKS_PARAMS)})
         if difftopk is not None:
-            specs.append({**cfg, "library": "difftopk", "method": "bitonic_sparse", "compare_to": "bitonic",
-                          "params": dict(RANKS_PARAMS)})
+            specs.append(
+                {
+                    **cfg,
+                    "library": "difftopk",
+                    "method": "bitonic_sparse",
+                    "compare_to": "bitonic",
+                    "params": dict(RANKS_PARAMS),
+                }
+            )
             if not (quick and n == 256):
-                specs.append({**cfg, "library": "difftopk", "method": "bitonic_dense", "compare_to": "bitonic",
-                              "params": dict(RANKS_PARAMS)})
+                specs.append(
+                    {
+                        **cfg,
+                        "library": "difftopk",
+                        "method": "bitonic_dense",
+                        "compare_to": "bitonic",
+                        "params": dict(RANKS_PARAMS),
+                    }
+                )
     return specs
 
 
@@ -309,8 +327,9 @@ def measure_peaks(specs: list[dict], log, kinds=PEAK_KINDS) -> dict[str, dict]:
     base_env = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
     for threshold in dict.fromkeys(kind[2] for kind in kinds):
         env = dict(base_env) if threshold is None else {**base_env, "MALLOC_MMAP_THRESHOLD_": str(threshold)}
-        with subprocess.Popen([sys.executable, __file__, "--zygote"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env) as proc:
+        with subprocess.Popen(
+            [sys.executable, __file__, "--zygote"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        ) as proc:
             for spec in specs:
                 key = spec_key(spec)
                 for name, warm, _ in (kind for kind in kinds if kind[2] == threshold):
@@ -428,18 +447,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: few repeats, short measurements")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per candidate (default 60, quick 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per candidate (default 3, quick 1)")
-    parser.add_argument("--steady-state", action="store_true",
-                        help="time back-to-back loops of each candidate (>= --min-time) instead of single calls")
+    parser.add_argument(
+        "--steady-state",
+        action="store_true",
+        help="time back-to-back loops of each candidate (>= --min-time) instead of single calls",
+    )
     parser.add_argument("--min-time", type=float, default=0.02, help="seconds per loop with --steady-state")
-    parser.add_argument("--budget", type=float, default=None,
-                        help="timing seconds per candidate that caps its repeats (default 15, quick 1)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="timing seconds per candidate that caps its repeats (default 15, quick 1)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS child processes")
-    parser.add_argument("--default-malloc", action="store_true",
-                        help="keep glibc's adaptive malloc thresholds for the timings (see _machine.steady_malloc)")
+    parser.add_argument(
+        "--default-malloc",
+        action="store_true",
+        help="keep glibc's adaptive malloc thresholds for the timings (see _machine.steady_malloc)",
+    )
     parser.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON to write (default benchmarks/results/topk.json, quick: topk_quick.json)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON to write (default benchmarks/results/topk.json, quick: topk_quick.json)",
+    )
     args = parser.parse_args(argv)
     if args.zygote:
         zygote()
@@ -462,18 +495,22 @@ def main(argv: list[str] | None = None) -> None:
     if difftopk is None:
         notes.append(f"difftopk not importable ({DIFFTOPK_ERROR}); only softtopk measured")
     elif TORCH_SPARSE_SHIM:
-        notes.append("torch_sparse not installed: difftopk's sparse methods (bitonic, splitter_selection, "
-                     "DiffTopkNet sparse=True) ran on a pure-torch stand-in for torch_sparse.spmm "
-                     "(index_select rows by index[1], multiply by value, index_add at index[0]) injected via "
-                     "sys.modules; the real torch_sparse kernel may be faster")
+        notes.append(
+            "torch_sparse not installed: difftopk's sparse methods (bitonic, splitter_selection, "
+            "DiffTopkNet sparse=True) ran on a pure-torch stand-in for torch_sparse.spmm "
+            "(index_select rows by index[1], multiply by value, index_add at index[0]) injected via "
+            "sys.modules; the real torch_sparse kernel may be faster"
+        )
     for note in notes:
         log("NOTE: " + note)
 
     specs = candidate_list(args.quick)
     load_before = os.getloadavg()
-    log(f"{len(specs)} candidates x configs; repeats {repeats}, warm-up {warmup}, "
+    log(
+        f"{len(specs)} candidates x configs; repeats {repeats}, warm-up {warmup}, "
         f"{f'steady-state loops of {min_time}s' if min_time else 'single interleaved calls'}, "
-        f"threads {args.threads}")
+        f"threads {args.threads}"
+    )
     saved = {spec_key(spec): saved_bytes(spec) for spec in specs}
     log("saved-for-backward bytes done")
     timing = run_timing(specs, repeats, warmup, min_time, budget, log=log)
@@ -483,15 +520,29 @@ def main(argv: list[str] | None = None) -> None:
         peaks = measure_peaks(specs, log, PEAK_KINDS[:2] if args.quick else PEAK_KINDS)
     records = summarise(specs, timing, saved, peaks)
     result = {
-        "machine": {**machine_info("difftopk"), "malloc": malloc, "torch_threads": args.threads,
-                    "loadavg_before": load_before,
-                    "loadavg_after": os.getloadavg()},
-        "settings": {"quick": args.quick, "repeats": repeats, "warmup": warmup,
-                     "timing_mode": "steady-state loops" if min_time else "single interleaved calls",
-                     "min_time_s": min_time, "budget_s": budget,
-                     "m": M, "p_k": P_K, "top1_mode": "sm", "network_params": NET_PARAMS, "tau": TAU,
-                     "ranks": {"k": RANKS_K, "b": RANKS_B, **RANKS_PARAMS},
-                     "torch_sparse_shim": TORCH_SPARSE_SHIM, "difftopk_available": difftopk is not None},
+        "machine": {
+            **machine_info("difftopk"),
+            "malloc": malloc,
+            "torch_threads": args.threads,
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
+        "settings": {
+            "quick": args.quick,
+            "repeats": repeats,
+            "warmup": warmup,
+            "timing_mode": "steady-state loops" if min_time else "single interleaved calls",
+            "min_time_s": min_time,
+            "budget_s": budget,
+            "m": M,
+            "p_k": P_K,
+            "top1_mode": "sm",
+            "network_params": NET_PARAMS,
+            "tau": TAU,
+            "ranks": {"k": RANKS_K, "b": RANKS_B, **RANKS_PARAMS},
+            "torch_sparse_shim": TORCH_SPARSE_SHIM,
+            "difftopk_available": difftopk is not None,
+        },
         "notes": notes,
         "records": records,
         "wall_s": time.perf_counter() - started,
@@ -500,15 +551,19 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_text(json.dumps(result, indent=1))
 
     print()
-    print(f"{'suite':8} {'library':9} {'method':20} {'n':>5} {'b':>4} {'ms':>9} {'IQR':>17} {'xCE':>8} "
-          f"{'saved MiB':>9} {'peak MiB':>8} {'live MiB':>8} {'cold MiB':>8} {'diff/soft':>9}")
+    print(
+        f"{'suite':8} {'library':9} {'method':20} {'n':>5} {'b':>4} {'ms':>9} {'IQR':>17} {'xCE':>8} "
+        f"{'saved MiB':>9} {'peak MiB':>8} {'live MiB':>8} {'cold MiB':>8} {'diff/soft':>9}"
+    )
     for r in records:
         speed = r.get("speedup_vs_softtopk", {}).get("median")
-        print(f"{r['suite']:8} {r['library']:9} {r['method']:20} {r['n']:5d} {r['b']:4d} {r['ms']['median']:9.3f} "
-              f"{r['ms']['q1']:8.3f}-{r['ms']['q3']:8.3f} {r['x_ce']['median']:8.2f} {r['saved_mib']:9.2f} "
-              f"{r.get('peak_mib', float('nan')):8.1f} {r.get('peak_live_mib', float('nan')):8.1f} "
-              f"{r.get('peak_cold_mib', float('nan')):8.1f} "
-              f"{'' if speed is None else f'{speed:9.1f}'}")
+        print(
+            f"{r['suite']:8} {r['library']:9} {r['method']:20} {r['n']:5d} {r['b']:4d} {r['ms']['median']:9.3f} "
+            f"{r['ms']['q1']:8.3f}-{r['ms']['q3']:8.3f} {r['x_ce']['median']:8.2f} {r['saved_mib']:9.2f} "
+            f"{r.get('peak_mib', float('nan')):8.1f} {r.get('peak_live_mib', float('nan')):8.1f} "
+            f"{r.get('peak_cold_mib', float('nan')):8.1f} "
+            f"{'' if speed is None else f'{speed:9.1f}'}"
+        )
     log(f"wrote {args.out}")
 
 

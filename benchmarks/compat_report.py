@@ -49,7 +49,10 @@ class _DeviationRecorder:
                 mine, my_grad, _ = _module._run(ours, x, cotangents)
                 key = (type(ours).__name__, getattr(ours, "sorting_network_type", ""), str(x.dtype)[6:])
                 record = self.worst[key]
-                record[0] = max([record[0]] + [(a.double() - b.double()).abs().max().item() for a, b in zip(mine, theirs, strict=True)])
+                record[0] = max(
+                    [record[0]]
+                    + [(a.double() - b.double()).abs().max().item() for a, b in zip(mine, theirs, strict=True)]
+                )
                 record[1] = max(record[1], (my_grad.double() - their_grad.double()).abs().max().item())
                 record[2] = max(record[2], their_grad.abs().max().item())
                 return _compare(ours, original, x, tol)
@@ -59,7 +62,9 @@ class _DeviationRecorder:
 
 def deviations() -> None:
     recorder = _DeviationRecorder()
-    code = pytest.main(["-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_compat_difftopk.py")], plugins=[recorder])
+    code = pytest.main(
+        ["-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_compat_difftopk.py")], plugins=[recorder]
+    )
     print(f"\n1. deviations from the originals (test exit code {code}); max |d output|, max |d grad|, max |grad|")
     for (name, kind, dtype), (output, grad, scale) in sorted(recorder.worst.items()):
         print(f"   {name:<22} {kind:<19} {dtype:<8} {output:.1e}  {grad:.1e}  {scale:.1f}")
@@ -75,8 +80,10 @@ def bitonic_22() -> None:
     x = torch.stack([torch.randperm(22, generator=generator) for _ in range(1000)]).float()
     _, theirs = difftopk.DiffTopkNet("bitonic", 22, 5, steepness=1e4)(x)
     ours = softtopk.soft_topk_ranks(x, 5, method="bitonic", distribution="cauchy", steepness=1e4)
-    print(f"\n2. bitonic n=22, steepness 1e4, 1000 random permutations, wrong top-5 order: "
-          f"difftopk {_wrong_top5(theirs.flip(-1), x):.1%}, softtopk {_wrong_top5(ours, x):.1%}")
+    print(
+        f"\n2. bitonic n=22, steepness 1e4, 1000 random permutations, wrong top-5 order: "
+        f"difftopk {_wrong_top5(theirs.flip(-1), x):.1%}, softtopk {_wrong_top5(ours, x):.1%}"
+    )
 
 
 def hard_neuralsort() -> None:
@@ -96,7 +103,10 @@ def network_loss_gap() -> None:
     for method in ("bitonic__non_sparse", "odd_even", "splitter_selection"):
         theirs = difftopk.TopKCrossEntropyLoss(method, 2.0, [0.5, 0.5], 16, distribution="logistic")
         ours = compat.TopKCrossEntropyLoss(method, 2.0, [0.5, 0.5], 16, distribution="logistic")
-        gap = max(abs(theirs(row[None], y[None]).item() - ours(row[None], y[None]).item()) for row, y in zip(logits, labels, strict=True))
+        gap = max(
+            abs(theirs(row[None], y[None]).item() - ours(row[None], y[None]).item())
+            for row, y in zip(logits, labels, strict=True)
+        )
         print(f"   {method:<20} max {gap:.2f}")
 
 
@@ -125,8 +135,12 @@ def smooth_losses() -> None:
             x = torch.randn(16, classes, generator=generator)
             y = torch.randint(0, classes, (16,), generator=generator)
             truth = _grad(functools.partial(softtopk.smooth_topk_svm, k=k, tau=tau), x.double(), y)
-            error_theirs = max(error_theirs, (_grad(difftopk.SmoothTopKLoss(classes, k, tau), x, y) - truth).abs().max().item())
-            error_ours = max(error_ours, (_grad(compat.SmoothTopKLoss(classes, k, tau), x, y) - truth).abs().max().item())
+            error_theirs = max(
+                error_theirs, (_grad(difftopk.SmoothTopKLoss(classes, k, tau), x, y) - truth).abs().max().item()
+            )
+            error_ours = max(
+                error_ours, (_grad(compat.SmoothTopKLoss(classes, k, tau), x, y) - truth).abs().max().item()
+            )
         print(f"   k={k}, tau={tau}: difftopk {error_theirs:.1e}, softtopk {error_ours:.1e}")
     torch.set_num_threads(1)
     for batch, classes in ((128, 100), (256, 1000)):
@@ -134,12 +148,17 @@ def smooth_losses() -> None:
         x = torch.randn(batch, classes, generator=generator).requires_grad_()
         y = torch.randint(0, classes, (batch,), generator=generator)
         timings = {}
-        for name, fn in (("CE", torch.nn.CrossEntropyLoss()), ("difftopk", difftopk.SmoothTopKLoss(classes, 5, 1.0)),
-                         ("softtopk", compat.SmoothTopKLoss(classes, 5, 1.0))):
+        for name, fn in (
+            ("CE", torch.nn.CrossEntropyLoss()),
+            ("difftopk", difftopk.SmoothTopKLoss(classes, 5, 1.0)),
+            ("softtopk", compat.SmoothTopKLoss(classes, 5, 1.0)),
+        ):
             fn(x, y).backward()
             timings[name] = _median_ms(lambda fn=fn, x=x, y=y: fn(x, y).backward())
-        print(f"   fwd+bwd k=5 tau=1, 1 thread, B={batch}, C={classes}: "
-              + ", ".join(f"{name} {ms:.2f} ms" for name, ms in timings.items()))
+        print(
+            f"   fwd+bwd k=5 tau=1, 1 thread, B={batch}, C={classes}: "
+            + ", ".join(f"{name} {ms:.2f} ms" for name, ms in timings.items())
+        )
 
 
 if __name__ == "__main__":

@@ -33,10 +33,16 @@ from softtopk import losses  # noqa: E402
 
 # issue 21's budgets (launches of one fwd+bwd at 64 x 1000, k = 10, or 64 rows x 1000 classes)
 BUDGETS = {
-    "soft_topk lapsum": 16, "soft_topk lapsum hard": 20, "sparse_topk_mask p=4/3": 32,
-    "soft_topk neuralsort": 24, "soft_topk softsort": 24, "soft_topk gumbel": 24,
-    "soft_topk splitter_selection": 256, "TopKCrossEntropyLoss splitter m=16": 96,
-    "SmoothTopKSVM k=5": 32, "BalNoisedTopK k=5": 24,
+    "soft_topk lapsum": 16,
+    "soft_topk lapsum hard": 20,
+    "sparse_topk_mask p=4/3": 32,
+    "soft_topk neuralsort": 24,
+    "soft_topk softsort": 24,
+    "soft_topk gumbel": 24,
+    "soft_topk splitter_selection": 256,
+    "TopKCrossEntropyLoss splitter m=16": 96,
+    "SmoothTopKSVM k=5": 32,
+    "BalNoisedTopK k=5": 24,
 }
 
 
@@ -68,9 +74,11 @@ def _cases(target: torch.Tensor) -> dict:
         "soft_topk splitter_selection": lambda x: softtopk.soft_topk(x, 10, method="splitter_selection"),
         "soft_topk bitonic": lambda x: softtopk.soft_topk(x, 10, method="bitonic"),
         "TopKCrossEntropyLoss splitter m=16": lambda x: losses.TopKCrossEntropyLoss(
-            [0.2] * 5, m=16, method="splitter_selection")(x, target),
+            [0.2] * 5, m=16, method="splitter_selection"
+        )(x, target),
         "TopKCrossEntropyLoss neuralsort m=16": lambda x: losses.TopKCrossEntropyLoss(
-            [0.2] * 5, m=16, method="neuralsort")(x, target),
+            [0.2] * 5, m=16, method="neuralsort"
+        )(x, target),
         "SmoothTopKSVM k=5": lambda x: losses.SmoothTopKSVM(k=5)(x, target),
         "BalNoisedTopK k=5": lambda x: losses.BalNoisedTopK(k=5, epsilon=1.0)(x, target),
         "softmax+topk router + aux loss (baseline)": plain_router,
@@ -81,8 +89,10 @@ def _cases(target: torch.Tensor) -> dict:
 @contextlib.contextmanager
 def _accelerator_path():
     """Run CPU tensors down the path a CUDA tensor takes: no value checks, no CPU shortcut."""
-    with mock.patch("softtopk.ops.sparse.can_inspect", lambda value: False), \
-            mock.patch("softtopk._validation.can_inspect", lambda value: False):
+    with (
+        mock.patch("softtopk.ops.sparse.can_inspect", lambda value: False),
+        mock.patch("softtopk._validation.can_inspect", lambda value: False),
+    ):
         yield
 
 
@@ -98,8 +108,16 @@ def main() -> None:
         cpu = count_call(fn, x)
         with _accelerator_path():
             accel = count_call(fn, x)
-        rows.append({"case": name, "launches": accel.launches, "views": accel.views, "reads": accel.reads,
-                     "cpu_reads": cpu.reads, "budget": BUDGETS.get(name)})
+        rows.append(
+            {
+                "case": name,
+                "launches": accel.launches,
+                "views": accel.views,
+                "reads": accel.reads,
+                "cpu_reads": cpu.reads,
+                "budget": BUDGETS.get(name),
+            }
+        )
         print(f"{name:42s} {accel.launches:5d} launches {accel.reads} reads (CPU tensors: {cpu.reads})")
     info = machine_info()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -118,8 +136,9 @@ def main() -> None:
     ]
     for row in rows:
         budget = "—" if row["budget"] is None else str(row["budget"])
-        lines.append(f"| {row['case']} | {row['launches']} | {row['views']} | {row['reads']} | {row['cpu_reads']} "
-                     f"| {budget} |")
+        lines.append(
+            f"| {row['case']} | {row['launches']} | {row['views']} | {row['reads']} | {row['cpu_reads']} | {budget} |"
+        )
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

@@ -44,8 +44,10 @@ def load(path: Path) -> dict:
 
 def hardware(data: dict) -> str:
     m = data["machine"]
-    return (f"{m['cpu_model']} ({m['logical_cpus']} logical CPUs), CPU only, "
-            f"{m['torch_threads']} thread(s), Python {m['python']}, malloc: {m['malloc']}")
+    return (
+        f"{m['cpu_model']} ({m['logical_cpus']} logical CPUs), CPU only, "
+        f"{m['torch_threads']} thread(s), Python {m['python']}, malloc: {m['malloc']}"
+    )
 
 
 def candidates(data: dict) -> list[str]:
@@ -70,13 +72,25 @@ def plot(data: dict, out: Path) -> None:
             color, ls, marker = STYLE.get(name, (None, "-", "o"))
             xs = [n for n, _ in pts]
             ys = [r["fwd_bwd_ms"]["median"] for _, r in pts]
-            yerr = [[r["fwd_bwd_ms"]["median"] - r["fwd_bwd_ms"]["q1"] for _, r in pts],
-                    [r["fwd_bwd_ms"]["q3"] - r["fwd_bwd_ms"]["median"] for _, r in pts]]
+            yerr = [
+                [r["fwd_bwd_ms"]["median"] - r["fwd_bwd_ms"]["q1"] for _, r in pts],
+                [r["fwd_bwd_ms"]["q3"] - r["fwd_bwd_ms"]["median"] for _, r in pts],
+            ]
             label = name + (" (hard baseline)" if name == BASELINE else "")
             if all((r.get("sanity") or {}).get("mask_max") == 0 for _, r in pts):
                 label += " [mask is 0 everywhere, see notes]"
-            ax.errorbar(xs, ys, yerr=yerr, color=color, ls=ls, marker=marker, capsize=2, label=label,
-                        lw=2.0 if name == BASELINE else 1.4, zorder=3 if name == BASELINE else 2)
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=yerr,
+                color=color,
+                ls=ls,
+                marker=marker,
+                capsize=2,
+                label=label,
+                lw=2.0 if name == BASELINE else 1.4,
+                zorder=3 if name == BASELINE else 2,
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xticks(ns, [str(n) for n in ns])
@@ -146,10 +160,12 @@ def markdown(data: dict, json_path: Path, plot_command: str) -> str:
     lines = [
         "# Relaxed top-k masks: time against torch.topk",
         "",
-        (f"Hardware: {hardware(data)}. torch {m['torch']}, softtopk {m['softtopk']} (git {m['git_commit']}"
-        f"{', src/ with uncommitted changes' if m['git_src_dirty'] else ''}), entmax {m['entmax']}, "
-        f"torchsort {m['torchsort'] or 'not installed'}. {m['date']}, load average "
-        f"{m['loadavg_before'][0]:.1f} → {m['loadavg_after'][0]:.1f}."),
+        (
+            f"Hardware: {hardware(data)}. torch {m['torch']}, softtopk {m['softtopk']} (git {m['git_commit']}"
+            f"{', src/ with uncommitted changes' if m['git_src_dirty'] else ''}), entmax {m['entmax']}, "
+            f"torchsort {m['torchsort'] or 'not installed'}. {m['date']}, load average "
+            f"{m['loadavg_before'][0]:.1f} → {m['loadavg_after'][0]:.1f}."
+        ),
         "",
         "Produced by:",
         "",
@@ -158,25 +174,30 @@ def markdown(data: dict, json_path: Path, plot_command: str) -> str:
         plot_command,
         "```",
         "",
-        (f"x = randn({s['batch']}, n) float32; fwd = one call with `x.requires_grad`; fwd+bwd = "
-        f"`(out * g).sum().backward()` with a fixed random `g` (torch.topk: `torch.topk(x, k).values` and "
-        f"`(values * g_k).sum()`). Median over up to {s['repeats']} repeats (slow candidates fewer, at least "
-        f"{s['min_repeats']}; *reps* column) of single calls interleaved in a rotated order; **×topk** = "
-        f"median of the per-repeat ratio to torch.topk timed in the same repeat (fwd to fwd, fwd+bwd to "
-        f"fwd+bwd). **max \\|Σ−k\\|** = max over the {s['batch']} rows of |sum(mask) − k|; **min/max** = range of "
-        f"the mask over the batch; **nnz/row** = range over rows of the number of non-zero entries (all from one "
-        f"forward on the benchmark batch; for sparse_topk_mag, whose output is x-valued, |Σ−k| is shown in "
-        f"parentheses for reference only)."),
+        (
+            f"x = randn({s['batch']}, n) float32; fwd = one call with `x.requires_grad`; fwd+bwd = "
+            f"`(out * g).sum().backward()` with a fixed random `g` (torch.topk: `torch.topk(x, k).values` and "
+            f"`(values * g_k).sum()`). Median over up to {s['repeats']} repeats (slow candidates fewer, at least "
+            f"{s['min_repeats']}; *reps* column) of single calls interleaved in a rotated order; **×topk** = "
+            f"median of the per-repeat ratio to torch.topk timed in the same repeat (fwd to fwd, fwd+bwd to "
+            f"fwd+bwd). **max \\|Σ−k\\|** = max over the {s['batch']} rows of |sum(mask) − k|; **min/max** = range of "
+            f"the mask over the batch; **nnz/row** = range over rows of the number of non-zero entries (all from one "
+            f"forward on the benchmark batch; for sparse_topk_mag, whose output is x-valued, |Σ−k| is shown in "
+            f"parentheses for reference only)."
+        ),
         "",
         f"![fwd+bwd time against n, log-log]({json_path.with_suffix('.png').name})",
         "",
     ]
     by_name = {c["name"]: c for c in data["candidates"]}
     for rule in s["k_rules"]:
-        lines += [f"## {rule}", "",
-                  "| candidate | n | k | fwd ms | fwd ×topk | fwd+bwd ms | fwd+bwd ×topk "
-                  "| max \\|Σ−k\\| | min | max | nnz/row | reps |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"## {rule}",
+            "",
+            "| candidate | n | k | fwd ms | fwd ×topk | fwd+bwd ms | fwd+bwd ×topk "
+            "| max \\|Σ−k\\| | min | max | nnz/row | reps |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         recs = rule_records(data, rule)
         order = {name: i for i, name in enumerate(candidates(data))}
         shown: set[str] = set()
@@ -186,15 +207,30 @@ def markdown(data: dict, json_path: Path, plot_command: str) -> str:
             if name == BASELINE:
                 name = f"**{name}**"
             if r["status"] != "ok":
-                status = {"unavailable": "unavailable", "skipped": "skipped", "error": "ERROR",
-                          "too_slow": "too slow"}.get(r["status"], r["status"])
+                status = {
+                    "unavailable": "unavailable",
+                    "skipped": "skipped",
+                    "error": "ERROR",
+                    "too_slow": "too slow",
+                }.get(r["status"], r["status"])
                 if r["status"] == "unavailable":
                     if r["candidate"] in shown:
                         continue  # one row per unavailable candidate and table is enough
                     shown.add(r["candidate"])
-                cells = [name, str(r["n"]), str(r["k"]), f"*{status}*", "", "", "",
-                         fmt(san.get("sum_err_max"), ".2e"), bound(san, "mask_min"),
-                         bound(san, "mask_max"), nnz(san), "0"]
+                cells = [
+                    name,
+                    str(r["n"]),
+                    str(r["k"]),
+                    f"*{status}*",
+                    "",
+                    "",
+                    "",
+                    fmt(san.get("sum_err_max"), ".2e"),
+                    bound(san, "mask_min"),
+                    bound(san, "mask_max"),
+                    nnz(san),
+                    "0",
+                ]
                 if r["status"] == "unavailable":
                     cells[1] = "all"
                     cells[2] = "all"
@@ -203,11 +239,18 @@ def markdown(data: dict, json_path: Path, plot_command: str) -> str:
             fr = r.get("fwd_ratio") or {}
             br = r.get("fwd_bwd_ratio") or {}
             cells = [
-                name, str(r["n"]), str(r["k"]),
-                ms((r.get("fwd_ms") or {}).get("median")), ratio(fr.get("median")),
-                ms((r.get("fwd_bwd_ms") or {}).get("median")), ratio(br.get("median")),
-sum_err(san, by_name.get(r["candidate"], {}).get("kind", "mask")),
-                bound(san, "mask_min"), bound(san, "mask_max"), nnz(san), str(r["repeats"]),
+                name,
+                str(r["n"]),
+                str(r["k"]),
+                ms((r.get("fwd_ms") or {}).get("median")),
+                ratio(fr.get("median")),
+                ms((r.get("fwd_bwd_ms") or {}).get("median")),
+                ratio(br.get("median")),
+                sum_err(san, by_name.get(r["candidate"], {}).get("kind", "mask")),
+                bound(san, "mask_min"),
+                bound(san, "mask_max"),
+                nnz(san),
+                str(r["repeats"]),
             ]
             if san and not san.get("grad_finite", True):
                 cells[0] += " ⚠ non-finite grad"
@@ -249,8 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     data = load(args.json)
     png, md = args.json.with_suffix(".png"), args.json.with_suffix(".md")
     plot(data, png)
-    command = "python benchmarks/plot_mask.py" + "".join(" " + shlex.quote(a) for a in
-                                                        (sys.argv[1:] if argv is None else argv))
+    command = "python benchmarks/plot_mask.py" + "".join(
+        " " + shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)
+    )
     md.write_text(markdown(data, args.json, command))
     print(f"wrote {png} and {md}")
 

@@ -48,8 +48,10 @@ def configs(data: dict, suite: str) -> list[tuple[int, int]]:
 
 def hardware(data: dict) -> str:
     m = data["machine"]
-    return (f"{m['cpu_model']} ({m['logical_cpus']} logical CPUs), torch {m['torch']} CPU, "
-            f"{m['torch_threads']} thread(s), Python {m['python']}, malloc: {m['malloc']}")
+    return (
+        f"{m['cpu_model']} ({m['logical_cpus']} logical CPUs), torch {m['torch']} CPU, "
+        f"{m['torch_threads']} thread(s), Python {m['python']}, malloc: {m['malloc']}"
+    )
 
 
 def err(record: dict, field: str) -> list[float]:
@@ -68,8 +70,15 @@ def plot(data: dict, out: Path) -> None:
         for i, method in enumerate(CE_METHODS):
             bars = [("softtopk", method, SOFT_COLOR, -width, "softtopk")]
             dense = "bitonic__non_sparse" if method == "bitonic" else None
-            bars.append(("difftopk", method, DIFF_COLOR, 0.0 if dense else width / 2,
-                         "difftopk (sparse)" if method in ("bitonic", "splitter_selection") else "difftopk"))
+            bars.append(
+                (
+                    "difftopk",
+                    method,
+                    DIFF_COLOR,
+                    0.0 if dense else width / 2,
+                    "difftopk (sparse)" if method in ("bitonic", "splitter_selection") else "difftopk",
+                )
+            )
             if dense:
                 bars.append(("difftopk", dense, DIFF_DENSE_COLOR, width, "difftopk bitonic__non_sparse"))
             else:
@@ -78,9 +87,15 @@ def plot(data: dict, out: Path) -> None:
                 r = idx.get(("topk_ce", library, name, n, b))
                 if r is None:
                     continue
-                ax.bar(i + offset, r["x_ce"]["median"], width, color=color,
-                       yerr=[[e] for e in err(r, "x_ce")], capsize=2,
-                       label=label if i in (0, 1) else None)
+                ax.bar(
+                    i + offset,
+                    r["x_ce"]["median"],
+                    width,
+                    color=color,
+                    yerr=[[e] for e in err(r, "x_ce")],
+                    capsize=2,
+                    label=label if i in (0, 1) else None,
+                )
         ax.set_xticks(range(len(CE_METHODS)), [m.replace("_", "\n") for m in CE_METHODS], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("fwd+bwd time / nn.CrossEntropyLoss")
@@ -105,24 +120,46 @@ def plot(data: dict, out: Path) -> None:
     ax_ms = fig.add_subplot(grid[1, 0])
     ax_mem = fig.add_subplot(grid[1, 1])
     for library, method, color, style, label in lines:
-        pts = [(n, idx[("ranks", library, method, n, b)]) for n, b in rank_cfgs
-               if ("ranks", library, method, n, b) in idx]
+        pts = [
+            (n, idx[("ranks", library, method, n, b)]) for n, b in rank_cfgs if ("ranks", library, method, n, b) in idx
+        ]
         if not pts:
             continue
         xs = [n for n, _ in pts]
-        ax_ms.errorbar(xs, [r["ms"]["median"] for _, r in pts],
-                       yerr=list(zip(*[err(r, "ms") for _, r in pts], strict=True)), color=color, ls=style, marker="o",
-                       capsize=2, label=label)
+        ax_ms.errorbar(
+            xs,
+            [r["ms"]["median"] for _, r in pts],
+            yerr=list(zip(*[err(r, "ms") for _, r in pts], strict=True)),
+            color=color,
+            ls=style,
+            marker="o",
+            capsize=2,
+            label=label,
+        )
         if library != "torch":
             peaks = [(n, r["peak_mib"]) for n, r in pts if "peak_mib" in r]
             if peaks:
                 ax_mem.plot(*zip(*peaks, strict=True), color=color, ls=style, marker="o", label=f"{label}: peak RSS")
             live = [(n, r["peak_live_mib"]) for n, r in pts if "peak_live_mib" in r]
             if live:
-                ax_mem.plot(*zip(*live, strict=True), color=color, ls=style, marker="s", mfc="none", alpha=0.8,
-                            label=f"{label}: peak RSS, mmap threshold 128 KiB")
-            ax_mem.plot(xs, [r["saved_mib"] for _, r in pts], color=color, ls=style, marker="x", alpha=0.5,
-                        label=f"{label}: saved for backward")
+                ax_mem.plot(
+                    *zip(*live, strict=True),
+                    color=color,
+                    ls=style,
+                    marker="s",
+                    mfc="none",
+                    alpha=0.8,
+                    label=f"{label}: peak RSS, mmap threshold 128 KiB",
+                )
+            ax_mem.plot(
+                xs,
+                [r["saved_mib"] for _, r in pts],
+                color=color,
+                ls=style,
+                marker="x",
+                alpha=0.5,
+                label=f"{label}: saved for backward",
+            )
     k = data["settings"]["ranks"]["k"]
     b_r = data["settings"]["ranks"]["b"]
     for ax, ylabel in ((ax_ms, "fwd+bwd ms"), (ax_mem, "MiB")):
@@ -139,12 +176,16 @@ def plot(data: dict, out: Path) -> None:
     ax_txt = fig.add_subplot(grid[1, 2])
     ax_txt.axis("off")
     s = data["settings"]
-    text = [hardware(data), f"{data['machine']['date']}, load avg {data['machine']['loadavg_before'][0]:.1f}"
-            f" -> {data['machine']['loadavg_after'][0]:.1f}",
-            f"{s.get('timing_mode', 'steady-state loops')}, up to {s['repeats']} repeats (median, IQR bars), "
-            f"warm-up {s['warmup']}",
-            f"m={s['m']}, P_K={s['p_k']}, top1_mode {s['top1_mode']}",
-            f"networks {s['network_params']}; NeuralSort/SoftSort tau {s['tau']}", ""]
+    text = [
+        hardware(data),
+        f"{data['machine']['date']}, load avg {data['machine']['loadavg_before'][0]:.1f}"
+        f" -> {data['machine']['loadavg_after'][0]:.1f}",
+        f"{s.get('timing_mode', 'steady-state loops')}, up to {s['repeats']} repeats (median, IQR bars), "
+        f"warm-up {s['warmup']}",
+        f"m={s['m']}, P_K={s['p_k']}, top1_mode {s['top1_mode']}",
+        f"networks {s['network_params']}; NeuralSort/SoftSort tau {s['tau']}",
+        "",
+    ]
     text += [""] + ["note: " + "\n  ".join(textwrap.wrap(n, 80)) for n in data["notes"]]
     ax_txt.text(0, 1, "\n".join(text), va="top", ha="left", fontsize=7, family="monospace", wrap=True)
     fig.suptitle("softtopk vs difftopk 0.2.0 (CPU)")
@@ -196,8 +237,10 @@ def markdown(data: dict, figure: str) -> str:
                 speed = "—"
                 if theirs and "speedup_vs_softtopk" in theirs:
                     speed = f"{theirs['speedup_vs_softtopk']['median']:.1f}×"
-                lines.append(f"| {label} | n={n}, b={b} | {fmt_ms(mine)} | {fmt_x(mine)} | {fmt_ms(theirs)} | "
-                             f"{fmt_x(theirs)} | {speed} |")
+                lines.append(
+                    f"| {label} | n={n}, b={b} | {fmt_ms(mine)} | {fmt_x(mine)} | {fmt_ms(theirs)} | "
+                    f"{fmt_x(theirs)} | {speed} |"
+                )
     r = s["ranks"]
     lines += [
         "",
@@ -214,8 +257,12 @@ def markdown(data: dict, figure: str) -> str:
         "| difftopk ÷ softtopk bitonic |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    names = [("softtopk", "bitonic"), ("softtopk", "splitter_selection"), ("difftopk", "bitonic_sparse"),
-             ("difftopk", "bitonic_dense")]
+    names = [
+        ("softtopk", "bitonic"),
+        ("softtopk", "splitter_selection"),
+        ("difftopk", "bitonic_sparse"),
+        ("difftopk", "bitonic_dense"),
+    ]
     for n, b in configs(data, "ranks"):
         for library, method in names:
             rec = idx.get(("ranks", library, method, n, b))
@@ -225,8 +272,10 @@ def markdown(data: dict, figure: str) -> str:
             peak = f"{rec['peak_mib']:.1f}" if "peak_mib" in rec else "—"
             cold = f"{rec['peak_cold_mib']:.1f}" if "peak_cold_mib" in rec else "—"
             live = f"{rec['peak_live_mib']:.1f}" if "peak_live_mib" in rec else "—"
-            lines.append(f"| {n} | {library} {method} | {fmt_ms(rec)} | {fmt_x(rec)} | {rec['saved_mib']:.2f} | "
-                         f"{peak} | {live} | {cold} | {speed} |")
+            lines.append(
+                f"| {n} | {library} {method} | {fmt_ms(rec)} | {fmt_x(rec)} | {rec['saved_mib']:.2f} | "
+                f"{peak} | {live} | {cold} | {speed} |"
+            )
     if data["notes"]:
         lines += ["", *[f"Note: {note}." for note in data["notes"]]]
     return "\n".join(lines) + "\n"

@@ -35,7 +35,7 @@ def _rewrite_blocks(text: str) -> str:
         pad = " " * indent
         if stripped == ".. math::":
             end = _block_end(lines, i + 1, indent)
-            body = [body_line.strip() for body_line in lines[i + 1:end] if body_line.strip()]
+            body = [body_line.strip() for body_line in lines[i + 1 : end] if body_line.strip()]
             out += [pad + "\\[", *(pad + body_line for body_line in body), pad + "\\]"]
             i = end
         elif stripped.startswith(">>>"):

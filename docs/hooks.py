@@ -13,8 +13,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _published() -> dict[str, Path]:
     """Site path -> source file."""
-    pages = {"benchmarks/index.md": ROOT / "benchmarks" / "README.md", "changelog.md": ROOT / "CHANGELOG.md",
-             "contributing.md": ROOT / "CONTRIBUTING.md"}
+    pages = {
+        "benchmarks/index.md": ROOT / "benchmarks" / "README.md",
+        "changelog.md": ROOT / "CHANGELOG.md",
+        "contributing.md": ROOT / "CONTRIBUTING.md",
+    }
     for path in sorted((ROOT / "benchmarks" / "results").glob("*")):
         if path.suffix in (".md", ".png"):
             pages[f"benchmarks/results/{path.name}"] = path
@@ -29,8 +32,12 @@ def on_files(files: Files, config) -> Files:
 
 # The README is the site's home page (docs/index.md names it): its links are relative to the
 # repository root, the site's to docs/, so the hook inlines it with its links rewritten.
-_README_LINKS = {"](docs/": "](", "](benchmarks/README.md)": "](benchmarks/index.md)", "](CHANGELOG.md)": "](changelog.md)",
-                 "](CONTRIBUTING.md)": "](contributing.md)"}
+_README_LINKS = {
+    "](docs/": "](",
+    "](benchmarks/README.md)": "](benchmarks/index.md)",
+    "](CHANGELOG.md)": "](changelog.md)",
+    "](CONTRIBUTING.md)": "](contributing.md)",
+}
 _README_INCLUDE = '--8<-- "README.md"'
 
 

@@ -62,17 +62,25 @@ from softtopk_lab.wordnet import load_builtin
 
 N_EXPERTS, K, BATCH = 8, 2, 256
 SETTINGS = ("hard", "lapsum", "sparse", "straight_through")
-COLUMNS = [("top1", "top-1 (%)", ".2f"), ("top5", "top-5 (%)", ".2f"), ("load_cv", "load CV", ".3f"),
-           ("max_load", "max/mean load", ".2f"), ("aux", "aux loss", ".4f"), ("gate_sum", "gate sum", ".3f"),
-           ("ms_step", "ms / step", ".2f")]
+COLUMNS = [
+    ("top1", "top-1 (%)", ".2f"),
+    ("top5", "top-5 (%)", ".2f"),
+    ("load_cv", "load CV", ".3f"),
+    ("max_load", "max/mean load", ".2f"),
+    ("aux", "aux loss", ".4f"),
+    ("gate_sum", "gate sum", ".3f"),
+    ("ms_step", "ms / step", ".2f"),
+]
 
 
 def router_params(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`softtopk.TopKRouter` keyword arguments of a setting."""
-    return {"hard": {"method": "hard"},
-            "lapsum": {"method": "lapsum", "tau": args.tau},
-            "sparse": {"method": "sparse", "l": args.l, "p": 4 / 3},
-            "straight_through": {"method": "lapsum", "tau": args.tau, "hard": True}}[setting]
+    return {
+        "hard": {"method": "hard"},
+        "lapsum": {"method": "lapsum", "tau": args.tau},
+        "sparse": {"method": "sparse", "l": args.l, "p": 4 / 3},
+        "straight_through": {"method": "lapsum", "tau": args.tau, "hard": True},
+    }[setting]
 
 
 class MoE(torch.nn.Module):
@@ -83,7 +91,8 @@ class MoE(torch.nn.Module):
         self.router = router
         self.experts = torch.nn.ModuleList(
             torch.nn.Sequential(torch.nn.Linear(d_model, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, d_model))
-            for _ in range(router.n_experts))
+            for _ in range(router.n_experts)
+        )
         self.last: softtopk.Routing | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,8 +121,9 @@ class Classifier(torch.nn.Module):
         return self.head(x + self.moe(x))
 
 
-def train(model: Classifier, x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace,
-          g: torch.Generator) -> tuple[float, float]:
+def train(
+    model: Classifier, x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace, g: torch.Generator
+) -> tuple[float, float]:
     """Train in place; return the last epoch's mean aux loss and the median step time (ms)."""
     optimiser = torch.optim.Adam(model.parameters(), lr=args.lr)
     steps_ms, aux = [], []
@@ -138,19 +148,25 @@ def evaluate(model: Classifier, x: torch.Tensor, y: torch.Tensor) -> dict[str, f
     top5 = model(x).topk(5, dim=-1).indices
     weights, indices = model.moe.last
     counts = torch.bincount(indices.reshape(-1), minlength=N_EXPERTS).double()
-    return {"top1": 100 * (top5[:, 0] == y).double().mean().item(),
-            "top5": 100 * (top5 == y[:, None]).any(-1).double().mean().item(),
-            "load_cv": (counts.std(correction=0) / counts.mean()).item(),
-            "max_load": (counts.max() / counts.mean()).item(),
-            "gate_sum": weights.sum(-1).double().mean().item()}
+    return {
+        "top1": 100 * (top5[:, 0] == y).double().mean().item(),
+        "top5": 100 * (top5 == y[:, None]).any(-1).double().mean().item(),
+        "load_cv": (counts.std(correction=0) / counts.mean()).item(),
+        "max_load": (counts.max() / counts.mean()).item(),
+        "gate_sum": weights.sum(-1).double().mean().item(),
+    }
 
 
 def load() -> dict[str, torch.Tensor]:
     """``wordnet148``'s train and test splits, ``x`` scaled to unit mean square per feature."""
     data = load_builtin("wordnet148")
     scale = data["train_embeddings"].shape[1] ** 0.5
-    return {"x_train": data["train_embeddings"] * scale, "y_train": data["train_labels"],
-            "x_test": data["test_embeddings"] * scale, "y_test": data["test_labels"]}
+    return {
+        "x_train": data["train_embeddings"] * scale,
+        "y_train": data["train_labels"],
+        "x_test": data["test_embeddings"] * scale,
+        "y_test": data["test_labels"],
+    }
 
 
 def run(setting: str, seed: int, data: dict[str, torch.Tensor], args: argparse.Namespace) -> dict[str, float]:
@@ -169,15 +185,23 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--alpha", type=float, default=1e-2, help="weight of the load-balancing loss")
     p.add_argument("--hidden", type=int, default=64, help="hidden width of an expert")
-    p.add_argument("--tau", type=float, default=0.5,
-                   help="LapSum temperature (lapsum, straight_through): the router's logits have a spread (std "
-                        "over experts) of about 0.55 at initialisation and 1.3 after training the hard router, "
-                        "whose median gap between the 2nd and 3rd logit is 0.43; tau = 0.5 is of that scale, so "
-                        "the gate is neither saturated nor flat (the two chosen weights of LapSum sum to 1.5 on "
-                        "average on the trained hard router's logits, 1.14 at initialisation)")
-    p.add_argument("--l", type=float, default=3.0,
-                   help="sparse regularisation strength (p = 4/3): on the same logits, l = 3 gives the mean "
-                        "gate sum of LapSum at tau = 0.5 (1.48 vs 1.50 trained, 1.05 vs 1.14 at init)")
+    p.add_argument(
+        "--tau",
+        type=float,
+        default=0.5,
+        help="LapSum temperature (lapsum, straight_through): the router's logits have a spread (std "
+        "over experts) of about 0.55 at initialisation and 1.3 after training the hard router, "
+        "whose median gap between the 2nd and 3rd logit is 0.43; tau = 0.5 is of that scale, so "
+        "the gate is neither saturated nor flat (the two chosen weights of LapSum sum to 1.5 on "
+        "average on the trained hard router's logits, 1.14 at initialisation)",
+    )
+    p.add_argument(
+        "--l",
+        type=float,
+        default=3.0,
+        help="sparse regularisation strength (p = 4/3): on the same logits, l = 3 gives the mean "
+        "gate sum of LapSum at tau = 0.5 (1.48 vs 1.50 trained, 1.05 vs 1.14 at init)",
+    )
     p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS), help="routers to compare")
     args = p.parse_args()
     torch.set_num_threads(args.threads)

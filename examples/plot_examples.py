@@ -36,8 +36,14 @@ def _bars(ax, results: dict[str, Any], metrics: list[tuple[str, str]], title: st
     names, width = list(results), 0.8 / len(metrics)
     for j, (key, label) in enumerate(metrics):
         xs = [i + (j - (len(metrics) - 1) / 2) * width for i in range(len(names))]
-        ax.bar(xs, [results[n][key]["mean"] for n in names], width, yerr=[results[n][key]["std"] for n in names],
-               capsize=2, label=label)
+        ax.bar(
+            xs,
+            [results[n][key]["mean"] for n in names],
+            width,
+            yerr=[results[n][key]["std"] for n in names],
+            capsize=2,
+            label=label,
+        )
     ax.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names], fontsize=7)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
@@ -55,10 +61,19 @@ def _moe(ax, results: dict[str, Any]) -> None:
 
 def _pruning(ax, results: dict[str, Any]) -> None:
     for method, style in (("magnitude_after", "s--"), ("magnitude_after_finetune", "^-"), ("sparse_mag", "o-")):
-        points = sorted((float(name.split("@")[1].rstrip("%")), value["accuracy"])
-                        for name, value in results.items() if name.split("@")[0] == method)
-        ax.errorbar([d for d, _ in points], [v["mean"] for _, v in points], [v["std"] for _, v in points],
-                    fmt=style, capsize=2, label=method)
+        points = sorted(
+            (float(name.split("@")[1].rstrip("%")), value["accuracy"])
+            for name, value in results.items()
+            if name.split("@")[0] == method
+        )
+        ax.errorbar(
+            [d for d, _ in points],
+            [v["mean"] for _, v in points],
+            [v["std"] for _, v in points],
+            fmt=style,
+            capsize=2,
+            label=method,
+        )
     ax.axhline(results["dense"]["accuracy"]["mean"], color="gray", ls=":", label="dense")
     ax.set_xscale("log")
     densities = sorted({float(name.split("@")[1].rstrip("%")) for name in results if "@" in name})
@@ -76,9 +91,16 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("docs/assets/examples.png"), help="the figure")
     args = p.parse_args()
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    panels = (("moe_routing", _moe), ("pruning", _pruning),
-              ("ranking", lambda ax, r: _bars(ax, r, [("ndcg10", "NDCG@10"), ("recall10", "recall@10")],
-                                              "Re-ranking WordNet retrieval lists")))
+    panels = (
+        ("moe_routing", _moe),
+        ("pruning", _pruning),
+        (
+            "ranking",
+            lambda ax, r: _bars(
+                ax, r, [("ndcg10", "NDCG@10"), ("recall10", "recall@10")], "Re-ranking WordNet retrieval lists"
+            ),
+        ),
+    )
     for ax, (name, draw) in zip(axes, panels, strict=True):
         results = _load(args.runs / f"{name}.json")
         if results is None:

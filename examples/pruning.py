@@ -83,8 +83,14 @@ def effective(model: nn.ModuleList, weight_fn: WeightFn) -> list[torch.Tensor]:
     return [weight_fn(i, layer.weight) for i, layer in enumerate(model)]
 
 
-def train(model: nn.ModuleList, weight_fn: WeightFn, data: Data, args: argparse.Namespace,
-          generator: torch.Generator, epochs: int) -> float:
+def train(
+    model: nn.ModuleList,
+    weight_fn: WeightFn,
+    data: Data,
+    args: argparse.Namespace,
+    generator: torch.Generator,
+    epochs: int,
+) -> float:
     """Adam on the cross-entropy for ``epochs`` epochs; returns the median time per step in ms."""
     optimiser = torch.optim.Adam(model.parameters(), lr=args.lr)
     images, labels = data["train_x"], data["train_labels"]
@@ -127,12 +133,15 @@ def masked(masks: list[torch.Tensor]) -> WeightFn:
     return lambda i, w: w * masks[i]
 
 
-def pruned_baselines(dense: nn.ModuleList, ks: list[int], data: Data, args: argparse.Namespace, seed: int,
-                     dense_ms: float) -> dict[str, dict[str, float]]:
+def pruned_baselines(
+    dense: nn.ModuleList, ks: list[int], data: Data, args: argparse.Namespace, seed: int, dense_ms: float
+) -> dict[str, dict[str, float]]:
     """``magnitude_after`` (each layer's k largest |w| of the dense model) and, after one epoch of fine-tuning
     with that mask fixed, ``magnitude_after_finetune``."""
-    masks = [softtopk.hard_topk_mask(layer.weight.detach().abs().flatten(), k).view_as(layer.weight)
-             for layer, k in zip(dense, ks, strict=True)]
+    masks = [
+        softtopk.hard_topk_mask(layer.weight.detach().abs().flatten(), k).view_as(layer.weight)
+        for layer, k in zip(dense, ks, strict=True)
+    ]
     after = evaluate(dense, effective(dense, masked(masks)), data) | {"ms_per_step": dense_ms}
     model = make_model()
     model.load_state_dict(dense.state_dict())
@@ -151,9 +160,13 @@ def sparse_runs(ks: list[int], data: Data, args: argparse.Namespace, seed: int) 
     with torch.no_grad():
         soft = effective(model, soft_mag(ks, args.l))
         hard = [softtopk.hard_topk_mag(w.flatten(), k).view_as(w) for w, k in zip(soft, ks, strict=True)]
-    counts = {f"soft_nnz_over_k_layer{i}": int(w.count_nonzero()) / k for i, (w, k) in enumerate(zip(soft, ks, strict=True))}
-    return {"sparse_mag": evaluate(model, hard, data) | {"ms_per_step": ms},
-            "sparse_mag_soft_eval": evaluate(model, soft, data) | {"ms_per_step": ms} | counts}
+    counts = {
+        f"soft_nnz_over_k_layer{i}": int(w.count_nonzero()) / k for i, (w, k) in enumerate(zip(soft, ks, strict=True))
+    }
+    return {
+        "sparse_mag": evaluate(model, hard, data) | {"ms_per_step": ms},
+        "sparse_mag_soft_eval": evaluate(model, soft, data) | {"ms_per_step": ms} | counts,
+    }
 
 
 def run_seed(seed: int, data: Data, args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -172,9 +185,12 @@ def run_seed(seed: int, data: Data, args: argparse.Namespace) -> dict[str, dict[
 def load_data(train_size: int) -> Data:
     """MNIST as flat float images: the first ``train_size`` training images and the test set."""
     mnist = load_mnist()
-    return {"train_x": mnist["train_images"][:train_size].flatten(1),
-            "train_labels": mnist["train_labels"][:train_size],
-            "test_x": mnist["test_images"].flatten(1), "test_labels": mnist["test_labels"]}
+    return {
+        "train_x": mnist["train_images"][:train_size].flatten(1),
+        "train_labels": mnist["train_labels"][:train_size],
+        "test_x": mnist["test_images"].flatten(1),
+        "test_labels": mnist["test_labels"],
+    }
 
 
 def main() -> int:
@@ -183,13 +199,22 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     p.add_argument("--batch_size", type=int, default=128, help="minibatch size")
     p.add_argument("--train_size", type=int, default=50000, help="use the first N of the 50,000 training images")
-    p.add_argument("--densities", type=float, nargs="+", default=[0.1, 0.05, 0.01],
-                   help="fractions of each weight matrix kept (k = max(1, round(d * numel)) per layer)")
-    p.add_argument("--l", type=float, default=1e-2,
-                   help="sparse_topk_mag's lambda, fixed for all seeds and densities. Its units are |w|^(2-p) = "
-                        "|w|^(2/3), about 0.07-0.13 for the initial weights: 1e-2 gives 1.3-7.4 k nonzeros at "
-                        "initialisation (sparse, not the hard top-k); the kept weights grow and within ~50 steps "
-                        "the output is within a few %% of k nonzeros")
+    p.add_argument(
+        "--densities",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.05, 0.01],
+        help="fractions of each weight matrix kept (k = max(1, round(d * numel)) per layer)",
+    )
+    p.add_argument(
+        "--l",
+        type=float,
+        default=1e-2,
+        help="sparse_topk_mag's lambda, fixed for all seeds and densities. Its units are |w|^(2-p) = "
+        "|w|^(2/3), about 0.07-0.13 for the initial weights: 1e-2 gives 1.3-7.4 k nonzeros at "
+        "initialisation (sparse, not the hard top-k); the kept weights grow and within ~50 steps "
+        "the output is within a few %% of k nonzeros",
+    )
     args = p.parse_args()
     if not all(0 < d <= 1 for d in args.densities):
         p.error(f"--densities must lie in (0, 1], got {args.densities}")
@@ -203,8 +228,14 @@ def main() -> int:
         return 2
     runs = [run_seed(seed, data, args) for seed in args.seeds]
     results = {name: summarise([run[name] for run in runs]) for name in runs[0]}
-    markdown = table(results, [("accuracy", "test accuracy (%)", ".2f"), ("nonzero", "nonzero weights (%)", ".2f"),
-                               ("ms_per_step", "ms / step", ".1f")])
+    markdown = table(
+        results,
+        [
+            ("accuracy", "test accuracy (%)", ".2f"),
+            ("nonzero", "nonzero weights (%)", ".2f"),
+            ("ms_per_step", "ms / step", ".1f"),
+        ],
+    )
     write_results(args.out, args, results, markdown)
     print(markdown)
     return 0

@@ -81,11 +81,11 @@ def build_lists(x: torch.Tensor, y: torch.Tensor, size: int, min_size: int, posi
         length = int(torch.randint(min_size, size + 1, (), generator=g))
         same = (y == y[q]).nonzero().squeeze(1)
         same = same[same != q]
-        pos = same[torch.randperm(len(same), generator=g)[:int(torch.randint(1, positives + 1, (), generator=g))]]
-        hard = nearest[q, :(length - len(pos)) // 2]
+        pos = same[torch.randperm(len(same), generator=g)[: int(torch.randint(1, positives + 1, (), generator=g))]]
+        hard = nearest[q, : (length - len(pos)) // 2]
         others = (y != y[q]).nonzero().squeeze(1)
         others = others[~torch.isin(others, hard)]
-        rand = others[torch.randperm(len(others), generator=g)[:length - len(pos) - len(hard)]]
+        rand = others[torch.randperm(len(others), generator=g)[: length - len(pos) - len(hard)]]
         order = torch.randperm(length, generator=g)
         items[q, :length] = torch.cat([pos, hard, rand])[order]
         relevance[q, :length] = (order < len(pos)).float()
@@ -167,8 +167,11 @@ def run(setting: str, seed: int, data: dict[str, torch.Tensor], args: argparse.N
     with torch.no_grad():
         s = scores(w, data["x_eval"], torch.arange(len(data["eval_items"])), data["eval_items"])
     rel, mask = data["eval_rel"], data["eval_mask"]
-    return {"ndcg10": ndcg_at(s, rel, mask).mean().item(), "recall10": recall_at(s, rel, mask).mean().item(),
-            "ms_step": statistics.median(steps_ms)}
+    return {
+        "ndcg10": ndcg_at(s, rel, mask).mean().item(),
+        "recall10": recall_at(s, rel, mask).mean().item(),
+        "ms_step": statistics.median(steps_ms),
+    }
 
 
 def load(args: argparse.Namespace) -> dict[str, torch.Tensor]:
@@ -178,7 +181,8 @@ def load(args: argparse.Namespace) -> dict[str, torch.Tensor]:
     for part, split in (("train", "train"), ("eval", args.eval_split)):
         out[f"x_{part}"] = d[f"{split}_embeddings"]
         out[f"{part}_items"], out[f"{part}_rel"], out[f"{part}_mask"] = build_lists(
-            d[f"{split}_embeddings"], d[f"{split}_labels"], args.list_size, args.min_size, args.positives)
+            d[f"{split}_embeddings"], d[f"{split}_labels"], args.list_size, args.min_size, args.positives
+        )
     return out
 
 
@@ -186,22 +190,34 @@ def main() -> None:
     """Parse the flags, build the lists, train and evaluate every setting with every seed, write the JSON."""
     p = parser(__doc__.split("\n")[0], out="ranking.json")
     p.add_argument("--epochs", type=int, default=15, help="training epochs (every train gloss is a query once)")
-    p.add_argument("--lr", type=float, default=3e-3,
-                   help="Adam learning rate, with --epochs chosen on the validation lists of seed 0 among (lr, epochs) "
-                        "in {(1e-3, 15), (3e-3, 5), (3e-3, 15), (1e-2, 5), (1e-2, 15), (3e-3, 30)}: (3e-3, 15) is the "
-                        "best for 'ndcg_softsort' and within 0.003 NDCG@10 of the best for the other three losses")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=3e-3,
+        help="Adam learning rate, with --epochs chosen on the validation lists of seed 0 among (lr, epochs) "
+        "in {(1e-3, 15), (3e-3, 5), (3e-3, 15), (1e-2, 5), (1e-2, 15), (3e-3, 30)}: (3e-3, 15) is the "
+        "best for 'ndcg_softsort' and within 0.003 NDCG@10 of the best for the other three losses",
+    )
     p.add_argument("--batch_size", type=int, default=64, help="lists per step")
     p.add_argument("--list_size", type=int, default=50, help="most candidates per list (the padded length)")
     p.add_argument("--min_size", type=int, default=20, help=f"fewest candidates per list (at least {CUTOFF})")
     p.add_argument("--positives", type=int, default=5, help="most same-class candidates per list (relevance 1)")
-    p.add_argument("--tau", type=float, default=0.3,
-                   help="NeuralSort temperature of 'ndcg', the same for every seed. Score scale: cosine scores sit "
-                        "about 0.006 apart near rank 10 and spread 0.3 over a list's top 20 (0.02 and 0.7 after "
-                        "training), so the grid {0.01, 0.03, 0.1, 0.3, 1} runs from nearly hard to very smooth ranks; "
-                        "validation NDCG@10 on seed 0: 0.422, 0.437, 0.462, 0.472, 0.460")
-    p.add_argument("--tau_softsort", type=float, default=0.1,
-                   help="SoftSort temperature of 'ndcg_softsort', chosen the same way (validation NDCG@10 0.452, "
-                        "0.471, 0.483, 0.479, 0.439)")
+    p.add_argument(
+        "--tau",
+        type=float,
+        default=0.3,
+        help="NeuralSort temperature of 'ndcg', the same for every seed. Score scale: cosine scores sit "
+        "about 0.006 apart near rank 10 and spread 0.3 over a list's top 20 (0.02 and 0.7 after "
+        "training), so the grid {0.01, 0.03, 0.1, 0.3, 1} runs from nearly hard to very smooth ranks; "
+        "validation NDCG@10 on seed 0: 0.422, 0.437, 0.462, 0.472, 0.460",
+    )
+    p.add_argument(
+        "--tau_softsort",
+        type=float,
+        default=0.1,
+        help="SoftSort temperature of 'ndcg_softsort', chosen the same way (validation NDCG@10 0.452, "
+        "0.471, 0.483, 0.479, 0.439)",
+    )
     p.add_argument("--eval_split", choices=("test", "val"), default="test", help="split of the evaluation lists")
     p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS), help="losses to compare")
     args = p.parse_args()

@@ -75,8 +75,12 @@ def loss_of(setting: str, args: argparse.Namespace):
     def rank(pred: torch.Tensor, target: torch.Tensor, regularization: str = "l2") -> torch.Tensor:
         return softtopk.spearman_loss(pred, target, regularization=regularization, strength=args.strength)
 
-    return {"mse": mse, "spearman": rank, "spearman_kl": lambda p, t: rank(p, t, "kl"),
-            "mse+spearman": lambda p, t: mse(p, t) + rank(p, t)}[setting]
+    return {
+        "mse": mse,
+        "spearman": rank,
+        "spearman_kl": lambda p, t: rank(p, t, "kl"),
+        "mse+spearman": lambda p, t: mse(p, t) + rank(p, t),
+    }[setting]
 
 
 def correlations(pred: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
@@ -119,8 +123,11 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     data = load()
-    columns = [("spearman", "Spearman ρ (test)", ".3f"), ("pearson", "Pearson r (test)", ".3f"),
-               ("ms_step", "ms/step", ".2f")]
+    columns = [
+        ("spearman", "Spearman ρ (test)", ".3f"),
+        ("pearson", "Pearson r (test)", ".3f"),
+        ("ms_step", "ms/step", ".2f"),
+    ]
     compare(args, lambda setting, seed: run(setting, seed, data, args), columns)
 
 

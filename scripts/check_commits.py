@@ -55,8 +55,9 @@ def problems(message: str) -> list[str]:
 
 def _messages(args: list[str]) -> list[tuple[str, str]]:
     """``(short hash, message)`` of the non-merge commits ``git log args`` lists."""
-    log = subprocess.run(["git", "log", "--no-merges", "--format=%h%x00%B%x00", *args],
-                         capture_output=True, text=True, check=True).stdout
+    log = subprocess.run(
+        ["git", "log", "--no-merges", "--format=%h%x00%B%x00", *args], capture_output=True, text=True, check=True
+    ).stdout
     fields = log.split("\0")
     return [(fields[i].strip(), fields[i + 1]) for i in range(0, len(fields) - 1, 2)]
 

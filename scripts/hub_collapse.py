@@ -44,8 +44,10 @@ def report(name: str, model: torch.nn.Linear, data) -> None:
     rank = (scores > scores.gather(1, y[:, None])).sum(1)
     hub_share = torch.bincount(scores.argmax(1)).max().item() / len(y)
     ranks = ", ".join(f"{100 * (rank == r).float().mean():.0f}%" for r in range(5))
-    print(f"  {name:<50} top-1 {100 * (rank == 0).float().mean():5.1f}%  top-5 {100 * (rank < 5).float().mean():5.1f}%"
-          f"  hub share {100 * hub_share:4.1f}%  label at rank 1..5: {ranks}")
+    print(
+        f"  {name:<50} top-1 {100 * (rank == 0).float().mean():5.1f}%  top-5 {100 * (rank < 5).float().mean():5.1f}%"
+        f"  hub share {100 * hub_share:4.1f}%  label at rank 1..5: {ranks}"
+    )
 
 
 def ours(method: str, beta: float, p_k, **kw) -> TopKCrossEntropyLoss:
@@ -63,8 +65,9 @@ def main() -> None:
     except ImportError:
         print("  (difftopk is not installed: the original's row is skipped)")
     else:
-        original = difftopk.TopKCrossEntropyLoss(diffsort_method="neuralsort", inverse_temperature=0.5, p_k=P_TOP5,
-                                                 n=148, m=16)
+        original = difftopk.TopKCrossEntropyLoss(
+            diffsort_method="neuralsort", inverse_temperature=0.5, p_k=P_TOP5, n=148, m=16
+        )
         report("neuralsort beta .5 P_K [.25,0,0,0,.75] (difftopk)", train(original, data), data)
     report("softsort beta .5 P_K [.2]*5 (softtopk)", train(ours("softsort", 0.5, [0.2] * 5), data), data)
 
@@ -79,8 +82,9 @@ def main() -> None:
         "neuralsort beta .5 P_K [.25,0,0,0,.75]": ours("neuralsort", 0.5, P_TOP5),
         "neuralsort beta .5 P_K [.2]*5": ours("neuralsort", 0.5, [0.2] * 5),
         "softsort beta .5 P_K [.2]*5": ours("softsort", 0.5, [0.2] * 5),
-        "splitter logistic_phi beta 1 P_K [.2]*5": ours("splitter_selection", 1.0, [0.2] * 5,
-                                                        distribution="logistic_phi", art_lambda=0.5),
+        "splitter logistic_phi beta 1 P_K [.2]*5": ours(
+            "splitter_selection", 1.0, [0.2] * 5, distribution="logistic_phi", art_lambda=0.5
+        ),
     }
     for name, loss_fn in losses.items():
         values = []

@@ -40,9 +40,11 @@ def main() -> None:
     repeats = parser.parse_args().repeats
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; median of {repeats} steps")
-    cases = [("resnet18_cifar(100), batch 128 x 3x32x32", resnet18_cifar(100), torch.randn(128, 3, 32, 32)),
-             ("PreActResNet18, 200 x 1x28x28", PreActResNet18(in_channels=1), torch.randn(200, 1, 28, 28)),
-             ("ConvNet, 200 x 1x28x28", ConvNet(), torch.randn(200, 1, 28, 28))]
+    cases = [
+        ("resnet18_cifar(100), batch 128 x 3x32x32", resnet18_cifar(100), torch.randn(128, 3, 32, 32)),
+        ("PreActResNet18, 200 x 1x28x28", PreActResNet18(in_channels=1), torch.randn(200, 1, 28, 28)),
+        ("ConvNet, 200 x 1x28x28", ConvNet(), torch.randn(200, 1, 28, 28)),
+    ]
     for name, model, images in cases:
         print(f"  {name:<42} {step_seconds(model, images, repeats):8.3f} s/step")
 

@@ -55,5 +55,12 @@ def hard_topk_ranks(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.nn.functional.one_hot(index, x.shape[-1]).transpose(-1, -2).to(x.dtype)
 
 
-__all__ = ["DISTRIBUTIONS", "EQUIVARIANT_METHODS", "NETWORK_TYPES", "RANK_METHODS", "assert_same_values_and_grads",
-           "hard_topk_ranks", "method_params"]
+__all__ = [
+    "DISTRIBUTIONS",
+    "EQUIVARIANT_METHODS",
+    "NETWORK_TYPES",
+    "RANK_METHODS",
+    "assert_same_values_and_grads",
+    "hard_topk_ranks",
+    "method_params",
+]

@@ -11,5 +11,6 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 def run_example(name: str, *flags: str) -> subprocess.CompletedProcess[str]:
     """Run ``examples/<name>`` with ``flags`` (cwd: the repository root), capturing its output."""
-    return subprocess.run([sys.executable, str(EXAMPLES / name), *flags], cwd=EXAMPLES.parent, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *flags], cwd=EXAMPLES.parent, capture_output=True, text=True, timeout=120
+    )

@@ -24,16 +24,19 @@ def test_a_message_that_follows_the_convention_passes(check):
     assert check.problems("Fix the sparse mask's bias\n\nIt was measured at ...") == []
 
 
-@pytest.mark.parametrize(("message", "problem"), [
-    ("A" * 73 + "\n\nwhy", "subject has 73 characters (at most 72)"),
-    ("Add the thing.\n\nwhy", "subject ends with a period"),
-    ("Added the thing\n\nwhy", "subject starts with 'Added': use the imperative mood"),
-    ("Fixes the thing\n\nwhy", "subject starts with 'Fixes': use the imperative mood"),
-    ("lab: moving the loop\n\nwhy", "subject starts with 'moving': use the imperative mood"),
-    ("Add the thing\nwhy", "no blank line after the subject"),
-    ("Add the thing", "no body saying why"),
-    ("", "empty subject"),
-])
+@pytest.mark.parametrize(
+    ("message", "problem"),
+    [
+        ("A" * 73 + "\n\nwhy", "subject has 73 characters (at most 72)"),
+        ("Add the thing.\n\nwhy", "subject ends with a period"),
+        ("Added the thing\n\nwhy", "subject starts with 'Added': use the imperative mood"),
+        ("Fixes the thing\n\nwhy", "subject starts with 'Fixes': use the imperative mood"),
+        ("lab: moving the loop\n\nwhy", "subject starts with 'moving': use the imperative mood"),
+        ("Add the thing\nwhy", "no blank line after the subject"),
+        ("Add the thing", "no body saying why"),
+        ("", "empty subject"),
+    ],
+)
 def test_each_broken_rule_is_named(check, message, problem):
     assert any(found.startswith(problem) for found in check.problems(message)), check.problems(message)
 

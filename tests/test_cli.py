@@ -33,8 +33,11 @@ def test_demo_prints_every_method_trains_every_family_and_writes_json_and_plot(t
     assert main(["demo", "--n_epochs", "1", "--out", str(tmp_path)]) == 0
     again = json.loads((tmp_path / "demo.json").read_text())["runs"]
     for name, run in results["runs"].items():
-        assert (again[name]["top1"], again[name]["top5"], again[name]["curve"]) == (run["top1"], run["top5"],
-                                                                                    run["curve"])
+        assert (again[name]["top1"], again[name]["top5"], again[name]["curve"]) == (
+            run["top1"],
+            run["top5"],
+            run["curve"],
+        )
 
 
 def test_demo_rejects_non_positive_epochs(capsys):
@@ -81,15 +84,32 @@ def _file(path, **tensors):
 
 
 def _good(n=40, classes=5, dim=4, **changes):
-    data = {"train_embeddings": torch.randn(n, dim), "train_labels": torch.arange(n) % classes,
-            "test_embeddings": torch.randn(10, dim), "test_labels": torch.arange(10) % classes}
+    data = {
+        "train_embeddings": torch.randn(n, dim),
+        "train_labels": torch.arange(n) % classes,
+        "test_embeddings": torch.randn(10, dim),
+        "test_labels": torch.arange(10) % classes,
+    }
     data.update(changes)
     return data
 
 
 def _error(tmp_path, capsys, data_path, *flags):
-    argv = ["train-embeddings", "-d", data_path, "--method", "softsort", "--p_k", "1", "--n_epochs", "1",
-            "--no-progress", "--out", str(tmp_path / "run"), *flags]
+    argv = [
+        "train-embeddings",
+        "-d",
+        data_path,
+        "--method",
+        "softsort",
+        "--p_k",
+        "1",
+        "--n_epochs",
+        "1",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "run"),
+        *flags,
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("softtopk train-embeddings: error: ") and "Traceback" not in err
@@ -120,7 +140,9 @@ def test_error_wrong_keys_names_found_and_accepted(tmp_path, capsys):
 
 def test_error_negative_labels(tmp_path, capsys):
     labels = torch.arange(40) % 5 - 1
-    assert "train_labels must be >= 0, got min -1" in _error(tmp_path, capsys, _file(tmp_path / "l.p", **_good(train_labels=labels)))
+    assert "train_labels must be >= 0, got min -1" in _error(
+        tmp_path, capsys, _file(tmp_path / "l.p", **_good(train_labels=labels))
+    )
 
 
 def test_error_test_labels_beyond_training_classes(tmp_path, capsys):
@@ -138,17 +160,20 @@ def test_error_length_mismatch(tmp_path, capsys):
     assert "test_embeddings has 10 rows but test_labels has 9 entries" in err
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
-    (["--n_epochs", "0"], "--n_epochs must be >= 1, got 0"),
-    (["--eval_freq", "-1"], "--eval_freq must be >= 1, got -1"),
-    (["--p_k", ".5", ".4"], "--p_k: p_k must sum to 1"),
-    (["--val_size", "40"], "--val_size must be in [1, 39]"),
-    (["--method", "softmax_cross_entropy", "--p_k", "0", "1"], "softmax_cross_entropy requires p_k[0] == 1"),
-    (["--method", "smooth_hard_topk", "--p_k", "1", "0"], "smooth_hard_topk requires p_k[-1] == 1"),
-    (["--method", "bitonic", "--distribution", "bogus"], "--method bitonic: "),
-    (["--device", "tpu"], "--device must be cpu, cuda or cuda:N, got 'tpu'"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+        (["--n_epochs", "0"], "--n_epochs must be >= 1, got 0"),
+        (["--eval_freq", "-1"], "--eval_freq must be >= 1, got -1"),
+        (["--p_k", ".5", ".4"], "--p_k: p_k must sum to 1"),
+        (["--val_size", "40"], "--val_size must be in [1, 39]"),
+        (["--method", "softmax_cross_entropy", "--p_k", "0", "1"], "softmax_cross_entropy requires p_k[0] == 1"),
+        (["--method", "smooth_hard_topk", "--p_k", "1", "0"], "smooth_hard_topk requires p_k[-1] == 1"),
+        (["--method", "bitonic", "--distribution", "bogus"], "--method bitonic: "),
+        (["--device", "tpu"], "--device must be cpu, cuda or cuda:N, got 'tpu'"),
+    ],
+)
 def test_error_bad_flag_values(tmp_path, capsys, flags, message):
     assert message in _error(tmp_path, capsys, _file(tmp_path / "ok.p", **_good()), *flags)
 
@@ -159,8 +184,24 @@ def test_error_cuda_unavailable(tmp_path, capsys):
 
 
 def test_error_in_a_real_process_has_no_traceback(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "softtopk_lab.cli", "train-embeddings", "-d", str(tmp_path / "nope.p"),
-                           "--method", "bitonic", "--p_k", "1"], capture_output=True, text=True, check=False, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "softtopk_lab.cli",
+            "train-embeddings",
+            "-d",
+            str(tmp_path / "nope.p"),
+            "--method",
+            "bitonic",
+            "--p_k",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr == f"softtopk train-embeddings: error: -d/--data_path {tmp_path / 'nope.p'}: no such file\n"
 

@@ -340,7 +340,10 @@ def test_smooth_topk_k1_gradient():
         (lambda: compat.DiffTopkNet("bitonic", 8, 9), ValueError),
         (lambda: compat.DiffTopkNet("bitonic", 8.0, 2), TypeError),
         (lambda: compat.DiffTopkNet("bitonic", 8, 2, distribution="uniform"), ValueError),
-        (lambda: compat.DiffTopkNet("bitonic", 8, 2, distribution="logistic", interpolation_type="optimal"), ValueError),
+        (
+            lambda: compat.DiffTopkNet("bitonic", 8, 2, distribution="logistic", interpolation_type="optimal"),
+            ValueError,
+        ),
         (lambda: compat.DiffSortNet("splitter_selection", 8), ValueError),
         (lambda: compat.DiffSortNet("bitonic", 8, steepness=-1.0), ValueError),
         (lambda: compat.NeuralSort(tau=0.0), ValueError),

@@ -95,7 +95,10 @@ def test_neuralsort_gradient_at_ties_equals_difftopks():
 
 def test_network_hyper_parameters_are_assignable_as_in_the_originals():
     x = _rows(8)
-    ours, theirs = compat.DiffTopkNet("odd_even", 8, 3, steepness=2.0), difftopk.DiffTopkNet("odd_even", 8, 3, steepness=2.0)
+    ours, theirs = (
+        compat.DiffTopkNet("odd_even", 8, 3, steepness=2.0),
+        difftopk.DiffTopkNet("odd_even", 8, 3, steepness=2.0),
+    )
     for module in (ours, theirs):  # a steepness schedule
         module.steepness, module.distribution = 20.0, "logistic"
     torch.testing.assert_close(ours(x)[1], theirs(x)[1], atol=1e-5, rtol=1e-5)
@@ -152,7 +155,9 @@ def test_softsort_splits_ties_as_the_original():
 
 
 def test_state_dicts_have_the_originals_keys():
-    assert list(compat.DiffTopkNet("bitonic", 8, 3).state_dict()) == list(difftopk.DiffTopkNet("bitonic", 8, 3).state_dict())
+    assert list(compat.DiffTopkNet("bitonic", 8, 3).state_dict()) == list(
+        difftopk.DiffTopkNet("bitonic", 8, 3).state_dict()
+    )
     assert list(compat.NeuralSort().state_dict()) == list(difftopk.NeuralSort().state_dict()) == []
     for name in ("SmoothTopkSVM", "SmoothTop1SVM", "MaxTopkSVM", "MaxTop1SVM"):  # topk.svm's labels buffer
         loss = getattr(compat_smooth, name)(6)

@@ -54,7 +54,13 @@ def _brute_smooth(x: torch.Tensor, y: torch.Tensor, k: int, tau: float, alpha: f
             every.append((delta + mean) / tau)
             if label in subset:
                 with_y.append(mean / tau)
-        out.append(tau * (torch.tensor(every, dtype=torch.float64).logsumexp(0) - torch.tensor(with_y, dtype=torch.float64).logsumexp(0)))
+        out.append(
+            tau
+            * (
+                torch.tensor(every, dtype=torch.float64).logsumexp(0)
+                - torch.tensor(with_y, dtype=torch.float64).logsumexp(0)
+            )
+        )
     return torch.stack(out).double()
 
 
@@ -89,7 +95,9 @@ def test_alpha_none_means_one():
     assert compat.SmoothTopkSVM(10).k == 5 and compat.SmoothTopkSVM(10).tau == 1.0
     assert compat.MaxTopkSVM(10).k == 5 and compat.SmoothTop1SVM(10).tau == 1.0
     x, y = _data(6, 10, 0)
-    torch.testing.assert_close(compat.SmoothTopkSVM(10)(x, y), compat.SmoothTopkSVM(10, alpha=1.0)(x, y), rtol=0, atol=0)
+    torch.testing.assert_close(
+        compat.SmoothTopkSVM(10)(x, y), compat.SmoothTopkSVM(10, alpha=1.0)(x, y), rtol=0, atol=0
+    )
 
 
 def test_positional_arguments_in_the_original_order():
@@ -114,7 +122,9 @@ def test_subclasses_of_softtopk_modules():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("k, tau, alpha", [(1, 1.0, None), (2, 0.5, 1.0), (5, 1.0, None), (3, 0.1, 0.0), (4, 10.0, 2.0)])
+@pytest.mark.parametrize(
+    "k, tau, alpha", [(1, 1.0, None), (2, 0.5, 1.0), (5, 1.0, None), (3, 0.1, 0.0), (4, 10.0, 2.0)]
+)
 def test_smooth_topk_equals_softtopk_loss(dtype, k, tau, alpha):
     x, y = _data(8, 12, k, dtype=dtype)
     ours = _value_and_grad(compat.SmoothTopkSVM(12, alpha, tau, k), x, y)
@@ -190,8 +200,10 @@ def _original_smooth_rows(x: torch.Tensor, y: torch.Tensor, k: int, tau: float, 
         merged = []
         for a, b in zip(polys[0::2], polys[1::2], strict=False):
             size = min(a.shape[1] + b.shape[1] - 1, degree + 1)
-            terms = [[a[:, i] + b[:, m - i] for i in range(max(0, m - b.shape[1] + 1), min(m, a.shape[1] - 1) + 1)]
-                     for m in range(size)]
+            terms = [
+                [a[:, i] + b[:, m - i] for i in range(max(0, m - b.shape[1] + 1), min(m, a.shape[1] - 1) + 1)]
+                for m in range(size)
+            ]
             merged.append(torch.stack([torch.stack(t, -1).logsumexp(-1) for t in terms], -1))
         polys = merged + ([polys[-1]] if len(polys) % 2 else [])
     log_e = polys[0] + others.sum(1, keepdim=True)
@@ -229,9 +241,7 @@ def test_max_topk_matches_brute_force(n):
         others = x.scatter(1, y[:, None], -math.inf)
         first = (others + 0.7).topk(k, 1).values.mean(1)
         second = (others.topk(k - 1, 1).values.sum(1) + x.gather(1, y[:, None]).squeeze(1)) / k
-        torch.testing.assert_close(
-            compat.MaxTopkSVM(n, 0.7, k)(x, y), torch.clamp(first - second, min=0).mean()
-        )
+        torch.testing.assert_close(compat.MaxTopkSVM(n, 0.7, k)(x, y), torch.clamp(first - second, min=0).mean())
 
 
 def test_smooth_tends_to_hard_as_tau_goes_to_zero():
@@ -245,8 +255,10 @@ def test_smooth_tends_to_hard_as_tau_goes_to_zero():
 # --------------------------------------------------------------------------- intended differences
 
 
-@pytest.mark.parametrize("module", [compat.SmoothTopkSVM(10, k=3), compat.SmoothTop1SVM(10),
-                                    compat.MaxTopkSVM(10, k=3), compat.MaxTop1SVM(10)])
+@pytest.mark.parametrize(
+    "module",
+    [compat.SmoothTopkSVM(10, k=3), compat.SmoothTop1SVM(10), compat.MaxTopkSVM(10, k=3), compat.MaxTop1SVM(10)],
+)
 def test_forward_is_a_0d_batch_mean(module):
     x, y = _data(7, 10, 1, dtype=torch.float32)
     out = module(x, y)
@@ -349,8 +361,10 @@ def test_bad_alpha_and_n_classes(cls):
         cls(1) if cls in (compat.SmoothTop1SVM, compat.MaxTop1SVM) else cls(1, k=1)
 
 
-@pytest.mark.parametrize("module", [compat.SmoothTopkSVM(10, k=3), compat.SmoothTop1SVM(10),
-                                    compat.MaxTopkSVM(10, k=3), compat.MaxTop1SVM(10)])
+@pytest.mark.parametrize(
+    "module",
+    [compat.SmoothTopkSVM(10, k=3), compat.SmoothTop1SVM(10), compat.MaxTopkSVM(10, k=3), compat.MaxTop1SVM(10)],
+)
 def test_n_classes_mismatch(module):
     x, y = _data(4, 9, 0)
     with pytest.raises(ValueError, match="but the loss was built with n_classes = 10"):

@@ -67,15 +67,17 @@ def test_readme_examples_with_integer_values():
     x = torch.tensor([[8, 0, 5, 3, 2, 1, 6, 7, 9]])
     want = torch.tensor([[0.5556, 1.5556, 2.5556, 3.5556, 4.5556, 5.5556, 6.5556, 7.5556, 8.5556]])
     torch.testing.assert_close(torchsort.soft_sort(x, regularization_strength=1.0), want, atol=1e-4, rtol=0)
-    torch.testing.assert_close(torchsort.soft_sort(x, regularization_strength=0.1),
-                               torch.tensor([[0.0, 1, 2, 3, 5, 6, 7, 8, 9]]))
+    torch.testing.assert_close(
+        torchsort.soft_sort(x, regularization_strength=0.1), torch.tensor([[0.0, 1, 2, 3, 5, 6, 7, 8, 9]])
+    )
     torch.testing.assert_close(torchsort.soft_rank(x), torch.tensor([[8.0, 1, 5, 4, 3, 2, 6, 7, 9]]))
 
 
 def test_positional_arguments_and_errors():
     x = _x()
-    torch.testing.assert_close(torchsort.soft_rank(x, "kl", 0.5),
-                               torchsort.soft_rank(x, regularization="kl", regularization_strength=0.5))
+    torch.testing.assert_close(
+        torchsort.soft_rank(x, "kl", 0.5), torchsort.soft_rank(x, regularization="kl", regularization_strength=0.5)
+    )
     with pytest.raises(ValueError, match="regularization must be one of"):
         torchsort.soft_sort(x, "l1")
     with pytest.raises(ValueError, match="strength must be a positive finite number"):

@@ -80,8 +80,9 @@ def test_soft_topk_fullgraph_inductor():
 def test_network_loss_fullgraph_inductor():
     """The default backend on the network path: TopKCrossEntropyLoss through the hand-written
     autograd.Function of the sweeps (a small network keeps the compile time to seconds)."""
-    loss = softtopk.TopKCrossEntropyLoss([0.5, 0.5], method="bitonic", m=None, distribution="logistic_phi",
-                                         steepness=2.0, art_lambda=0.5)
+    loss = softtopk.TopKCrossEntropyLoss(
+        [0.5, 0.5], method="bitonic", m=None, distribution="logistic_phi", steepness=2.0, art_lambda=0.5
+    )
 
     def make_inputs(g):
         return torch.randn(5, 4, generator=g), torch.randint(0, 4, (5,), generator=g)

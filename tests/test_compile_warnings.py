@@ -29,8 +29,9 @@ FAMILIES = {
     "softsort ranks": lambda x: softtopk.soft_topk_ranks(x, 3, method="softsort"),
     "lapsum mask": lambda x: softtopk.soft_topk(x, 3),
     "sparse mask and magnitude": lambda x: softtopk.sparse_topk_mask(x, 3) + softtopk.sparse_topk_mag(x, 3),
-    "smooth top-k SVM (subsets and ESF)": lambda x: softtopk.smooth_topk_svm(x, TARGET, k=2)
-    + softtopk.smooth_topk_svm(x, TARGET, k=9),
+    "smooth top-k SVM (subsets and ESF)": lambda x: (
+        softtopk.smooth_topk_svm(x, TARGET, k=2) + softtopk.smooth_topk_svm(x, TARGET, k=9)
+    ),
     "top-k cross-entropy": lambda x: CE(x, TARGET),
     "router": lambda x: ROUTER(x).weights.sum() + ROUTER.aux_loss,
 }

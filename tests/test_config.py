@@ -13,8 +13,13 @@ from softtopk_lab.config import Cifar100Config, DemoConfig, EmbeddingConfig, Knn
 from softtopk_lab.errors import UsageError
 from softtopk_lab.flags import DIFFTOPK_RANKS, KNN_METHODS, OTHER_RANKS, build_parser
 
-CONFIGS = {"train-embeddings": EmbeddingConfig, "train-cifar100": Cifar100Config, "knn": KnnConfig,
-           "sweep": SweepConfig, "demo": DemoConfig}
+CONFIGS = {
+    "train-embeddings": EmbeddingConfig,
+    "train-cifar100": Cifar100Config,
+    "knn": KnnConfig,
+    "sweep": SweepConfig,
+    "demo": DemoConfig,
+}
 
 
 def _parse(argv: list[str]):
@@ -36,12 +41,15 @@ def test_demo_run_configs_parse_back_from_their_command_line(name):
     assert _parse([config.command, *config.to_argv()]) == config
 
 
-@pytest.mark.parametrize("argv", [
-    ["train-cifar100", "-d", "c.tar.gz", "--method", "bitonic", "--p_k", ".5", ".5", "--label_noise", ".2"],
-    ["knn", "--method", "lapsum", "--eval_neighbors", "100", "--data_root", "m.pkl.gz", "--no-progress"],
-    ["sweep", "wordnet148", "--seeds", "4", "5", "--only", "svm_tau1", "--dry-run"],
-    ["demo", "--n_epochs", "2", "--out", "d"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train-cifar100", "-d", "c.tar.gz", "--method", "bitonic", "--p_k", ".5", ".5", "--label_noise", ".2"],
+        ["knn", "--method", "lapsum", "--eval_neighbors", "100", "--data_root", "m.pkl.gz", "--no-progress"],
+        ["sweep", "wordnet148", "--seeds", "4", "5", "--only", "svm_tau1", "--dry-run"],
+        ["demo", "--n_epochs", "2", "--out", "d"],
+    ],
+)
 def test_parsed_configs_are_typed_frozen_and_parse_back(argv):
     config = _parse(argv)
     assert _parse([*config.command.split(), *config.to_argv()]) == config
@@ -50,12 +58,15 @@ def test_parsed_configs_are_typed_frozen_and_parse_back(argv):
         config.seed = 1
 
 
-@pytest.mark.parametrize("p_k,message", [
-    ((), "--p_k: p_k must be a non-empty sequence of floats"),
-    ((0.5, -0.1, 0.6), "--p_k: p_k entries must be finite and >= 0, got [0.5, -0.1, 0.6]"),
-    ((0.5, float("nan"), 0.5), "--p_k: p_k entries must be finite and >= 0"),
-    ((0.5, 0.4), "--p_k: p_k must sum to 1, got [0.5, 0.4] summing to 0.9"),
-])
+@pytest.mark.parametrize(
+    "p_k,message",
+    [
+        ((), "--p_k: p_k must be a non-empty sequence of floats"),
+        ((0.5, -0.1, 0.6), "--p_k: p_k entries must be finite and >= 0, got [0.5, -0.1, 0.6]"),
+        ((0.5, float("nan"), 0.5), "--p_k: p_k entries must be finite and >= 0"),
+        ((0.5, 0.4), "--p_k: p_k must sum to 1, got [0.5, 0.4] summing to 0.9"),
+    ],
+)
 def test_p_k_is_checked_by_the_loss_config(p_k, message):
     with pytest.raises(UsageError) as error:
         LossConfig("bitonic", p_k)

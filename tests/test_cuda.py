@@ -116,8 +116,9 @@ CASES = {
     "SmoothTop1SVM": _loss(lambda: softtopk.SmoothTop1SVM()),
     "TopKSVM": _loss(lambda: softtopk.TopKSVM(k=5)),
     "BalNoisedTopK": _loss(lambda: softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5), stochastic=True),
-    "ImbalNoisedTopK": _loss(lambda: softtopk.ImbalNoisedTopK(5, epsilon=0.01, max_m=0.2, cls_num_list=[10.0] * N),
-                             stochastic=True),
+    "ImbalNoisedTopK": _loss(
+        lambda: softtopk.ImbalNoisedTopK(5, epsilon=0.01, max_m=0.2, cls_num_list=[10.0] * N), stochastic=True
+    ),
     "router hard": _router("hard"),
     "router lapsum hard": _router("lapsum", hard=True),
     "router sparse": _router("sparse"),

@@ -46,7 +46,7 @@ def _expected(source: str, node: ast.stmt, body: list[ast.stmt]) -> str | None:
     last = lines[node.end_lineno - 1]
     inline = last.split("# ", 1)[1].strip() if "  # " in last else ""
     below = []
-    for line in lines[node.end_lineno:]:
+    for line in lines[node.end_lineno :]:
         if not line.startswith("#"):
             break
         below.append(line[1:].strip())
@@ -95,4 +95,5 @@ def test_example_prints_what_the_page_says(where, block):
         got = NUMBER.findall(shown)[: len(want)]
         line = block.splitlines()[statement.lineno - 1]
         assert len(got) == len(want) and all(map(_close, got, want)), (
-            f"{where}, `{line}`:\nthe page says\n{expected}\nit prints\n{shown}")
+            f"{where}, `{line}`:\nthe page says\n{expected}\nit prints\n{shown}"
+        )

@@ -39,9 +39,15 @@ def _rst():
 def site(tmp_path_factory):
     """The site, built once for this module's tests (a few seconds)."""
     out = tmp_path_factory.mktemp("docs") / "site"
-    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-                           cwd=ROOT, capture_output=True, text=True, check=False, timeout=300,
-                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     return out
 
@@ -98,7 +104,9 @@ def test_rst_roles_math_and_examples_become_markdown():
         >>> f(1)
         2
     """
-    assert _rst().rst_to_markdown(text) == """Mask, see `softtopk.soft_topk` and `TopK`, with \\(\\tau > 0\\):
+    assert (
+        _rst().rst_to_markdown(text)
+        == """Mask, see `softtopk.soft_topk` and `TopK`, with \\(\\tau > 0\\):
 
     \\[
     m_i = F(x_i - t)
@@ -110,6 +118,7 @@ def test_rst_roles_math_and_examples_become_markdown():
         2
         ```
     """
+    )
 
 
 def test_long_code_lines_wrap_instead_of_being_cut(site):

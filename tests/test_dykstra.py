@@ -157,8 +157,9 @@ def test_compiles_fullgraph(rows):
 def test_infinite_entries_are_exact_and_the_rest_converges_as_without_them():
     """-inf entries have mask 0 and +inf entries 1 at every iteration (finite stand-ins beyond the
     row's spread), and the finite entries converge to the exact mask of the row (no NaN)."""
-    x = torch.tensor([[0.3, -torch.inf, 1.2, 0.5, -torch.inf, 0.9], [torch.inf, 0.1, -0.2, 0.4, 0.0, -1.0]],
-                     dtype=torch.float64)
+    x = torch.tensor(
+        [[0.3, -torch.inf, 1.2, 0.5, -torch.inf, 0.9], [torch.inf, 0.1, -0.2, 0.4, 0.0, -1.0]], dtype=torch.float64
+    )
     for n_iter in (1, 7, 2000):
         out = dykstra_mask_rows(x, 3, 0.5, n_iter)
         assert torch.isfinite(out).all() and (out[0, [1, 4]] == 0).all() and out[1, 0] == 1

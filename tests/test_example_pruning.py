@@ -32,14 +32,29 @@ def test_help() -> None:
 
 def test_tiny_run(mnist_available: None, tmp_path: Path) -> None:
     out = tmp_path / "pruning.json"
-    result = run_example("pruning.py", "--seeds", "0", "--epochs", "1", "--train_size", "1000",
-                         "--densities", "0.1", "0.01", "--out", str(out))
+    result = run_example(
+        "pruning.py",
+        "--seeds",
+        "0",
+        "--epochs",
+        "1",
+        "--train_size",
+        "1000",
+        "--densities",
+        "0.1",
+        "0.01",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     results = report["results"]
     assert report["table"] in result.stdout
-    expected = ["dense"] + [f"{name}@{label}" for label in DENSITIES for name in
-                            ("magnitude_after", "magnitude_after_finetune", "sparse_mag", "sparse_mag_soft_eval")]
+    expected = ["dense"] + [
+        f"{name}@{label}"
+        for label in DENSITIES
+        for name in ("magnitude_after", "magnitude_after_finetune", "sparse_mag", "sparse_mag_soft_eval")
+    ]
     assert sorted(results) == sorted(expected)
     for name, metrics in results.items():
         assert 0 <= metrics["accuracy"]["mean"] <= 100, name

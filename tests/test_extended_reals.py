@@ -96,7 +96,9 @@ def test_mask_with_minus_inf(name, n_neg):
 
 
 @pytest.mark.parametrize("name", sorted(MASK_METHODS))
-@pytest.mark.parametrize(("n_pos", "n_neg"), [(1, 0), (K - 1, 0), (K - 1, 2), (K, 0), (K, 3), (K + 2, 1), (N, 0), (1, N - K)])
+@pytest.mark.parametrize(
+    ("n_pos", "n_neg"), [(1, 0), (K - 1, 0), (K - 1, 2), (K, 0), (K, 3), (K + 2, 1), (N, 0), (1, N - K)]
+)
 def test_mask_with_plus_inf(name, n_pos, n_neg):
     x, finite, _ = _row(n_neg, n_pos, seed=10 * n_pos + n_neg)
     mask, grad = _mask_and_grad(x, K, name)
@@ -135,7 +137,9 @@ def _ranks(name: str, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
 
 
 @pytest.mark.parametrize("name", RANK_METHODS)
-@pytest.mark.parametrize(("n_pos", "n_neg"), [(0, 1), (0, K - 1), (0, N - K), (0, N - 2), (0, N), (1, 2), (K - 1, 1), (K + 1, 0)])
+@pytest.mark.parametrize(
+    ("n_pos", "n_neg"), [(0, 1), (0, K - 1), (0, N - K), (0, N - 2), (0, N), (1, 2), (K - 1, 1), (K + 1, 0)]
+)
 def test_ranks_with_infinities(name, n_pos, n_neg):
     x, finite, _ = _row(n_neg, n_pos, seed=100 + 10 * n_pos + n_neg)
     ranks, grad = _ranks(name, x, K)
@@ -209,13 +213,13 @@ def test_largest_false_selects_minus_inf_first():
     x = torch.tensor([0.3, -INF, 1.0, INF, -0.5], dtype=F64)
     mask = softtopk.soft_topk(x, 2, largest=False, tau=0.5)
     assert mask[1] == 1 and mask[3] == 0
-    torch.testing.assert_close(mask[[0, 2, 4]], softtopk.soft_topk(torch.tensor([0.3, 1.0, -0.5], dtype=F64), 1,
-                                                                   largest=False, tau=0.5))
+    torch.testing.assert_close(
+        mask[[0, 2, 4]], softtopk.soft_topk(torch.tensor([0.3, 1.0, -0.5], dtype=F64), 1, largest=False, tau=0.5)
+    )
 
 
 def test_tensor_k_and_tau_with_infinities():
-    x = torch.tensor([[0.3, -INF, 1.0, 2.0, INF], [INF, INF, 1.0, -INF, 0.0], [-INF, -INF, -INF, 1.0, 0.0]],
-                     dtype=F64)
+    x = torch.tensor([[0.3, -INF, 1.0, 2.0, INF], [INF, INF, 1.0, -INF, 0.0], [-INF, -INF, -INF, 1.0, 0.0]], dtype=F64)
     k = torch.tensor([2.5, 1.5, 3.0], dtype=F64, requires_grad=True)
     tau = torch.tensor([0.5, 1.0, 2.0], dtype=F64, requires_grad=True)
     mask = softtopk.soft_topk(x, k, tau=tau)

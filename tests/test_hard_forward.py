@@ -13,9 +13,15 @@ import softtopk
 MASK_METHODS = sorted(softtopk.methods())
 STOCHASTIC = {name for name, info in softtopk.methods().items() if info.stochastic}
 PARAMS = {  # smooth enough that the soft mask differs from the k-hot one
-    "bitonic": {"steepness": 2.0}, "odd_even": {"steepness": 2.0}, "splitter_selection": {"steepness": 2.0},
-    "neuralsort": {"tau": 1.0}, "softsort": {"tau": 1.0}, "lapsum": {"tau": 1.0}, "sparse": {"l": 2.0},
-    "perturbed": {"sigma": 1.0, "n_samples": 50}, "gumbel": {"tau": 1.0, "noise": False},
+    "bitonic": {"steepness": 2.0},
+    "odd_even": {"steepness": 2.0},
+    "splitter_selection": {"steepness": 2.0},
+    "neuralsort": {"tau": 1.0},
+    "softsort": {"tau": 1.0},
+    "lapsum": {"tau": 1.0},
+    "sparse": {"l": 2.0},
+    "perturbed": {"sigma": 1.0, "n_samples": 50},
+    "gumbel": {"tau": 1.0, "noise": False},
 }
 
 
@@ -62,7 +68,8 @@ def test_largest_false_selects_the_smallest(method):
     torch.testing.assert_close(
         softtopk.soft_topk(x, 3, method=method, largest=False, **PARAMS[method]),
         softtopk.soft_topk(-x, 3, method=method, **PARAMS[method]),
-        rtol=0, atol=0,
+        rtol=0,
+        atol=0,
     )
     hard = softtopk.soft_topk(x, 3, method=method, largest=False, hard=True, **PARAMS[method])
     assert torch.equal(hard, torch.zeros_like(x).scatter(-1, x.topk(3, largest=False).indices, 1.0))
@@ -81,16 +88,21 @@ def test_largest_false_for_ranks_and_permutations(method):
 
 def test_largest_false_for_the_other_operators():
     x = _scores(3, 7, seed=5)
-    assert torch.equal(softtopk.hard_topk_mag(x, 2, largest=False), x * softtopk.hard_topk_mask(x.abs(), 2, largest=False))
+    assert torch.equal(
+        softtopk.hard_topk_mag(x, 2, largest=False), x * softtopk.hard_topk_mask(x.abs(), 2, largest=False)
+    )
     torch.testing.assert_close(softtopk.sparse_topk_mask(x, 2, largest=False), softtopk.sparse_topk_mask(-x, 2))
     gen = lambda: torch.Generator().manual_seed(7)  # noqa: E731
-    torch.testing.assert_close(softtopk.perturbed_topk(x, 2, largest=False, generator=gen()),
-                               softtopk.perturbed_topk(-x, 2, generator=gen()))
-    torch.testing.assert_close(softtopk.gumbel_topk(x, 2, largest=False, generator=gen()),
-                               softtopk.gumbel_topk(-x, 2, generator=gen()))
+    torch.testing.assert_close(
+        softtopk.perturbed_topk(x, 2, largest=False, generator=gen()), softtopk.perturbed_topk(-x, 2, generator=gen())
+    )
+    torch.testing.assert_close(
+        softtopk.gumbel_topk(x, 2, largest=False, generator=gen()), softtopk.gumbel_topk(-x, 2, generator=gen())
+    )
     noise = _scores(3, 7, 5, seed=6)
-    torch.testing.assert_close(softtopk.noised_kth_value(x, 2, noise=noise, largest=False),
-                               -softtopk.noised_kth_value(-x, 2, noise=-noise))
+    torch.testing.assert_close(
+        softtopk.noised_kth_value(x, 2, noise=noise, largest=False), -softtopk.noised_kth_value(-x, 2, noise=-noise)
+    )
     assert torch.equal(softtopk.noised_kth_value(x, 2, epsilon=0.0, largest=False), x.sort(-1).values[:, 1])
 
 

@@ -62,8 +62,12 @@ def test_magnitude_infinite_rows_match_jax():
     jax = pytest.importorskip("jax", reason="the jax extra is not installed: pip install 'softtopk[jax]'")
     import softtopk.jax as sj
 
-    rows = [[1.0, INF, -INF, INF, -1.0, INF], [INF, -INF, 1.0, 2.0, 0.0, -3.0], [1.0, -INF, 3.0, -2.0, 0.5, 0.25],
-            [0.5, -1.0, 2.0, -0.25, 1.5, 3.0]]
+    rows = [
+        [1.0, INF, -INF, INF, -1.0, INF],
+        [INF, -INF, 1.0, 2.0, 0.0, -3.0],
+        [1.0, -INF, 3.0, -2.0, 0.5, 0.25],
+        [0.5, -1.0, 2.0, -0.25, 1.5, 3.0],
+    ]
     x = np.array(rows)
     upstream = np.linspace(-1.0, 1.0, x.size).reshape(x.shape)
     with jax.enable_x64(True):
@@ -82,9 +86,14 @@ def test_magnitude_infinite_rows_match_jax():
 
 
 SVM_LOSSES = [
-    ("smooth_topk_svm", {"k": 1}), ("smooth_topk_svm", {"k": 2}), ("smooth_topk_svm", {"k": 5}),
+    ("smooth_topk_svm", {"k": 1}),
+    ("smooth_topk_svm", {"k": 2}),
+    ("smooth_topk_svm", {"k": 5}),
     ("smooth_topk_svm", {"k": 10}),  # the log-space ESF path (k above the subset path's 8)
-    ("smooth_top1_svm", {}), ("topk_svm", {"k": 1}), ("topk_svm", {"k": 5}), ("topk_svm", {"k": 10}),
+    ("smooth_top1_svm", {}),
+    ("topk_svm", {"k": 1}),
+    ("topk_svm", {"k": 5}),
+    ("topk_svm", {"k": 10}),
 ]
 
 
@@ -144,8 +153,9 @@ def test_topk_cross_entropy_with_plus_inf_classes(method, top1_mode, m):
     x[0, 3] = x[1, 1] = x[1, 5] = INF
     x[2, 7:10] = INF
     x.requires_grad_(True)
-    loss = softtopk.TopKCrossEntropyLoss([0.5, 0, 0, 0, 0.5], method=method, top1_mode=top1_mode, m=m,
-                                         reduction="none")(x, torch.tensor([0, 1, 2, 3]))
+    loss = softtopk.TopKCrossEntropyLoss(
+        [0.5, 0, 0, 0, 0.5], method=method, top1_mode=top1_mode, m=m, reduction="none"
+    )(x, torch.tensor([0, 1, 2, 3]))
     loss.sum().backward()
     assert not loss.isnan().any() and not x.grad.isnan().any()
     assert loss[1].isfinite() and loss[3].isfinite()
@@ -157,10 +167,13 @@ def test_topk_cross_entropy_with_plus_inf_classes(method, top1_mode, m):
 
 
 @pytest.mark.parametrize("p", [2.0, 4 / 3])
-@pytest.mark.parametrize(("row", "k", "upstream"), [
-    ([3.0, 0.0, 0.0, -1.0], 1, [0.0, 1.0, -1.0, 0.0]),  # a tie at mask 0
-    ([5.0, 5.0, 0.0, -1.0], 2, [1.0, -1.0, 0.0, 0.0]),  # a tie at mask 1
-])
+@pytest.mark.parametrize(
+    ("row", "k", "upstream"),
+    [
+        ([3.0, 0.0, 0.0, -1.0], 1, [0.0, 1.0, -1.0, 0.0]),  # a tie at mask 0
+        ([5.0, 5.0, 0.0, -1.0], 2, [1.0, -1.0, 0.0, 0.0]),  # a tie at mask 1
+    ],
+)
 def test_compat_sparse_ties_at_zero_or_one_have_the_mask_derivative(p, row, k, upstream):
     """``docs/compat.md``: tied entries both at 0 (or both at 1) have gradient 0, the one-sided
     derivatives of the mask in every direction; the original pools them into a PAV block and
@@ -174,8 +187,9 @@ def test_compat_sparse_ties_at_zero_or_one_have_the_mask_derivative(p, row, k, u
     for i, step in itertools.product(range(4), (1e-6, -1e-6)):
         moved = x.detach().clone()
         moved[i] += step
-        change = (sparse_soft_topk_mask_pav(moved, k, l=0.1, p=p) - sparse_soft_topk_mask_pav(x.detach(), k, l=0.1,
-                                                                                                p=p)) @ g
+        change = (
+            sparse_soft_topk_mask_pav(moved, k, l=0.1, p=p) - sparse_soft_topk_mask_pav(x.detach(), k, l=0.1, p=p)
+        ) @ g
         assert abs(float(change)) < 1e-12
 
 

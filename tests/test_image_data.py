@@ -55,9 +55,7 @@ def _write_dir(root: Path, records: dict, protocol: int = 2) -> Path:
     base = root / "cifar-100-python"
     base.mkdir(parents=True)
     for name, record in records.items():
-        (base / name).write_bytes(
-            record if isinstance(record, bytes) else pickle.dumps(record, protocol=protocol)
-        )
+        (base / name).write_bytes(record if isinstance(record, bytes) else pickle.dumps(record, protocol=protocol))
     return base
 
 
@@ -88,20 +86,14 @@ def test_cifar_tar_and_dir_agree_with_source(cifar_sources):
     )
     for key in ("train_images", "train_labels", "test_images", "test_labels"):
         assert torch.equal(from_tar[key], from_dir[key]) and torch.equal(from_tar[key], from_parent[key])
-    assert (
-        from_tar["train_images"].shape == (N_TRAIN, 3, 32, 32)
-        and from_tar["train_images"].dtype == torch.uint8
-    )
+    assert from_tar["train_images"].shape == (N_TRAIN, 3, 32, 32) and from_tar["train_images"].dtype == torch.uint8
     assert from_tar["test_images"].shape == (N_TEST, 3, 32, 32)
     assert from_tar["train_labels"].dtype == torch.int64
     assert from_tar["train_labels"].tolist() == records["train"][b"fine_labels"]
     # channel-major rows: the first 1024 bytes are the red plane, row by row
     first = records["train"][b"data"][0]
     assert from_tar["train_images"][0, 0, 0].tolist() == first[:32].tolist()
-    assert (
-        from_tar["train_images"][0, 1, 0, 0] == first[1024]
-        and from_tar["train_images"][0, 2, 31, 31] == first[3071]
-    )
+    assert from_tar["train_images"][0, 1, 0, 0] == first[1024] and from_tar["train_images"][0, 2, 31, 31] == first[3071]
     assert from_tar["class_names"][:2] == ["class00", "class01"] and len(from_tar["class_names"]) == 100
 
 
@@ -256,9 +248,7 @@ def test_normalize_cifar_constants():
 def test_augment_cifar_crop_and_flip_match_reference():
     """Each output equals the hand-computed crop (and flip) of the zero-padded image at the drawn offsets."""
     n = 64
-    batch = torch.randint(
-        1, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
-    )
+    batch = torch.randint(1, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     out = augment_cifar(batch, torch.Generator().manual_seed(5))
     assert out.shape == (n, 3, 32, 32) and out.dtype == torch.float32
     g = torch.Generator().manual_seed(5)  # documented draw order: tops, lefts, flips
@@ -279,9 +269,7 @@ def test_augment_cifar_hand_made_image():
     for seed in range(60):
         out = augment_cifar(image, torch.Generator().manual_seed(seed))[0, 0]
         bright = (out > 0).nonzero().tolist()
-        assert (
-            len(bright) <= 1
-        )  # the pixel survives at most once; padding is zero (negative after normalising)
+        assert len(bright) <= 1  # the pixel survives at most once; padding is zero (negative after normalising)
         if bright:
             seen.add(tuple(bright[0]))
         assert torch.allclose(out[out <= 0], torch.tensor(_normalised(0, 0)))
@@ -292,9 +280,7 @@ def test_augment_cifar_hand_made_image():
 
 
 def test_augment_cifar_deterministic():
-    batch = torch.randint(
-        0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
-    )
+    batch = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     a = augment_cifar(batch, torch.Generator().manual_seed(3))
     assert torch.equal(a, augment_cifar(batch, torch.Generator().manual_seed(3)))
     assert not torch.equal(a, augment_cifar(batch, torch.Generator().manual_seed(4)))
@@ -352,9 +338,7 @@ def test_model_argument_errors():
         resnet18_cifar(0)
     with pytest.raises(ValueError, match="in_channels must be a positive int, got 2.0"):
         PreActResNet18(in_channels=2.0)
-    with pytest.raises(
-        ValueError, match=r"ConvNet expects input of shape \(N, 1, 28, 28\), got \(2, 1, 32, 32\)"
-    ):
+    with pytest.raises(ValueError, match=r"ConvNet expects input of shape \(N, 1, 28, 28\), got \(2, 1, 32, 32\)"):
         ConvNet()(torch.randn(2, 1, 32, 32))
 
 

@@ -50,7 +50,9 @@ sys.meta_path.insert(0, NoTorch())
 
 def test_softtopk_jax_needs_no_torch():
     """The JAX quick start runs without torch, loads none, and a torch name says how to install it."""
-    code = NO_TORCH + """
+    code = (
+        NO_TORCH
+        + """
 import jax.numpy as jnp
 import softtopk
 import softtopk.jax as sj
@@ -62,11 +64,14 @@ try:
 except ImportError as error:
     print(error)
 """
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == [
         "[0.0, 1.0, 0.003, 0.997]",
-        ("softtopk.soft_topk is part of softtopk's PyTorch API, which needs torch: "
-         "pip install 'softtopk[torch]' (softtopk.jax needs no torch)"),
+        (
+            "softtopk.soft_topk is part of softtopk's PyTorch API, which needs torch: "
+            "pip install 'softtopk[torch]' (softtopk.jax needs no torch)"
+        ),
     ]
 
 
@@ -79,10 +84,15 @@ def test_float64_equals_the_pav_oracle(p):
         x = np.array(_x((6, 11), seed=1))
         x[1, 3] = x[1, 7]  # a tie
         for k, lam in ((1, 0.3), (4, 1.0), (10, 0.05), (5, 5.0)):
-            np.testing.assert_allclose(np.asarray(sj.sparse_topk_mask(jnp.asarray(x), k, l=lam, p=p)),
-                                       pav_mask(x, k, lam, p), rtol=0, atol=1e-10)
-            np.testing.assert_allclose(np.asarray(sj.sparse_topk_mag(jnp.asarray(x), k, l=lam, p=p)),
-                                       pav_mag(x, k, lam, p), rtol=0, atol=1e-10)
+            np.testing.assert_allclose(
+                np.asarray(sj.sparse_topk_mask(jnp.asarray(x), k, l=lam, p=p)),
+                pav_mask(x, k, lam, p),
+                rtol=0,
+                atol=1e-10,
+            )
+            np.testing.assert_allclose(
+                np.asarray(sj.sparse_topk_mag(jnp.asarray(x), k, l=lam, p=p)), pav_mag(x, k, lam, p), rtol=0, atol=1e-10
+            )
 
 
 def _grads_cases():
@@ -111,20 +121,30 @@ def test_check_grads_float64(case):
 def test_check_grads_per_row_k():
     with jax.enable_x64(True):
         x = _x((3, 7), seed=2)
-        check_grads(lambda x, k: sj.soft_topk(x, k, tau=0.5), (x, jnp.asarray([1.5, 3.0, 6.2])), order=1,
-                    modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
+        check_grads(
+            lambda x, k: sj.soft_topk(x, k, tau=0.5),
+            (x, jnp.asarray([1.5, 3.0, 6.2])),
+            order=1,
+            modes=("fwd", "rev"),
+            atol=1e-6,
+            rtol=1e-6,
+        )
 
 
 def test_hard_has_zero_gradient_and_hard_true_has_the_soft_one():
     x = _x((2, 9), seed=3)
-    assert not np.asarray(jax.grad(lambda v: (sj.hard_topk_mask(v, 3) * v).sum())(x) - jnp.where(
-        sj.hard_topk_mask(x, 3) > 0, 1.0, 0.0)).any()
+    assert not np.asarray(
+        jax.grad(lambda v: (sj.hard_topk_mask(v, 3) * v).sum())(x) - jnp.where(sj.hard_topk_mask(x, 3) > 0, 1.0, 0.0)
+    ).any()
     for fn in (lambda v, **kw: sj.soft_topk(v, 3, tau=0.5, **kw), lambda v, **kw: sj.sparse_topk_mask(v, 3, **kw)):
         hard = fn(x, hard=True)
         assert np.array_equal(np.asarray(hard), np.asarray(sj.hard_topk_mask(x, 3)))
         g = _x((2, 9), seed=4)
-        np.testing.assert_allclose(np.asarray(jax.grad(lambda v, fn=fn, g=g: (fn(v, hard=True) * g).sum())(x)),
-                                   np.asarray(jax.grad(lambda v, fn=fn, g=g: (fn(v) * g).sum())(x)), atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(jax.grad(lambda v, fn=fn, g=g: (fn(v, hard=True) * g).sum())(x)),
+            np.asarray(jax.grad(lambda v, fn=fn, g=g: (fn(v) * g).sum())(x)),
+            atol=1e-6,
+        )
 
 
 # ------------------------------------------------------------------------- transforms, axes, dtypes
@@ -183,8 +203,11 @@ def test_largest_false_is_the_mask_of_minus_x():
 
 
 @PROPERTY
-@given(st.lists(st.floats(-50, 50, width=32), min_size=9, max_size=9), st.sampled_from([1e-2, 0.3, 3.0]),
-       st.sampled_from(P_VALUES))
+@given(
+    st.lists(st.floats(-50, 50, width=32), min_size=9, max_size=9),
+    st.sampled_from([1e-2, 0.3, 3.0]),
+    st.sampled_from(P_VALUES),
+)
 def test_sparse_mask_invariants(values, lam, p):
     """In [0, 1], sums to k, exact zeros below the threshold, permutation equivariant."""
     x = jnp.asarray([values], jnp.float32)
@@ -225,10 +248,14 @@ def test_infinite_scores(name):
     """-inf never selected while more than k entries lie above it (mask and gradient 0); +inf always;
     a row with at most k entries above -inf selects them all and shares the rest of k."""
     fn = FUNCTIONS[name]
-    x = jnp.asarray([[0.3, -jnp.inf, 1.2, 0.5, -jnp.inf, 0.9],
-                     [jnp.inf, 0.1, -0.2, 0.4, 0.0, -1.0],
-                     [1.0, -jnp.inf, -jnp.inf, 2.0, -jnp.inf, -jnp.inf],
-                     [jnp.inf, jnp.inf, jnp.inf, jnp.inf, 0.0, 1.0]])
+    x = jnp.asarray(
+        [
+            [0.3, -jnp.inf, 1.2, 0.5, -jnp.inf, 0.9],
+            [jnp.inf, 0.1, -0.2, 0.4, 0.0, -1.0],
+            [1.0, -jnp.inf, -jnp.inf, 2.0, -jnp.inf, -jnp.inf],
+            [jnp.inf, jnp.inf, jnp.inf, jnp.inf, 0.0, 1.0],
+        ]
+    )
     mask = np.asarray(fn(x))
     assert mask[0, 1] == 0 and mask[0, 4] == 0 and abs(mask[0].sum() - 3) < 1e-5
     assert mask[1, 0] == 1 and abs(mask[1].sum() - 3) < 1e-5
@@ -266,10 +293,12 @@ def test_extreme_scales_and_temperatures_are_finite(dtype, scale, temperature):
         x = _x((3, 12), seed=13, scale=scale).astype(dtype)
         x = x.at[1, 4].set(x[1, 7])
         g = _x((3, 12), seed=14).astype(dtype)
-        for name, fn in (("mask", lambda v: sj.sparse_topk_mask(v, 4, l=temperature)),
-                         ("mask p2", lambda v: sj.sparse_topk_mask(v, 4, l=temperature, p=2)),
-                         ("mag", lambda v: sj.sparse_topk_mag(v, 4, l=temperature)),
-                         ("laplace", lambda v: sj.soft_topk(v, 4, tau=temperature))):
+        for name, fn in (
+            ("mask", lambda v: sj.sparse_topk_mask(v, 4, l=temperature)),
+            ("mask p2", lambda v: sj.sparse_topk_mask(v, 4, l=temperature, p=2)),
+            ("mag", lambda v: sj.sparse_topk_mag(v, 4, l=temperature)),
+            ("laplace", lambda v: sj.soft_topk(v, 4, tau=temperature)),
+        ):
             out, vjp = jax.vjp(fn, x)
             assert np.isfinite(np.asarray(out)).all() and np.isfinite(np.asarray(vjp(g)[0])).all(), name
             if name != "mag":

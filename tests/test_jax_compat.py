@@ -46,18 +46,22 @@ def test_the_readme_grad_example():
 def test_the_readme_batched_input_comes_from_the_old_random_numbers():
     with jax.threefry_partitionable(False):
         values = (5 * jax.random.normal(jax.random.PRNGKey(2), (2, 3, 4))).astype(jnp.int32)
-    assert values.tolist() == [[[-11, 1, 4, -7], [5, 1, 4, 1], [-10, -3, 4, -6]],
-                               [[7, -6, -8, -4], [-1, 9, 8, 4], [0, 0, -5, 5]]]
+    assert values.tolist() == [
+        [[-11, 1, 4, -7], [5, 1, 4, 1], [-10, -3, 4, -6]],
+        [[7, -6, -8, -4], [-1, 9, 8, 4], [0, 0, -5, 5]],
+    ]
 
 
 def test_the_original_pav_outputs_within_its_float32_error():
     """README: mask [0, 0, 0.99999714, 0.99999714], magnitude [-5.000036, -0, 2.9999416, 0]: the
     exact values are 1 and (-5, 3); the original's float32 PAV was 1e-4 off."""
     values = jnp.array([-5.0, -2.0, 3.0, 1.0])
-    np.testing.assert_allclose(np.asarray(sst.sparse_soft_topk_mask_pav(values, k=2, l=1e-2)),
-                               [0, 0, 0.99999714, 0.99999714], atol=3e-6)
-    np.testing.assert_allclose(np.asarray(sst.sparse_soft_topk_mag_pav(values, k=2, l=1e-2)),
-                               [-5.000036, 0, 2.9999416, 0], atol=1e-4)
+    np.testing.assert_allclose(
+        np.asarray(sst.sparse_soft_topk_mask_pav(values, k=2, l=1e-2)), [0, 0, 0.99999714, 0.99999714], atol=3e-6
+    )
+    np.testing.assert_allclose(
+        np.asarray(sst.sparse_soft_topk_mag_pav(values, k=2, l=1e-2)), [-5.000036, 0, 2.9999416, 0], atol=1e-4
+    )
 
 
 def test_signatures_and_defaults_are_the_originals():

@@ -23,8 +23,12 @@ import softtopk.jax as sj  # noqa: E402
 from softtopk.jax import _registry  # noqa: E402
 
 # torch's word -> JAX's word, the only differences allowed between the two sides' messages
-WORDS = ((r"torch\.Tensor", "JAX array"), (r"0-d tensor", "0-d array"), (r"\bdim\b", "axis"),
-         (r"torch\.(?=float|bfloat|int|bool)", ""))  # dtype names: torch.float32 -> float32
+WORDS = (
+    (r"torch\.Tensor", "JAX array"),
+    (r"0-d tensor", "0-d array"),
+    (r"\bdim\b", "axis"),
+    (r"torch\.(?=float|bfloat|int|bool)", ""),
+)  # dtype names: torch.float32 -> float32
 
 
 def jax_words(message: str) -> str:
@@ -58,8 +62,10 @@ GOOD = [
     ("lapsum axis 0 smallest", lambda f, d: f("soft_topk", f.array(X, d), 2, axis=0, largest=False, tau=0.3)),
     ("lapsum k > n/2", lambda f, d: f("soft_topk", f.array(X, d), 6)),
     ("lapsum -inf", lambda f, d: f("soft_topk", f.array(X_INF, d), 3, tau=0.5)),
-    ("lapsum per-row tau and k", lambda f, d: f("soft_topk", f.array(X, d), f.array([1.5, 3.0, 7.25], d),
-                                                 tau=f.array(ROWS, d))),
+    (
+        "lapsum per-row tau and k",
+        lambda f, d: f("soft_topk", f.array(X, d), f.array([1.5, 3.0, 7.25], d), tau=f.array(ROWS, d)),
+    ),
     ("lapsum hard", lambda f, d: f("soft_topk", f.array(X, d), 3, hard=True)),
     ("sparse", lambda f, d: f("soft_topk", f.array(X, d), 3, method="sparse", l=0.5)),
     ("sparse p=2 per-row l", lambda f, d: f("soft_topk", f.array(X, d), 3, method="sparse", p=2, l=f.array(ROWS, d))),
@@ -142,8 +148,12 @@ def test_a_method_jax_lacks_is_named_with_those_it_has():
     assert jax_methods < set(softtopk.methods()) and set(_registry.TORCH_ONLY) == set(softtopk.methods()) - jax_methods
     for method in _registry.TORCH_ONLY:
         softtopk.soft_topk(torch.ones(4), 2, method=method)  # torch has it
-        with pytest.raises(ValueError, match=re.escape(f"method {method!r} is in softtopk's PyTorch API only; "
-                                                       f"softtopk.jax has {sorted(jax_methods)}")):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(
+                f"method {method!r} is in softtopk's PyTorch API only; softtopk.jax has {sorted(jax_methods)}"
+            ),
+        ):
             sj.soft_topk(jnp.ones(4), 2, method=method)
     _, torch_message = _error(TORCH, lambda f: f("soft_topk", f.array(ONES), 1, method="bisect"))
     _, jax_message = _error(JAX, lambda f: f("soft_topk", f.array(ONES), 1, method="bisect"))

@@ -42,14 +42,14 @@ def _rows(n: int, scale: float, dtype) -> np.ndarray:
 def _case(name: str, k: int, lam: float, p: float):
     """(torch function, jax function) of the operator ``name``."""
     if name == "mask":
-        return (lambda t: softtopk.sparse_topk_mask(t, k, l=lam, p=p),
-                lambda a: sj.sparse_topk_mask(a, k, l=lam, p=p))
+        return (lambda t: softtopk.sparse_topk_mask(t, k, l=lam, p=p), lambda a: sj.sparse_topk_mask(a, k, l=lam, p=p))
     if name == "dykstra":
-        return (lambda t: softtopk.sparse_topk_mask(t, k, l=lam, p=2, solver="dykstra", n_iter=200),
-                lambda a: sj.sparse_topk_mask(a, k, l=lam, p=2, solver="dykstra", n_iter=200))
+        return (
+            lambda t: softtopk.sparse_topk_mask(t, k, l=lam, p=2, solver="dykstra", n_iter=200),
+            lambda a: sj.sparse_topk_mask(a, k, l=lam, p=2, solver="dykstra", n_iter=200),
+        )
     if name == "mag":
-        return (lambda t: softtopk.sparse_topk_mag(t, k, l=lam, p=p),
-                lambda a: sj.sparse_topk_mag(a, k, l=lam, p=p))
+        return (lambda t: softtopk.sparse_topk_mag(t, k, l=lam, p=p), lambda a: sj.sparse_topk_mag(a, k, l=lam, p=p))
     if name == "laplace":
         return lambda t: softtopk.soft_topk(t, k, tau=lam), lambda a: sj.soft_topk(a, k, tau=lam)
     return lambda t: softtopk.hard_topk_mask(t, k), lambda a: sj.hard_topk_mask(a, k)

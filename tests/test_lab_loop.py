@@ -29,24 +29,101 @@ MAX_FUNCTION_LINES, MAX_FILE_LINES = 60, 400
 KILLS = {
     # 3 steps per epoch, evaluations every 2 steps: the kill comes after a checkpoint that holds a
     # loss not yet evaluated; dropout (torch's global RNG) and the noised loss (its own generator)
-    "train-embeddings": (["-d", "wordnet148", "--method", "bal_noised_topk", "--p_k", "0", "0", "0", "0", "1",
-                          "--n_samples", "2", "--apply_dropout", "--hidden_dims", "8", "--batch_size", "2000",
-                          "--n_epochs", "2", "--eval_freq", "2", "--nloglr", "2"], 5, 3),
+    "train-embeddings": (
+        [
+            "-d",
+            "wordnet148",
+            "--method",
+            "bal_noised_topk",
+            "--p_k",
+            "0",
+            "0",
+            "0",
+            "0",
+            "1",
+            "--n_samples",
+            "2",
+            "--apply_dropout",
+            "--hidden_dims",
+            "8",
+            "--batch_size",
+            "2000",
+            "--n_epochs",
+            "2",
+            "--eval_freq",
+            "2",
+            "--nloglr",
+            "2",
+        ],
+        5,
+        3,
+    ),
     # 2 steps per epoch: augmentation, the noised loss and the label noise, each with its own generator
-    "train-cifar100": (["--method", "bal_noised_topk", "--p_k", "0", "0", "0", "0", "1", "--n_samples", "2",
-                        "--label_noise", ".4", "--val_size", "104", "--batch_size", "8", "--n_epochs", "2",
-                        "--device", "cpu"], 3, 2),
+    "train-cifar100": (
+        [
+            "--method",
+            "bal_noised_topk",
+            "--p_k",
+            "0",
+            "0",
+            "0",
+            "0",
+            "1",
+            "--n_samples",
+            "2",
+            "--label_noise",
+            ".4",
+            "--val_size",
+            "104",
+            "--batch_size",
+            "8",
+            "--n_epochs",
+            "2",
+            "--device",
+            "cpu",
+        ],
+        3,
+        2,
+    ),
     # 10 steps per epoch: the Gumbel noise (its own generator) and SGD's momentum
-    "knn": (["--train_subset", "200", "--num_queries", "20", "--num_candidates", "20", "--k", "3", "--n_epochs", "2",
-             "--eval_neighbors", "200", "--eval_queries", "100", "--relaxation", "lapsum", "--lr", "1e-2"], 13, 10),
+    "knn": (
+        [
+            "--train_subset",
+            "200",
+            "--num_queries",
+            "20",
+            "--num_candidates",
+            "20",
+            "--k",
+            "3",
+            "--n_epochs",
+            "2",
+            "--eval_neighbors",
+            "200",
+            "--eval_queries",
+            "100",
+            "--relaxation",
+            "lapsum",
+            "--lr",
+            "1e-2",
+        ],
+        13,
+        10,
+    ),
 }
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     # the torch thread count of this process (conftest sets 1): float reductions depend on it
     threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}
-    return subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *args], capture_output=True, text=True,
-                          check=False, timeout=300, env={**os.environ, **threads, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "softtopk_lab.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+        env={**os.environ, **threads, **(env or {})},
+    )
 
 
 def _outcome(run_dir: Path) -> tuple[dict, list, dict]:
@@ -60,8 +137,7 @@ def _outcome(run_dir: Path) -> tuple[dict, list, dict]:
     return results, records, torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
 
 
-@pytest.mark.parametrize("tool", [
-    "train-embeddings", "train-cifar100", pytest.param("knn", marks=needs_mnist)])
+@pytest.mark.parametrize("tool", ["train-embeddings", "train-cifar100", pytest.param("knn", marks=needs_mnist)])
 def test_a_killed_run_resumes_to_the_results_of_an_uninterrupted_one(tool, tmp_path):
     flags, kill_at, checkpoint_step = KILLS[tool]
     flags = [tool, *flags, "--no-progress"]
@@ -75,7 +151,8 @@ def test_a_killed_run_resumes_to_the_results_of_an_uninterrupted_one(tool, tmp_p
     assert resumed.returncode == 0, resumed.stderr
     assert main([*flags, "--out", str(tmp_path / "straight")]) == 0
     (results, records, weights), (straight, straight_records, straight_weights) = (
-        _outcome(tmp_path / name) for name in ("killed", "straight"))
+        _outcome(tmp_path / name) for name in ("killed", "straight")
+    )
     assert results == straight and records == straight_records
     assert weights.keys() == straight_weights.keys()
     assert all(torch.equal(weights[name], straight_weights[name]) for name in weights)  # bit for bit
@@ -88,12 +165,26 @@ class _Diverging(torch.nn.Module):
 
 def test_a_diverged_training_loss_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(embeddings, "build_loss", lambda *args: _Diverging())
-    flags = ["train-embeddings", "-d", "wordnet148", "--method", "softmax_cross_entropy", "--p_k", "1",
-             "--n_epochs", "1", "--no-progress", "--quiet", "--out", str(tmp_path / "run")]
+    flags = [
+        "train-embeddings",
+        "-d",
+        "wordnet148",
+        "--method",
+        "softmax_cross_entropy",
+        "--p_k",
+        "1",
+        "--n_epochs",
+        "1",
+        "--no-progress",
+        "--quiet",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(flags) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("softtopk train-embeddings: error: training diverged: the mean "
-                                                  "training loss is nan at step "), err
+    assert err.count("\n") == 1 and err.startswith(
+        "softtopk train-embeddings: error: training diverged: the mean training loss is nan at step "
+    ), err
 
 
 def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
@@ -127,6 +218,9 @@ def test_the_length_rule_measures_decorators_docstrings_and_nested_functions():
 
 
 def test_no_lab_file_is_longer_than_400_lines():
-    long = {str(path.relative_to(LAB)): lines for path in sorted(LAB.rglob("*.py"))
-            if (lines := len(path.read_text().splitlines())) > MAX_FILE_LINES}
+    long = {
+        str(path.relative_to(LAB)): lines
+        for path in sorted(LAB.rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MAX_FILE_LINES
+    }
     assert not long, f"over {MAX_FILE_LINES} lines: {long}"

@@ -46,8 +46,11 @@ class _Planted:
 
 
 def _tree(directory: Path) -> dict[str, str]:
-    return {str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(directory.rglob("*")) if path.is_file()}
+    return {
+        str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
 
 
 # ---- 1. no code from a checkpoint -------------------------------------------------------------
@@ -273,8 +276,18 @@ def test_a_second_sweep_on_one_directory_is_refused(tmp_path, capsys):
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(suite_dir)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        argv = ["sweep", "wordnet148", "--seeds", "0", "--only", "cross_entropy", "--n_epochs", "1",
-                "--out", str(tmp_path / "out")]
+        argv = [
+            "sweep",
+            "wordnet148",
+            "--seeds",
+            "0",
+            "--only",
+            "cross_entropy",
+            "--n_epochs",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+        ]
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"in use by another softtopk process (pid {holder.pid})" in err

@@ -44,12 +44,15 @@ def test_best_pt_holds_the_weights_whose_test_value_is_reported(data_file, tmp_p
     from softtopk_lab.embeddings import build_model
 
     state = torch.load(out / "best.pt", weights_only=True)  # the README's two lines
-    model = build_model(**state["model_args"]); model.load_state_dict(state["model"])  # noqa: E702
+    model = build_model(**state["model_args"])
+    model.load_state_dict(state["model"])  # noqa: E702
     results = json.loads((out / "results.json").read_text())
     test_x, test_y = load_data(str(data_file))["test"]
     assert state["step"] == results["best"]["top1"]["step"]
-    assert evaluate(model, test_x, test_y, batch_size=100, device=torch.device("cpu"))["top1"] == \
-        results["reported_test_at_best_valid"]["top1"]
+    assert (
+        evaluate(model, test_x, test_y, batch_size=100, device=torch.device("cpu"))["top1"]
+        == results["reported_test_at_best_valid"]["top1"]
+    )
 
 
 # ---- 6. resume from the run directory alone, Ctrl-C ------------------------------------------
@@ -73,10 +76,27 @@ def test_resume_needs_only_the_run_directory(data_file, tmp_path, capsys):
 
 def test_ctrl_c_is_one_line_with_the_command_that_resumes(data_file, tmp_path):
     out = tmp_path / "run"
-    flags = ["train-embeddings", "-d", str(data_file), "--method", "softsort", "--p_k", "1", "--n_epochs", "400",
-             "--batch_size", "100", "--eval_freq", "1000", "--no-progress", "--out", str(out)]
-    process = subprocess.Popen([sys.executable, "-m", "softtopk_lab.cli", *flags], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    flags = [
+        "train-embeddings",
+        "-d",
+        str(data_file),
+        "--method",
+        "softsort",
+        "--p_k",
+        "1",
+        "--n_epochs",
+        "400",
+        "--batch_size",
+        "100",
+        "--eval_freq",
+        "1000",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "softtopk_lab.cli", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 120
     while not (out / "checkpoint.pt").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -167,7 +187,6 @@ def test_the_readme_snippet_of_best_pt_matches_this_file():
     assert 'model = build_model(**state["model_args"]); model.load_state_dict(state["model"])' in readme
 
 
-
 # ---- 9. metrics people can consume ---------------------------------------------------------------
 
 
@@ -241,8 +260,10 @@ def _overlaps(a, b) -> bool:
 def test_demo_plot_zooms_to_its_values_shows_top1_and_top5_and_its_legend_hides_nothing(monkeypatch, tmp_path):
     from softtopk_lab.demo import _plot
 
-    runs = {"a": {"curve": [(0, 0.01, 0.05), (50, 0.55, 0.84), (100, 0.58, 0.86)]},
-            "b": {"curve": [(0, 0.02, 0.04), (50, 0.60, 0.87), (100, 0.61, 0.88)]}}
+    runs = {
+        "a": {"curve": [(0, 0.01, 0.05), (50, 0.55, 0.84), (100, 0.58, 0.86)]},
+        "b": {"curve": [(0, 0.02, 0.04), (50, 0.60, 0.87), (100, 0.61, 0.88)]},
+    }
     figure = _captured_figure(monkeypatch, lambda: _plot(runs, tmp_path / "demo.png"))
     top1, top5 = figure.axes
     assert "top-1" in top1.get_title() and "top-5" in top5.get_title()

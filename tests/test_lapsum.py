@@ -121,7 +121,9 @@ def test_matches_oracle_with_per_row_k_and_tau():
     for kk in (1, 5, 8):
         torch.testing.assert_close(
             softtopk.soft_topk(x, torch.tensor(float(kk), dtype=F64), tau=0.5),
-            softtopk.soft_topk(x, kk, tau=0.5), rtol=0, atol=1e-12,
+            softtopk.soft_topk(x, kk, tau=0.5),
+            rtol=0,
+            atol=1e-12,
         )
 
 

@@ -16,8 +16,9 @@ from torch.utils._python_dispatch import _disable_current_modes
 import softtopk
 from softtopk.ops import lapsum, lapsum_triton
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                reason="triton is not installed (it comes with the test extra on Linux)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed (it comes with the test extra on Linux)"
+)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the CPU: the interpreter (conftest.py)
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
@@ -30,8 +31,10 @@ def _both(x: torch.Tensor, k: int, tau: float, hard: bool = False):
     """(mask, grad) of the torch path and of the kernels for one upstream gradient."""
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype).to(x.device)
     out = []
-    for fn in (lambda v: lapsum.lapsum_mask(v, k, tau, hard=hard),
-               lambda v: lapsum_triton.triton_mask(v, k, tau, hard=hard, **CONSTANTS)):
+    for fn in (
+        lambda v: lapsum.lapsum_mask(v, k, tau, hard=hard),
+        lambda v: lapsum_triton.triton_mask(v, k, tau, hard=hard, **CONSTANTS),
+    ):
         leaf = x.detach().clone().requires_grad_()
         mask = fn(leaf)
         (mask * g).sum().backward()
@@ -48,8 +51,10 @@ def _close(x, k, tau, hard=False):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize(("n", "k", "tau"), [(50, 5, 1.0), (50, 25, 0.3), (50, 30, 0.3), (7, 2, 1e-3),
-                                             (3000, 10, 0.5), (9, 8, 2.0), (2, 1, 1.0)])
+@pytest.mark.parametrize(
+    ("n", "k", "tau"),
+    [(50, 5, 1.0), (50, 25, 0.3), (50, 30, 0.3), (7, 2, 1e-3), (3000, 10, 0.5), (9, 8, 2.0), (2, 1, 1.0)],
+)
 def test_kernels_equal_the_torch_path(dtype, n, k, tau):
     x = torch.randn(4, n, generator=torch.Generator().manual_seed(n + k), dtype=dtype).to(DEVICE)
     mask, _ = _close(x, k, tau)
@@ -65,9 +70,16 @@ def test_extreme_scales(scale):
 
 @pytest.mark.parametrize("k", [2, 3, 6])
 def test_infinite_and_tied_rows_follow_the_extended_reals(k):
-    x = torch.tensor([[1.0, INF, -INF, 2, 0, -1, 3, INF], [INF, INF, INF, 1, 2, 3, 4, 5],
-                      [-INF, -INF, 1, -INF, -INF, -INF, -INF, -INF], [0.0] * 8,
-                      [3.4e38, -3.4e38, 1, 2, 0, 0, 0, 0]], device=DEVICE)
+    x = torch.tensor(
+        [
+            [1.0, INF, -INF, 2, 0, -1, 3, INF],
+            [INF, INF, INF, 1, 2, 3, 4, 5],
+            [-INF, -INF, 1, -INF, -INF, -INF, -INF, -INF],
+            [0.0] * 8,
+            [3.4e38, -3.4e38, 1, 2, 0, 0, 0, 0],
+        ],
+        device=DEVICE,
+    )
     mask, grad = _close(x, k, 0.7)
     assert torch.isfinite(mask).all() and torch.isfinite(grad).all()
 

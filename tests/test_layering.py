@@ -45,7 +45,15 @@ def layer(module: str) -> int:
         return LAYERS.index("faces")
     if module.startswith("softtopk.compat"):
         return LAYERS.index("compat")
-    families = {"softtopk.operators", "softtopk.sparse", "softtopk.sorting", "softtopk.stochastic", "softtopk.knn", "softtopk.routing", "softtopk._deprecated"}
+    families = {
+        "softtopk.operators",
+        "softtopk.sparse",
+        "softtopk.sorting",
+        "softtopk.stochastic",
+        "softtopk.knn",
+        "softtopk.routing",
+        "softtopk._deprecated",
+    }
     if module in families or module.startswith("softtopk.losses."):
         return LAYERS.index("families")
     raise AssertionError(f"{module} has no layer: place it in tests/test_layering.py and the README's Architecture")

@@ -27,17 +27,23 @@ LOSSES = {
     "top1_svm": lambda s, y, z: softtopk.top1_svm(s, y, reduction="none"),
     "bal_noised_topk": lambda s, y, z: softtopk.bal_noised_topk(s, y, k=2, epsilon=0.5, noise=z, reduction="none"),
     "imbal_noised_topk": lambda s, y, z: softtopk.imbal_noised_topk(
-        s, y, k=2, epsilon=0.5, max_m=0.3, cls_num_list=[5.0] * s.shape[1], scale=1.0, noise=z, reduction="none"),
+        s, y, k=2, epsilon=0.5, max_m=0.3, cls_num_list=[5.0] * s.shape[1], scale=1.0, noise=z, reduction="none"
+    ),
     "topk_ce softsort m=4": lambda s, y, z: softtopk.topk_cross_entropy(
-        s, y, [0.5, 0.5], method="softsort", m=4, reduction="none"),
+        s, y, [0.5, 0.5], method="softsort", m=4, reduction="none"
+    ),
     "topk_ce neuralsort m=4": lambda s, y, z: softtopk.topk_cross_entropy(
-        s, y, [0.5, 0.5], method="neuralsort", m=4, reduction="none"),
+        s, y, [0.5, 0.5], method="neuralsort", m=4, reduction="none"
+    ),
     "topk_ce splitter m=4": lambda s, y, z: softtopk.topk_cross_entropy(
-        s, y, [0.5, 0.5], method="splitter_selection", m=4, steepness=2.0, reduction="none"),
+        s, y, [0.5, 0.5], method="splitter_selection", m=4, steepness=2.0, reduction="none"
+    ),
     "topk_ce softsort m=None": lambda s, y, z: softtopk.topk_cross_entropy(
-        s, y, [0.5, 0.5], method="softsort", reduction="none"),
+        s, y, [0.5, 0.5], method="softsort", reduction="none"
+    ),
     "topk_ce neuralsort m=None": lambda s, y, z: softtopk.topk_cross_entropy(
-        s, y, [0.5, 0.5], method="neuralsort", reduction="none"),
+        s, y, [0.5, 0.5], method="neuralsort", reduction="none"
+    ),
 }
 
 
@@ -81,8 +87,9 @@ def test_a_label_at_minus_inf_gives_inf_and_stays_in_its_row(name):
 def test_a_label_among_fewer_than_k_finite_classes_has_loss_zero(name):
     """With fewer than k other classes above -inf the label is surely in the top k: the loss is its
     limit 0 (for k = 1, a single finite class)."""
-    logits = torch.tensor([[1.0, -INF, -INF, -INF, -INF], [0.5, 2.0, -INF, -INF, -INF]], dtype=torch.float64,
-                          requires_grad=True)
+    logits = torch.tensor(
+        [[1.0, -INF, -INF, -INF, -INF], [0.5, 2.0, -INF, -INF, -INF]], dtype=torch.float64, requires_grad=True
+    )
     k1 = name.endswith("top1_svm")
     value = LOSSES[name](logits, torch.tensor([0, 1]), None)
     assert value[0] == 0 and (k1 or value[1] == 0)

@@ -17,14 +17,20 @@ F64 = torch.float64
 def exact_ndcg_loss(scores, relevance, k: int) -> float:
     """1 - NDCG@k of one list by sorting (ties broken by position)."""
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
-    gains = [2.0 ** r - 1 for r in relevance]
+    gains = [2.0**r - 1 for r in relevance]
     dcg = sum(gains[i] / math.log2(rank + 2) for rank, i in enumerate(order[:k]))
     ideal = sum(g / math.log2(rank + 2) for rank, g in enumerate(sorted(gains, reverse=True)[:k]))
     return 0.0 if ideal == 0 else 1 - dcg / ideal
 
 
-@pytest.mark.parametrize("method, params", [("neuralsort", {"tau": 1e-4}), ("softsort", {"tau": 1e-4}),
-                                            ("bitonic", {"steepness": 1e6, "distribution": "logistic"})])
+@pytest.mark.parametrize(
+    "method, params",
+    [
+        ("neuralsort", {"tau": 1e-4}),
+        ("softsort", {"tau": 1e-4}),
+        ("bitonic", {"steepness": 1e6, "distribution": "logistic"}),
+    ],
+)
 def test_hard_limit_equals_the_brute_force(method, params):
     """Every permutation of 4 distinct scores, relevances with ties, every k: the sharp relaxation is
     the exact 1 - NDCG@k."""
@@ -74,14 +80,31 @@ def test_training_signal_improves_ndcg():
 
 
 ERRORS = [
-    (lambda: ndcg_loss(torch.zeros(2, 3), torch.zeros(2, 4), 1), ValueError,
-     r"relevance must have the shape of scores \(2, 3\), got \(2, 4\)"),
-    (lambda: ndcg_loss(torch.zeros(2, 3), torch.zeros(2, 3), 4), ValueError,
-     r"k must satisfy 1 <= k <= 3 \(the list length n\), got 4"),
-    (lambda: ndcg_loss(torch.zeros(2, 3), torch.zeros(2, 3), 1, reduction="avg"), ValueError, "reduction must be one of"),
-    (lambda: ndcg_loss(torch.zeros(2, 3), torch.zeros(2, 3), 1, mask=torch.ones(2, 3)), ValueError,
-     r"mask must be a bool tensor of shape \(2, 3\), got torch.float32 \(2, 3\)"),
-    (lambda: ndcg_loss(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.long), 1), TypeError, "relevance must have a floating dtype"),
+    (
+        lambda: ndcg_loss(torch.zeros(2, 3), torch.zeros(2, 4), 1),
+        ValueError,
+        r"relevance must have the shape of scores \(2, 3\), got \(2, 4\)",
+    ),
+    (
+        lambda: ndcg_loss(torch.zeros(2, 3), torch.zeros(2, 3), 4),
+        ValueError,
+        r"k must satisfy 1 <= k <= 3 \(the list length n\), got 4",
+    ),
+    (
+        lambda: ndcg_loss(torch.zeros(2, 3), torch.zeros(2, 3), 1, reduction="avg"),
+        ValueError,
+        "reduction must be one of",
+    ),
+    (
+        lambda: ndcg_loss(torch.zeros(2, 3), torch.zeros(2, 3), 1, mask=torch.ones(2, 3)),
+        ValueError,
+        r"mask must be a bool tensor of shape \(2, 3\), got torch.float32 \(2, 3\)",
+    ),
+    (
+        lambda: ndcg_loss(torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.long), 1),
+        TypeError,
+        "relevance must have a floating dtype",
+    ),
 ]
 
 

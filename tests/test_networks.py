@@ -72,9 +72,7 @@ def assert_01_principle(network: Network, k: int) -> None:
         if not np.array_equal(got, truth[r]):
             bad = int(np.flatnonzero(np.unpackbits(got ^ truth[r]))[0])
             pattern = [(bad >> w) & 1 for w in range(network.n)]
-            raise AssertionError(
-                f"{network.kind} n={network.n} k={k}: rank {r} wrong for 0-1 input {pattern}"
-            )
+            raise AssertionError(f"{network.kind} n={network.n} k={k}: rank {r} wrong for 0-1 input {pattern}")
 
 
 def assert_selects_topk(network: Network, k: int, x: np.ndarray) -> None:
@@ -273,8 +271,11 @@ def test_build_network_is_cached(kind):
 def test_layer_tensors_encode_the_layers():
     """``partner`` is an involution pairing each comparator's wires (idle wires map to themselves);
     ``sign`` is +1 on the max wire, -1 on the min wire, 0 when idle."""
-    for net in [build_network("bitonic", 13, 13), build_network("splitter_selection", 20, 3),
-                build_network("odd_even", 6, 6)]:
+    for net in [
+        build_network("bitonic", 13, 13),
+        build_network("splitter_selection", 20, 3),
+        build_network("odd_even", 6, 6),
+    ]:
         partner, sign = layer_tensors(net, torch.device("cpu"))
         depth = len(net.layers)
         assert partner.shape == sign.shape == (depth, net.n)

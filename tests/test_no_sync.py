@@ -44,8 +44,7 @@ def _calls():
         if "mask" in info.outputs:
             yield f"mask-{method}", lambda x, m=method: softtopk.soft_topk(x, 3, method=m, **_params(m))
             if method not in ("gumbel",):
-                yield f"hard-{method}", lambda x, m=method: softtopk.soft_topk(x, 3, method=m, hard=True,
-                                                                              **_params(m))
+                yield f"hard-{method}", lambda x, m=method: softtopk.soft_topk(x, 3, method=m, hard=True, **_params(m))
         if "ranks" in info.outputs and (method != "gumbel"):
             yield f"ranks-{method}", lambda x, m=method: softtopk.soft_topk_ranks(x, 3, method=m, **_params(m))
         if "permutation" in info.outputs:
@@ -62,8 +61,12 @@ def _calls():
     yield "noised-kth", lambda x: softtopk.noised_kth_value(x, 3, epsilon=0.5)
     for method in ("lapsum", "neuralsort", "softsort", "bitonic", "sparse"):
         scale = {"sparse": "l", "bitonic": "steepness"}.get(method, "tau")
-        yield f"tensor-{scale}-{method}", lambda x, m=method, s=scale: softtopk.soft_topk(
-            x, 3, method=m, **{s: torch.full((4,), 0.5, device=x.device)})
+        yield (
+            f"tensor-{scale}-{method}",
+            lambda x, m=method, s=scale: softtopk.soft_topk(
+                x, 3, method=m, **{s: torch.full((4,), 0.5, device=x.device)}
+            ),
+        )
     yield "tensor-k", lambda x: softtopk.soft_topk(x, torch.tensor([1.0, 2.0, 2.5, 3.0], device=x.device))
 
 

@@ -27,8 +27,7 @@ def _match(*parts: str) -> str:
 
 def _problem(batch=6, classes=5, seed=0, dtype=torch.float64):
     gen = _gen(seed)
-    return (torch.randn(batch, classes, generator=gen, dtype=dtype),
-            torch.randint(0, classes, (batch,), generator=gen))
+    return (torch.randn(batch, classes, generator=gen, dtype=dtype), torch.randint(0, classes, (batch,), generator=gen))
 
 
 def _reference(s, y, k, epsilon, z, margins=None, scale=None):
@@ -60,8 +59,9 @@ def test_matches_direct_monte_carlo_formula(seed, k, epsilon, samples):
     got = bal_noised_topk(s, y, k=k, epsilon=epsilon, noise=z, reduction="none")
     torch.testing.assert_close(got, _reference(s, y, k, epsilon, z))
     margins = ldam_margins(COUNTS, 0.4)
-    got = imbal_noised_topk(s, y, k=k, epsilon=epsilon, noise=z, max_m=0.4, cls_num_list=COUNTS, scale=3.0,
-                            reduction="none")
+    got = imbal_noised_topk(
+        s, y, k=k, epsilon=epsilon, noise=z, max_m=0.4, cls_num_list=COUNTS, scale=3.0, reduction="none"
+    )
     torch.testing.assert_close(got, _reference(s, y, k, epsilon, z, margins, 3.0))
 
 
@@ -122,15 +122,19 @@ def test_modules_equal_functions():
     kw = {"weight": weight, "ignore_index": -1, "reduction": "sum"}
     bal = BalNoisedTopK(2, epsilon=0.5, n_samples=3, generator=_gen(4), **kw)
     assert torch.equal(bal(s, y), bal_noised_topk(s, y, k=2, epsilon=0.5, n_samples=3, generator=_gen(4), **kw))
-    imbal = ImbalNoisedTopK(2, epsilon=0.5, max_m=0.3, cls_num_list=COUNTS, scale=7.0, n_samples=3,
-                            generator=_gen(4), **kw)
-    expected = imbal_noised_topk(s, y, k=2, epsilon=0.5, max_m=0.3, cls_num_list=COUNTS, scale=7.0, n_samples=3,
-                                 generator=_gen(4), **kw)
+    imbal = ImbalNoisedTopK(
+        2, epsilon=0.5, max_m=0.3, cls_num_list=COUNTS, scale=7.0, n_samples=3, generator=_gen(4), **kw
+    )
+    expected = imbal_noised_topk(
+        s, y, k=2, epsilon=0.5, max_m=0.3, cls_num_list=COUNTS, scale=7.0, n_samples=3, generator=_gen(4), **kw
+    )
     assert torch.equal(imbal(s, y), expected)
     assert "margins" in dict(imbal.named_buffers()) and imbal.margins.dtype == torch.float64
     assert "weight" in dict(imbal.named_buffers())
-    assert repr(imbal) == ("ImbalNoisedTopK(k=2, epsilon=0.5, max_m=0.3, scale=7.0, classes=5, n_samples=3, "
-                           "reduction='sum', ignore_index=-1, weight=True)")
+    assert repr(imbal) == (
+        "ImbalNoisedTopK(k=2, epsilon=0.5, max_m=0.3, scale=7.0, classes=5, n_samples=3, "
+        "reduction='sum', ignore_index=-1, weight=True)"
+    )
 
 
 # ------------------------------------------------------------------------ reduction conventions
@@ -152,8 +156,7 @@ def test_reduction_weight_ignore_index_like_cross_entropy(kind):
     kw = {"k": 2, "epsilon": 0.5, "noise": z, "ignore_index": 7, "weight": weight}
     torch.testing.assert_close(_loss(kind, s, y, reduction="sum", **kw), (unweighted * w).sum())
     torch.testing.assert_close(_loss(kind, s, y, reduction="mean", **kw), (unweighted * w).sum() / w.sum())
-    torch.testing.assert_close(_loss(kind, s, y, k=2, epsilon=0.5, noise=z, ignore_index=7),
-                               unweighted[keep].mean())
+    torch.testing.assert_close(_loss(kind, s, y, k=2, epsilon=0.5, noise=z, ignore_index=7), unweighted[keep].mean())
     # the weighted mean is CrossEntropyLoss's convention: check the denominators agree
     ce = torch.nn.CrossEntropyLoss(weight=weight, ignore_index=7)
     ce_sum = torch.nn.CrossEntropyLoss(weight=weight, ignore_index=7, reduction="sum")
@@ -185,8 +188,14 @@ def test_spatial_inputs_match_flattened_rows(kind):
 
 
 @FEW
-@given(st.integers(0, 2**16), st.integers(1, 3), st.sampled_from([0.0, 0.3, 2.0]), st.integers(1, 4),
-       st.sampled_from(["bal", "imbal"]), st.sampled_from(["mean", "sum", "none"]))
+@given(
+    st.integers(0, 2**16),
+    st.integers(1, 3),
+    st.sampled_from([0.0, 0.3, 2.0]),
+    st.integers(1, 4),
+    st.sampled_from(["bal", "imbal"]),
+    st.sampled_from(["mean", "sum", "none"]),
+)
 def test_gradcheck_float64(seed, k, epsilon, samples, kind, reduction):
     s, y = _problem(batch=4, classes=5, seed=seed)
     s = s * 3  # spread apart: no ties, hinge away from its kink
@@ -233,52 +242,103 @@ def test_error_messages():
     bal = {"k": 1, "epsilon": 1.0}
     imb = {"k": 1, "epsilon": 1.0, "max_m": 0.3, "cls_num_list": [1, 2, 3, 4]}
     cases = [
-        (ValueError, "k must satisfy 1 <= k <= 3 (k < C, the number of classes",
-         lambda: bal_noised_topk(s, y, k=4, epsilon=1.0)),
-        (ValueError, "k must satisfy 1 <= k <= 3 (k < C, the number of classes",
-         lambda: bal_noised_topk(s, y, k=0, epsilon=1.0)),
+        (
+            ValueError,
+            "k must satisfy 1 <= k <= 3 (k < C, the number of classes",
+            lambda: bal_noised_topk(s, y, k=4, epsilon=1.0),
+        ),
+        (
+            ValueError,
+            "k must satisfy 1 <= k <= 3 (k < C, the number of classes",
+            lambda: bal_noised_topk(s, y, k=0, epsilon=1.0),
+        ),
         (ValueError, "k must be >= 1, got 0", lambda: BalNoisedTopK(0, epsilon=1.0)),
         (TypeError, "k must be an int", lambda: bal_noised_topk(s, y, k=1.5, epsilon=1.0)),
-        (ValueError, "k must satisfy 1 <= k <= 3 (k < C, the number of classes",
-         lambda: BalNoisedTopK(5, epsilon=1.0)(s, y)),
-        (ValueError, "epsilon must be a finite number >= 0, got -0.5",
-         lambda: bal_noised_topk(s, y, k=1, epsilon=-0.5)),
-        (ValueError, "epsilon must be a finite number >= 0, got nan",
-         lambda: bal_noised_topk(s, y, k=1, epsilon=math.nan)),
+        (
+            ValueError,
+            "k must satisfy 1 <= k <= 3 (k < C, the number of classes",
+            lambda: BalNoisedTopK(5, epsilon=1.0)(s, y),
+        ),
+        (
+            ValueError,
+            "epsilon must be a finite number >= 0, got -0.5",
+            lambda: bal_noised_topk(s, y, k=1, epsilon=-0.5),
+        ),
+        (
+            ValueError,
+            "epsilon must be a finite number >= 0, got nan",
+            lambda: bal_noised_topk(s, y, k=1, epsilon=math.nan),
+        ),
         (ValueError, "epsilon must be a finite number >= 0", lambda: BalNoisedTopK(1, epsilon=-1.0)),
         (ValueError, "n_samples must be >= 1, got 0", lambda: bal_noised_topk(s, y, n_samples=0, **bal)),
         (ValueError, "n_samples must be >= 1, got 0", lambda: BalNoisedTopK(1, epsilon=1.0, n_samples=0)),
-        (ValueError, "cls_num_list must have one count per class, C = 4, got length 3",
-         lambda: imbal_noised_topk(s, y, **{**imb, "cls_num_list": [1, 2, 3]})),
-        (ValueError, "the loss has 3 margins, input has C = 4 classes",
-         lambda: ImbalNoisedTopK(1, epsilon=1.0, max_m=0.3, cls_num_list=[1, 2, 3])(s, y)),
+        (
+            ValueError,
+            "cls_num_list must have one count per class, C = 4, got length 3",
+            lambda: imbal_noised_topk(s, y, **{**imb, "cls_num_list": [1, 2, 3]}),
+        ),
+        (
+            ValueError,
+            "the loss has 3 margins, input has C = 4 classes",
+            lambda: ImbalNoisedTopK(1, epsilon=1.0, max_m=0.3, cls_num_list=[1, 2, 3])(s, y),
+        ),
         (ValueError, "got 0.0 for class 2", lambda: imbal_noised_topk(s, y, **{**imb, "cls_num_list": [1, 2, 0, 4]})),
-        (ValueError, "got -1.0 for class 0",
-         lambda: ImbalNoisedTopK(1, epsilon=1.0, max_m=0.3, cls_num_list=[-1, 2, 3, 4])),
-        (TypeError, "cls_num_list must be a non-empty sequence",
-         lambda: imbal_noised_topk(s, y, **{**imb, "cls_num_list": []})),
-        (TypeError, "cls_num_list must hold real numbers",
-         lambda: imbal_noised_topk(s, y, **{**imb, "cls_num_list": [1, 2, "3", 4]})),
-        (ValueError, "max_m must be a finite number >= 0, got -0.1",
-         lambda: imbal_noised_topk(s, y, **{**imb, "max_m": -0.1})),
-        (ValueError, "max_m must be a finite number >= 0",
-         lambda: ImbalNoisedTopK(1, epsilon=1.0, max_m=-0.1, cls_num_list=[1, 2, 3, 4])),
+        (
+            ValueError,
+            "got -1.0 for class 0",
+            lambda: ImbalNoisedTopK(1, epsilon=1.0, max_m=0.3, cls_num_list=[-1, 2, 3, 4]),
+        ),
+        (
+            TypeError,
+            "cls_num_list must be a non-empty sequence",
+            lambda: imbal_noised_topk(s, y, **{**imb, "cls_num_list": []}),
+        ),
+        (
+            TypeError,
+            "cls_num_list must hold real numbers",
+            lambda: imbal_noised_topk(s, y, **{**imb, "cls_num_list": [1, 2, "3", 4]}),
+        ),
+        (
+            ValueError,
+            "max_m must be a finite number >= 0, got -0.1",
+            lambda: imbal_noised_topk(s, y, **{**imb, "max_m": -0.1}),
+        ),
+        (
+            ValueError,
+            "max_m must be a finite number >= 0",
+            lambda: ImbalNoisedTopK(1, epsilon=1.0, max_m=-0.1, cls_num_list=[1, 2, 3, 4]),
+        ),
         (ValueError, "scale must be a positive finite number, got 0", lambda: imbal_noised_topk(s, y, scale=0, **imb)),
-        (ValueError, "target values must be in [0, 3] (or ignore_index=-100), got 4",
-         lambda: bal_noised_topk(s, torch.tensor([0, 4]), **bal)),
+        (
+            ValueError,
+            "target values must be in [0, 3] (or ignore_index=-100), got 4",
+            lambda: bal_noised_topk(s, torch.tensor([0, 4]), **bal),
+        ),
         (ValueError, "target values must be in [0, 3]", lambda: bal_noised_topk(s, torch.tensor([-1, 0]), **bal)),
-        (TypeError, "target must hold integer class indices, got dtype torch.float32",
-         lambda: bal_noised_topk(s, torch.tensor([0.0, 1.0]), **bal)),
+        (
+            TypeError,
+            "target must hold integer class indices, got dtype torch.float32",
+            lambda: bal_noised_topk(s, torch.tensor([0.0, 1.0]), **bal),
+        ),
         (ValueError, "target must have shape (2,)", lambda: bal_noised_topk(s, torch.tensor([0, 1, 2]), **bal)),
-        (ValueError, "weight must have shape (4,), got (3,)",
-         lambda: bal_noised_topk(s, y, weight=torch.ones(3), **bal)),
-        (ValueError, "weight must have shape (4,), got (3,)",
-         lambda: BalNoisedTopK(1, epsilon=1.0, weight=torch.ones(3))(s, y)),
+        (
+            ValueError,
+            "weight must have shape (4,), got (3,)",
+            lambda: bal_noised_topk(s, y, weight=torch.ones(3), **bal),
+        ),
+        (
+            ValueError,
+            "weight must have shape (4,), got (3,)",
+            lambda: BalNoisedTopK(1, epsilon=1.0, weight=torch.ones(3))(s, y),
+        ),
         (ValueError, "reduction must be one of", lambda: bal_noised_topk(s, y, reduction="avg", **bal)),
         (ValueError, "input must have shape (N, C)", lambda: bal_noised_topk(s[0], y, **bal)),
         (TypeError, "input must have a floating dtype", lambda: bal_noised_topk(y[None], y[:1], **bal)),
-        (ValueError, "noise must have shape (2, 4, S): one noise draw per entry and sample, S >= 1, got (2, 4)",
-         lambda: bal_noised_topk(s, y, noise=torch.randn(2, 4), **bal)),
+        (
+            ValueError,
+            "noise must have shape (2, 4, S): one noise draw per entry and sample, S >= 1, got (2, 4)",
+            lambda: bal_noised_topk(s, y, noise=torch.randn(2, 4), **bal),
+        ),
         (TypeError, "noise must be a floating torch.Tensor", lambda: bal_noised_topk(s, y, noise=[1.0], **bal)),
         (TypeError, "generator must be a torch.Generator", lambda: bal_noised_topk(s, y, generator=0, **bal)),
         (TypeError, "generator must be a torch.Generator", lambda: BalNoisedTopK(1, epsilon=1.0, generator=0)),

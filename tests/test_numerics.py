@@ -121,8 +121,9 @@ def tie_gradient(distribution: str) -> float:
     """max |∂ (top-5 mass of wire 0) / ∂ logits| for a 16-wire odd_even network, steepness 1,
     art_lambda 0.5."""
     logits, wires = _tie_setup()
-    ranks = softtopk.soft_topk_ranks(wires, 5, method="odd_even", distribution=distribution,
-                                     steepness=1.0, art_lambda=0.5)
+    ranks = softtopk.soft_topk_ranks(
+        wires, 5, method="odd_even", distribution=distribution, steepness=1.0, art_lambda=0.5
+    )
     ranks[0].sum().backward()
     assert torch.isfinite(logits.grad).all()
     return logits.grad.abs().max().item()

@@ -123,7 +123,7 @@ def reference_neuralsort(x: torch.Tensor, k: int, tau: float) -> torch.Tensor:
 
 def reference_softsort(x: torch.Tensor, k: int, tau: float, power: float) -> torch.Tensor:
     top = torch.sort(x, dim=-1, descending=True).values[..., :k]
-    return torch.softmax(-(x.unsqueeze(-1) - top.unsqueeze(-2)).abs() ** power / tau, dim=-2)
+    return torch.softmax(-((x.unsqueeze(-1) - top.unsqueeze(-2)).abs() ** power) / tau, dim=-2)
 
 
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
@@ -132,8 +132,12 @@ def test_network_ranks_match_dense_reference(kind, distribution):
     """The reverse-sweep ranks/mask equal an explicit dense product of the relaxed layers (ties
     included), for every distribution, at two steepnesses and two art_lambdas."""
     g = torch.Generator().manual_seed(3)
-    x = torch.cat([torch.randn(3, 11, generator=g, dtype=torch.float64) * 2,
-                   torch.randint(0, 3, (2, 11), generator=g).to(torch.float64)])
+    x = torch.cat(
+        [
+            torch.randn(3, 11, generator=g, dtype=torch.float64) * 2,
+            torch.randint(0, 3, (2, 11), generator=g).to(torch.float64),
+        ]
+    )
     for steepness, art_lambda in [(0.7, 0.25), (9.0, 0.5)]:
         params = {"distribution": distribution, "steepness": steepness, "art_lambda": art_lambda}
         want = reference_network_ranks(x, kind, 4, **params)
@@ -158,11 +162,19 @@ def test_neuralsort_and_softsort_match_dense_formulas():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4, 9, generator=g, dtype=torch.float64) * 3
     for tau in (0.3, 2.0):
-        torch.testing.assert_close(softtopk.soft_topk_ranks(x, 4, method="neuralsort", tau=tau),
-                                   reference_neuralsort(x, 4, tau), rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            softtopk.soft_topk_ranks(x, 4, method="neuralsort", tau=tau),
+            reference_neuralsort(x, 4, tau),
+            rtol=0,
+            atol=1e-12,
+        )
         for power in (1.0, 2.0):
-            torch.testing.assert_close(softtopk.soft_topk_ranks(x, 4, method="softsort", tau=tau, power=power),
-                                       reference_softsort(x, 4, tau, power), rtol=0, atol=1e-12)
+            torch.testing.assert_close(
+                softtopk.soft_topk_ranks(x, 4, method="softsort", tau=tau, power=power),
+                reference_softsort(x, 4, tau, power),
+                rtol=0,
+                atol=1e-12,
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,8 +281,10 @@ def test_softmax_relaxations_can_exceed_one_per_item():
 def distinct_inputs(draw):
     """1-3 rows of 1..12 distinct values in [-1, 1] on a 1e-3 grid (gap >= 1e-3 of the range)."""
     n = draw(st.integers(1, 12))
-    rows = [draw(st.lists(st.integers(-1000, 1000), min_size=n, max_size=n, unique=True))
-            for _ in range(draw(st.integers(1, 3)))]
+    rows = [
+        draw(st.lists(st.integers(-1000, 1000), min_size=n, max_size=n, unique=True))
+        for _ in range(draw(st.integers(1, 3)))
+    ]
     return torch.tensor(rows, dtype=torch.float32) / 1000, draw(st.integers(1, n))
 
 
@@ -298,8 +312,9 @@ def test_sharp_networks_select_exactly_at_difftopk_failing_sizes(kind, n):
     g = torch.Generator().manual_seed(n)
     x = torch.stack([torch.randperm(n, generator=g) for _ in range(64)]).float()
     params = method_params(kind, sharp=True, distribution="logistic_phi")
-    torch.testing.assert_close(softtopk.soft_topk_ranks(x, 5, method=kind, **params), hard_topk_ranks(x, 5),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        softtopk.soft_topk_ranks(x, 5, method=kind, **params), hard_topk_ranks(x, 5), rtol=0, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("method, distribution", METHOD_CASES, ids=CASE_IDS)
@@ -367,8 +382,9 @@ def test_softsort_is_equivariant_in_float32():
         x = torch.randn(64, 12, generator=g) * 3
         perm = torch.randperm(12, generator=g)
         ranks = softtopk.soft_topk_ranks(x, 5, method="softsort", tau=tau)
-        torch.testing.assert_close(softtopk.soft_topk_ranks(x[:, perm], 5, method="softsort", tau=tau),
-                                   ranks[:, perm], rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            softtopk.soft_topk_ranks(x[:, perm], 5, method="softsort", tau=tau), ranks[:, perm], rtol=0, atol=1e-6
+        )
 
 
 def test_neuralsort_is_equivariant_in_float32():
@@ -379,8 +395,9 @@ def test_neuralsort_is_equivariant_in_float32():
         x = torch.randn(64, 12, generator=g) * 3
         perm = torch.randperm(12, generator=g)
         ranks = softtopk.soft_topk_ranks(x, 5, method="neuralsort", tau=tau)
-        torch.testing.assert_close(softtopk.soft_topk_ranks(x[:, perm], 5, method="neuralsort", tau=tau),
-                                   ranks[:, perm], rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            softtopk.soft_topk_ranks(x[:, perm], 5, method="neuralsort", tau=tau), ranks[:, perm], rtol=0, atol=1e-6
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -491,9 +508,11 @@ def _devices():
 def test_output_device_is_input_device(method, device):
     params = method_params(method)
     x = torch.randn(2, 6, device=device)
-    for out in (softtopk.soft_topk(x, 2, method=method, **params),
-                softtopk.soft_topk_ranks(x, 2, method=method, **params),
-                softtopk.soft_permutation(x, method=method, **params)):
+    for out in (
+        softtopk.soft_topk(x, 2, method=method, **params),
+        softtopk.soft_topk_ranks(x, 2, method=method, **params),
+        softtopk.soft_permutation(x, method=method, **params),
+    ):
         assert out.device == x.device
     if device == "cuda":
         cpu = softtopk.soft_topk_ranks(x.cpu(), 2, method=method, **params)

@@ -32,17 +32,29 @@ def test_importing_the_library_leaves_the_lab_and_its_dependencies_out():
     assert _loaded_after("import softtopk, softtopk.compat.difftopk", lab) == by_torch
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["train-embeddings", "--help"], ["knn", "--help"], ["sweep", "--help"],
-                                  ["data", "build-wordnet", "--help"], ["--version"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["train-embeddings", "--help"],
+        ["knn", "--help"],
+        ["sweep", "--help"],
+        ["data", "build-wordnet", "--help"],
+        ["--version"],
+    ],
+)
 def test_help_and_version_import_no_heavy_module(argv):
-    code = (f"from softtopk_lab.cli import main\ntry:\n    main({argv!r})\n"
-            "except SystemExit as exit:\n    assert exit.code == 0")
+    code = (
+        f"from softtopk_lab.cli import main\ntry:\n    main({argv!r})\n"
+        "except SystemExit as exit:\n    assert exit.code == 0"
+    )
     assert _loaded_after(code, HEAVY) == []
 
 
 def test_version_prints_the_installed_version():
-    done = subprocess.run([sys.executable, "-m", "softtopk_lab.cli", "--version"], capture_output=True, text=True,
-                          check=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "softtopk_lab.cli", "--version"], capture_output=True, text=True, check=True, timeout=60
+    )
     assert done.stdout == f"softtopk {importlib.metadata.version('softtopk')}\n"
 
 

@@ -11,9 +11,17 @@ import torch
 
 import softtopk
 
-SCALE_OF = {"lapsum": "tau", "neuralsort": "tau", "softsort": "tau", "gumbel": "tau", "sparse": "l",
-            "bitonic": "steepness", "odd_even": "steepness", "splitter_selection": "steepness",
-            "perturbed": "sigma"}
+SCALE_OF = {
+    "lapsum": "tau",
+    "neuralsort": "tau",
+    "softsort": "tau",
+    "gumbel": "tau",
+    "sparse": "l",
+    "bitonic": "steepness",
+    "odd_even": "steepness",
+    "splitter_selection": "steepness",
+    "perturbed": "sigma",
+}
 
 
 def _call(method: str, value: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,8 +133,10 @@ def test_neuralsort_gradient_at_ties_is_symmetric_and_that_of_the_pairwise_formu
     x = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.5, -1.0, 0.5, 2.0]], dtype=torch.float64)
     weights = torch.randn(2, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     grads = []
-    for fn in (lambda t: softtopk.soft_permutation(t, method="neuralsort", tau=0.7),
-               lambda t: _neuralsort_by_pairs(t, 4, 0.7)):
+    for fn in (
+        lambda t: softtopk.soft_permutation(t, method="neuralsort", tau=0.7),
+        lambda t: _neuralsort_by_pairs(t, 4, 0.7),
+    ):
         leaf = x.clone().requires_grad_()
         (fn(leaf) * weights).sum().backward()
         grads.append(leaf.grad)
@@ -143,7 +153,9 @@ def test_per_row_tensor_tau_with_gradients(method):
     tau = torch.tensor([0.3, 1.0, 2.0], dtype=torch.float64, requires_grad=True)
     ranks = softtopk.soft_topk_ranks(x, 2, method=method, tau=tau)
     for i in range(3):
-        torch.testing.assert_close(ranks[i], softtopk.soft_topk_ranks(x[i], 2, method=method, tau=float(tau.detach()[i])))
+        torch.testing.assert_close(
+            ranks[i], softtopk.soft_topk_ranks(x[i], 2, method=method, tau=float(tau.detach()[i]))
+        )
     assert torch.autograd.gradcheck(lambda t: softtopk.soft_topk(x, 2, method=method, tau=t), (tau,))
     layer = softtopk.SoftTopKRanks(2, method=method, tau=torch.nn.Parameter(torch.tensor(0.5, dtype=torch.float64)))
     assert [name for name, _ in layer.named_parameters()] == ["tau"]
@@ -165,12 +177,15 @@ def test_per_row_tensor_steepness_with_gradients(method, distribution):
         torch.testing.assert_close(mask[i], want, atol=1e-14, rtol=0)
     assert torch.autograd.gradcheck(
         lambda b, t: softtopk.soft_topk_ranks(t, 3, method=method, steepness=b, distribution=distribution),
-        (beta, x.clone().requires_grad_()))
+        (beta, x.clone().requires_grad_()),
+    )
     assert torch.autograd.gradcheck(
-        lambda b: softtopk.soft_topk(x, 3, method=method, steepness=b, distribution=distribution), (beta,))
+        lambda b: softtopk.soft_topk(x, 3, method=method, steepness=b, distribution=distribution), (beta,)
+    )
     # vmap over rows and a learnable steepness in the Module twin
     got = torch.vmap(lambda r, b: softtopk.soft_topk(r, 3, method=method, steepness=b, distribution=distribution))(
-        x, beta.detach())
+        x, beta.detach()
+    )
     torch.testing.assert_close(got, mask.detach(), atol=1e-14, rtol=0)
     layer = softtopk.SoftTopK(3, method=method, steepness=torch.nn.Parameter(torch.tensor(2.0, dtype=torch.float64)))
     layer(x).pow(2).sum().backward()
@@ -186,8 +201,9 @@ def test_per_row_tensor_l_with_gradients(p):
     for i in range(3):
         want = softtopk.sparse_topk_mask(x[i], 3, l=float(lam.detach()[i]), p=p)
         torch.testing.assert_close(mask[i], want, atol=1e-14, rtol=0)
-    assert torch.autograd.gradcheck(lambda t, v: softtopk.sparse_topk_mask(v, 3, l=t, p=p),
-                                    (lam, x.clone().requires_grad_()))
+    assert torch.autograd.gradcheck(
+        lambda t, v: softtopk.sparse_topk_mask(v, 3, l=t, p=p), (lam, x.clone().requires_grad_())
+    )
     # a hard row (tiny l) and a huge l have finite gradients (0 for the hard row)
     extreme = torch.tensor([1e-8, 1e200, 0.5], dtype=torch.float64, requires_grad=True)
     mask = softtopk.soft_topk(x, 3, method="sparse", l=extreme, p=p)

@@ -362,12 +362,22 @@ def test_generator_wrong_device():
 
 @pytest.mark.parametrize(
     "shape,n_samples,expected",
-    [((3, 5), None, "(3, 5, S)"), ((3, 5, 4, 1), None, "(3, 5, S)"), ((5, 3, 4), None, "(3, 5, S)"),
-     ((3, 5, 0), None, "(3, 5, S)"), ((3, 5, 4), 5, "(3, 5, 5)"), ((3, 5), 4, "(3, 5, 4)")],
+    [
+        ((3, 5), None, "(3, 5, S)"),
+        ((3, 5, 4, 1), None, "(3, 5, S)"),
+        ((5, 3, 4), None, "(3, 5, S)"),
+        ((3, 5, 0), None, "(3, 5, S)"),
+        ((3, 5, 4), 5, "(3, 5, 5)"),
+        ((3, 5), 4, "(3, 5, 4)"),
+    ],
 )
 def test_noise_tensor_wrong_shape(shape, n_samples, expected):
-    with pytest.raises(ValueError, match=_match("noise must have shape " + expected,
-                                                "one noise draw per entry and sample, S >= 1", f"got {shape}")):
+    with pytest.raises(
+        ValueError,
+        match=_match(
+            "noise must have shape " + expected, "one noise draw per entry and sample, S >= 1", f"got {shape}"
+        ),
+    ):
         noised_kth_value(X, 2, noise=torch.randn(shape), n_samples=n_samples)
 
 

@@ -51,9 +51,14 @@ def _grid() -> dict[str, torch.Tensor]:
     rows["ties"] = torch.tensor([[0.0] * N, [1.0, 1.0, 1.0, 0.0, 0.0, 0.0], [2.0, 2.0, -1.0, -1.0, 3.0, 3.0]])
     rows["neg_inf"] = random.clone().index_fill_(-1, torch.tensor([1, 4]), -INF)
     rows["pos_inf"] = random.clone().index_fill_(-1, torch.tensor([2]), INF)
-    rows["many_inf"] = torch.tensor([[INF, INF, INF, INF, 1.0, 2.0], [-INF] * 5 + [0.5], [INF, -INF, INF, -INF, 0.0, 1.0]])
-    rows["nan_row"] = random.clone().index_fill_(0, torch.tensor([1]), 0.0).index_put_(
-        (torch.tensor([1]), torch.tensor([2])), torch.tensor(float("nan")))
+    rows["many_inf"] = torch.tensor(
+        [[INF, INF, INF, INF, 1.0, 2.0], [-INF] * 5 + [0.5], [INF, -INF, INF, -INF, 0.0, 1.0]]
+    )
+    rows["nan_row"] = (
+        random.clone()
+        .index_fill_(0, torch.tensor([1]), 0.0)
+        .index_put_((torch.tensor([1]), torch.tensor([2])), torch.tensor(float("nan")))
+    )
     rows["float16"] = random.half()
     rows["bfloat16"] = random.bfloat16()
     rows["empty"] = torch.zeros(0, N)
@@ -71,8 +76,16 @@ class Probe:
         self.problems: list[str] = []
         self.cases = 0
 
-    def run(self, label: str, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, extra=(),
-            check: Callable[[torch.Tensor, torch.Tensor], str | None] | None = None, finite: bool = False) -> None:
+    def run(
+        self,
+        label: str,
+        fn: Callable[[torch.Tensor], torch.Tensor],
+        x: torch.Tensor,
+        *,
+        extra=(),
+        check: Callable[[torch.Tensor, torch.Tensor], str | None] | None = None,
+        finite: bool = False,
+    ) -> None:
         """``fn(leaf)`` and the gradient of a weighted sum of its finite entries; ``extra`` are more
         leaves (temperatures) whose gradients are checked too; ``check(out, x)`` adds a rule."""
         self.cases += 1
@@ -154,23 +167,41 @@ def _operator_probe(method: str) -> Probe:
     for (name, x), k in ((item, k) for item in GRID.items() for k in (1, 3, N)):
         label, finite = f"{method} {name} k={k}", name in FINITE
         if "mask" in info.outputs:
-            probe.run(f"mask {label}", lambda t: softtopk.soft_topk(t, k, method=method, **_params(method)), x,
-                      check=_mask_rule(k, method), finite=finite)
+            probe.run(
+                f"mask {label}",
+                lambda t: softtopk.soft_topk(t, k, method=method, **_params(method)),
+                x,
+                check=_mask_rule(k, method),
+                finite=finite,
+            )
         if "ranks" in info.outputs and method != "gumbel":
-            probe.run(f"ranks {label}", lambda t: softtopk.soft_topk_ranks(t, k, method=method, **_params(method)),
-                      x, finite=finite)
+            probe.run(
+                f"ranks {label}",
+                lambda t: softtopk.soft_topk_ranks(t, k, method=method, **_params(method)),
+                x,
+                finite=finite,
+            )
     if "permutation" in info.outputs:
         for name, x in GRID.items():
-            probe.run(f"permutation {method} {name}", lambda t: softtopk.soft_permutation(t, method=method), x,
-                      finite=name in FINITE)
+            probe.run(
+                f"permutation {method} {name}",
+                lambda t: softtopk.soft_permutation(t, method=method),
+                x,
+                finite=name in FINITE,
+            )
     if method in TEMPERATURE:
         for name, x in GRID.items():
             temperature = torch.tensor(0.5, requires_grad=True)
             if method == "sparse":  # a per-row tensor l
                 temperature = torch.full((x.shape[0],), 0.5, requires_grad=True)
-            probe.run(f"tensor {TEMPERATURE[method]} {method} {name}",
-                      lambda t, s=temperature: softtopk.soft_topk(t, 3, method=method, **{TEMPERATURE[method]: s}),
-                      x, extra=(temperature,), check=_mask_rule(3, method), finite=name in FINITE)
+            probe.run(
+                f"tensor {TEMPERATURE[method]} {method} {name}",
+                lambda t, s=temperature: softtopk.soft_topk(t, 3, method=method, **{TEMPERATURE[method]: s}),
+                x,
+                extra=(temperature,),
+                check=_mask_rule(3, method),
+                finite=name in FINITE,
+            )
     return probe
 
 
@@ -184,17 +215,28 @@ def _sparse_probe() -> Probe:
     for (name, x), k in ((item, k) for item in GRID.items() for k in (1, 3, N)):
         finite = name in FINITE
         for solver, p in (("pav", 4 / 3), ("pav", 2.0), ("dykstra", 2.0)):
-            probe.run(f"sparse_topk_mask {solver} p={p:.3g} {name} k={k}",
-                      lambda t: softtopk.sparse_topk_mask(t, k, p=p, solver=solver, n_iter=50), x,
-                      check=_mask_rule(k, "sparse", converged=solver != "dykstra"), finite=finite)
-            probe.run(f"sparse_topk_mag {solver} p={p:.3g} {name} k={k}",
-                      lambda t: softtopk.sparse_topk_mag(t, k, p=p, solver=solver, n_iter=50), x, finite=finite)
+            probe.run(
+                f"sparse_topk_mask {solver} p={p:.3g} {name} k={k}",
+                lambda t: softtopk.sparse_topk_mask(t, k, p=p, solver=solver, n_iter=50),
+                x,
+                check=_mask_rule(k, "sparse", converged=solver != "dykstra"),
+                finite=finite,
+            )
+            probe.run(
+                f"sparse_topk_mag {solver} p={p:.3g} {name} k={k}",
+                lambda t: softtopk.sparse_topk_mag(t, k, p=p, solver=solver, n_iter=50),
+                x,
+                finite=finite,
+            )
         probe.run(f"hard_topk_mask {name} k={k}", lambda t: softtopk.hard_topk_mask(t, k), x)
         probe.run(f"hard_topk_mag {name} k={k}", lambda t: softtopk.hard_topk_mag(t, k), x)
         probe.run(f"topk {name} k={k}", lambda t: softtopk.topk(t, k).weights, x, finite=finite)
-        probe.run(f"noised_kth_value {name} k={k}",
-                  lambda t: softtopk.noised_kth_value(t, k, epsilon=0.5, generator=torch.Generator().manual_seed(0)),
-                  x, finite=finite)
+        probe.run(
+            f"noised_kth_value {name} k={k}",
+            lambda t: softtopk.noised_kth_value(t, k, epsilon=0.5, generator=torch.Generator().manual_seed(0)),
+            x,
+            finite=finite,
+        )
     return probe
 
 
@@ -215,8 +257,10 @@ def _logit_grid() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     grid["pos_inf_other"] = (base.clone().index_fill_(-1, torch.tensor([4]), INF), target)
     grid["pos_inf_label"] = (base.clone().index_fill_(-1, torch.tensor([0, 4]), INF), target)
     grid["neg_inf_label"] = (base.clone().index_fill_(-1, torch.tensor([0]), -INF), target)
-    grid["nan_row"] = (base.clone().index_put_((torch.tensor([1]), torch.tensor([2])), torch.tensor(float("nan"))),
-                       target)
+    grid["nan_row"] = (
+        base.clone().index_put_((torch.tensor([1]), torch.tensor([2])), torch.tensor(float("nan"))),
+        target,
+    )
     grid["float16"] = (base.half(), target)
     grid["bfloat16"] = (base.bfloat16(), target)
     grid["empty"] = (torch.zeros(0, 10), target[:0])
@@ -227,23 +271,34 @@ def _losses() -> dict[str, Callable]:
     counts = [50.0, 20, 10, 5, 5, 3, 2, 1, 1, 1]
     return {
         "topk_ce splitter": softtopk.TopKCrossEntropyLoss([0.5, 0.5], reduction="none"),
-        "topk_ce bitonic smce m=None": softtopk.TopKCrossEntropyLoss([0.5, 0.5], method="bitonic", top1_mode="smce",
-                                                                     m=None, reduction="none"),
-        "topk_ce neuralsort sort": softtopk.TopKCrossEntropyLoss([0.5, 0.5], method="neuralsort", top1_mode="sort",
-                                                                 reduction="none"),
+        "topk_ce bitonic smce m=None": softtopk.TopKCrossEntropyLoss(
+            [0.5, 0.5], method="bitonic", top1_mode="smce", m=None, reduction="none"
+        ),
+        "topk_ce neuralsort sort": softtopk.TopKCrossEntropyLoss(
+            [0.5, 0.5], method="neuralsort", top1_mode="sort", reduction="none"
+        ),
         "topk_ce softsort": softtopk.TopKCrossEntropyLoss([0.5, 0.5], method="softsort", reduction="none"),
-        "topk_ce logistic_phi": softtopk.TopKCrossEntropyLoss([0.5, 0.5], distribution="logistic_phi",
-                                                              reduction="none"),
+        "topk_ce logistic_phi": softtopk.TopKCrossEntropyLoss(
+            [0.5, 0.5], distribution="logistic_phi", reduction="none"
+        ),
         "smooth_topk_svm k=2": softtopk.SmoothTopKSVM(k=2, reduction="none"),
         "smooth_topk_svm k=5": softtopk.SmoothTopKSVM(k=5, reduction="none"),
         "smooth_top1_svm": softtopk.SmoothTop1SVM(reduction="none"),
         "topk_svm k=5": softtopk.TopKSVM(k=5, reduction="none"),
         "top1_svm": softtopk.Top1SVM(reduction="none"),
-        "bal_noised": softtopk.BalNoisedTopK(5, epsilon=0.5, generator=torch.Generator().manual_seed(0),
-                                             reduction="none"),
+        "bal_noised": softtopk.BalNoisedTopK(
+            5, epsilon=0.5, generator=torch.Generator().manual_seed(0), reduction="none"
+        ),
         # scale 1: with the default 50 the loss at logits near 2e38 is beyond float32 (inf is its rounding)
-        "imbal_noised": softtopk.ImbalNoisedTopK(5, epsilon=0.5, max_m=0.5, cls_num_list=counts, scale=1.0,
-                                                 generator=torch.Generator().manual_seed(0), reduction="none"),
+        "imbal_noised": softtopk.ImbalNoisedTopK(
+            5,
+            epsilon=0.5,
+            max_m=0.5,
+            cls_num_list=counts,
+            scale=1.0,
+            generator=torch.Generator().manual_seed(0),
+            reduction="none",
+        ),
     }
 
 
@@ -253,13 +308,20 @@ def test_probe_class_losses(name):
     probe = Probe()
     for case, (logits, target) in _logit_grid().items():
         probe.run(f"{name} {case}", lambda t: loss(t, target), logits, finite=case in FINITE_LOGITS)
-        probe.run(f"{name} {case} mean", lambda t: loss(t, target).mean() if t.numel() else loss(t, target).sum(),
-                  logits, finite=case in FINITE_LOGITS)
+        probe.run(
+            f"{name} {case} mean",
+            lambda t: loss(t, target).mean() if t.numel() else loss(t, target).sum(),
+            logits,
+            finite=case in FINITE_LOGITS,
+        )
     probe.assert_clean()
 
 
-FINITE_LOGITS = {name for name, (x, _) in _logit_grid().items()
-                 if x.numel() and bool(x.float().isfinite().all()) and name != "near_max_signed"}
+FINITE_LOGITS = {
+    name
+    for name, (x, _) in _logit_grid().items()
+    if x.numel() and bool(x.float().isfinite().all()) and name != "near_max_signed"
+}
 
 
 def test_probe_ranking_routing_and_knn():
@@ -271,12 +333,12 @@ def test_probe_ranking_routing_and_knn():
         if name not in FINITE or name == "near_max":  # features, not scores: ±inf has no meaning
             continue
         finite = name in FINITE
-        probe.run(f"ndcg_loss {name}", lambda t: softtopk.ndcg_loss(t.float(), rel, 3, reduction="none"), x,
-                  finite=finite)
+        probe.run(
+            f"ndcg_loss {name}", lambda t: softtopk.ndcg_loss(t.float(), rel, 3, reduction="none"), x, finite=finite
+        )
         router = softtopk.TopKRouter(N, 4, 2)
         probe.run(f"router {name}", lambda t: router(t.float()).weights.sum() + router.aux_loss, x, finite=finite)
         knn = softtopk.DifferentiableKNN(2)
         labels = torch.arange(x.shape[0]) % 2
         probe.run(f"knn {name}", lambda t: knn(t.float(), t.float().flip(0), labels, labels).loss, x, finite=finite)
     probe.assert_clean()
-

@@ -10,8 +10,13 @@ import torch
 import softtopk
 from softtopk import TopKRouter, load_balancing_loss
 
-METHODS = [("hard", {}), ("lapsum", {"tau": 0.5}), ("sparse", {"l": 0.5}), ("lapsum", {"tau": 0.5, "hard": True}),
-           ("neuralsort", {"tau": 0.5})]
+METHODS = [
+    ("hard", {}),
+    ("lapsum", {"tau": 0.5}),
+    ("sparse", {"l": 0.5}),
+    ("lapsum", {"tau": 0.5, "hard": True}),
+    ("neuralsort", {"tau": 0.5}),
+]
 
 
 def _tokens(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -58,9 +63,7 @@ def test_masked_experts_are_never_chosen_and_get_no_gradient():
 def test_aux_loss_equals_its_formula():
     logits = _tokens(10, 4, seed=2).requires_grad_()
     indices = logits.topk(2, dim=-1).indices
-    expected = 4 * sum(
-        (indices == e).sum().item() / 20 * logits.softmax(-1)[:, e].mean() for e in range(4)
-    )
+    expected = 4 * sum((indices == e).sum().item() / 20 * logits.softmax(-1)[:, e].mean() for e in range(4))
     loss = load_balancing_loss(logits, indices)
     torch.testing.assert_close(loss, expected)
     loss.backward()
@@ -85,15 +88,37 @@ ERRORS = [
     (lambda: TopKRouter(0, 4, 1), ValueError, "d_model must be >= 1, got 0"),
     (lambda: TopKRouter(8, 4, 5), ValueError, r"k must satisfy 1 <= k <= 4 \(the number of experts\), got 5"),
     (lambda: TopKRouter(8, 4, 2, method="nope"), ValueError, "method must be one of"),
-    (lambda: TopKRouter(8, 4, 2, method="hard", tau=1.0), TypeError, r"method 'hard' takes no parameters, got \['tau'\]"),
+    (
+        lambda: TopKRouter(8, 4, 2, method="hard", tau=1.0),
+        TypeError,
+        r"method 'hard' takes no parameters, got \['tau'\]",
+    ),
     (lambda: TopKRouter(8, 4, 2, method="lapsum", l=1.0), TypeError, "method 'lapsum' got unexpected parameter"),
-    (lambda: TopKRouter(8, 4, 2)(torch.randn(3, 7)), ValueError, r"x must have shape \(\*, d_model = 8\), got \(3, 7\)"),
-    (lambda: TopKRouter(8, 4, 2)(torch.randn(3, 8), torch.ones(3, 4)), TypeError, "mask must be a bool tensor, got torch.float32"),
-    (lambda: TopKRouter(8, 4, 2)(torch.randn(3, 8), torch.ones(3, 5, dtype=torch.bool)), ValueError, r"mask must be broadcastable to \(3, 4\)"),
-    (lambda: TopKRouter(8, 4, 2)(torch.randn(3, 8), torch.tensor([True, False, False, False])), ValueError,
-     "mask must leave at least k = 2 experts available to every token, got a token with 1"),
-    (lambda: load_balancing_loss(torch.randn(3, 4), torch.zeros(2, 1, dtype=torch.long)), ValueError,
-     r"indices must be an integer tensor of shape \(3,\) \+ \(k,\), got torch.int64 \(2, 1\)"),
+    (
+        lambda: TopKRouter(8, 4, 2)(torch.randn(3, 7)),
+        ValueError,
+        r"x must have shape \(\*, d_model = 8\), got \(3, 7\)",
+    ),
+    (
+        lambda: TopKRouter(8, 4, 2)(torch.randn(3, 8), torch.ones(3, 4)),
+        TypeError,
+        "mask must be a bool tensor, got torch.float32",
+    ),
+    (
+        lambda: TopKRouter(8, 4, 2)(torch.randn(3, 8), torch.ones(3, 5, dtype=torch.bool)),
+        ValueError,
+        r"mask must be broadcastable to \(3, 4\)",
+    ),
+    (
+        lambda: TopKRouter(8, 4, 2)(torch.randn(3, 8), torch.tensor([True, False, False, False])),
+        ValueError,
+        "mask must leave at least k = 2 experts available to every token, got a token with 1",
+    ),
+    (
+        lambda: load_balancing_loss(torch.randn(3, 4), torch.zeros(2, 1, dtype=torch.long)),
+        ValueError,
+        r"indices must be an integer tensor of shape \(3,\) \+ \(k,\), got torch.int64 \(2, 1\)",
+    ),
 ]
 
 

@@ -248,9 +248,9 @@ def test_reduction_weight_ignore_index_like_cross_entropy(loss_fn):
     y2 = torch.where(valid, y, 5)
     ours = loss_fn(s, y2, k=2, weight=weight, ignore_index=5)
     ce_like = torch.nn.CrossEntropyLoss(weight=weight, ignore_index=5, reduction="none")(s, y2)
-    normaliser = torch.nn.CrossEntropyLoss(weight=weight, ignore_index=5, reduction="sum")(s, y2) / torch.nn.CrossEntropyLoss(
-        weight=weight, ignore_index=5
-    )(s, y2)
+    normaliser = torch.nn.CrossEntropyLoss(weight=weight, ignore_index=5, reduction="sum")(
+        s, y2
+    ) / torch.nn.CrossEntropyLoss(weight=weight, ignore_index=5)(s, y2)
     assert (ce_like[y2 == 5] == 0).all()
     torch.testing.assert_close(ours, loss_fn(s, y2, k=2, weight=weight, ignore_index=5, reduction="sum") / normaliser)
     # every target ignored: 0, not NaN

@@ -51,7 +51,7 @@ def _isotonic_inputs():
     yield np.round(g.normal(size=40) * 2)  # ties
     yield np.concatenate([-1.5 * np.arange(29.0), [1e3]])  # a cascade through every block
     yield np.arange(37.0)  # one block
-    yield -np.arange(37.0) ** 2  # no pooling
+    yield -(np.arange(37.0) ** 2)  # no pooling
     yield np.zeros(16)
     yield np.sort(g.normal(size=50))[::-1] / 0.05 - np.arange(50, 0, -1)  # soft-rank rows
     yield np.sort(g.normal(size=50))[::-1] / 5.0 - np.arange(50, 0, -1)
@@ -128,14 +128,17 @@ def test_torchsort_readme_spearman():
     value = spearmanr(pred, torch.tensor([[5.0, 6.0, 7.0, 8.0, 7.0]]))
     torch.testing.assert_close(value, torch.tensor(0.8321), atol=1e-4, rtol=0)
     (grad,) = torch.autograd.grad(value, pred)
-    torch.testing.assert_close(grad, torch.tensor([[-5.5470e-02, 0.0, 5.5470e-02, 1.1094e-01, -1.1094e-01]]),
-                               atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(
+        grad, torch.tensor([[-5.5470e-02, 0.0, 5.5470e-02, 1.1094e-01, -1.1094e-01]]), atol=1e-6, rtol=1e-4
+    )
 
 
 def test_fast_soft_sort_readme_examples():
     v = torch.tensor([[5.0, 1.0, 2.0], [2.0, 1.0, 5.0]], dtype=torch.float64)
     torch.testing.assert_close(softtopk.soft_sort(v), torch.tensor([[5 / 3, 8 / 3, 11 / 3]] * 2, dtype=torch.float64))
-    torch.testing.assert_close(softtopk.soft_sort(v, strength=0.1), torch.tensor([[1.0, 2, 5]] * 2, dtype=torch.float64))
+    torch.testing.assert_close(
+        softtopk.soft_sort(v, strength=0.1), torch.tensor([[1.0, 2, 5]] * 2, dtype=torch.float64)
+    )
     want = torch.tensor([[3.0, 1.25, 1.75], [1.75, 1.25, 3.0]], dtype=torch.float64)
     torch.testing.assert_close(softtopk.soft_rank(v, strength=2.0), want)
 
@@ -285,8 +288,7 @@ def test_meta_device(name, reg):
 def test_infinite_entries_take_their_limits(reg):
     x = torch.tensor([[INF, 1.0, -INF, 3.0, INF, 2.0, -INF, -INF]], dtype=torch.float64, requires_grad=True)
     ranks = softtopk.soft_rank(x, regularization=reg, strength=0.5)
-    finite = softtopk.soft_rank(torch.tensor([[1.0, 3.0, 2.0]], dtype=torch.float64), regularization=reg,
-                                strength=0.5)
+    finite = softtopk.soft_rank(torch.tensor([[1.0, 3.0, 2.0]], dtype=torch.float64), regularization=reg, strength=0.5)
     if reg == "l2":  # the finite entries on the ranks between the -inf (1..3) and +inf (7, 8) entries
         torch.testing.assert_close(ranks[0, [1, 3, 5]], finite[0] + 3)
     else:  # the exact limit: the projection onto the permutahedron of (6, 5, 4)

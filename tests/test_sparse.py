@@ -414,7 +414,8 @@ def test_dykstra_converges_to_pav(kind):
     op = OPS[kind]
     exact = op(x, 100, l=0.01, p=2)
     errs = [
-        (op(x, 100, l=0.01, p=2, solver="dykstra", n_iter=it) - exact).abs().max().item() for it in (2, 10, 50, 200, 400)
+        (op(x, 100, l=0.01, p=2, solver="dykstra", n_iter=it) - exact).abs().max().item()
+        for it in (2, 10, 50, 200, 400)
     ]
     assert all(b <= a * (1 + 1e-9) + 1e-13 for a, b in itertools.pairwise(errs)), errs
     assert errs[0] > 1e-2 and errs[2] < 1e-3 and errs[-1] < 1e-9, errs
@@ -569,7 +570,11 @@ def test_candidate_doubling_with_many_ties_at_the_threshold(kind, p, monkeypatch
 
 @PROPERTY
 @given(
-    st.integers(1, 30), st.integers(0, 2**16), st.sampled_from([1e-2, 0.3, 3.0]), st.sampled_from(P_VALUES), st.booleans()
+    st.integers(1, 30),
+    st.integers(0, 2**16),
+    st.sampled_from([1e-2, 0.3, 3.0]),
+    st.sampled_from(P_VALUES),
+    st.booleans(),
 )
 def test_threshold_equals_full_sort(k, seed, l, p, magnitude):
     """The topk-with-doubling threshold equals the threshold from the fully sorted row."""
@@ -582,8 +587,9 @@ def test_threshold_equals_full_sort(k, seed, l, p, magnitude):
         return
     r = sparse_ops.exponent(p)
     t = _absolute(sparse_ops.threshold(x, k, l, r, magnitude), l, magnitude)
-    torch.testing.assert_close(t, _absolute(_full_sort_threshold(x, k, l, r, magnitude), l, magnitude), rtol=0,
-                               atol=1e-12)
+    torch.testing.assert_close(
+        t, _absolute(_full_sort_threshold(x, k, l, r, magnitude), l, magnitude), rtol=0, atol=1e-12
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -669,9 +675,7 @@ def test_l_not_positive(kind, l):
 
 
 @pytest.mark.parametrize("kind", ["mask", "mag"])
-@pytest.mark.parametrize(
-    "l,shown", [(True, "bool True"), ("0.1", "str '0.1'"), (None, "NoneType None")]
-)
+@pytest.mark.parametrize("l,shown", [(True, "bool True"), ("0.1", "str '0.1'"), (None, "NoneType None")])
 def test_l_not_a_number(kind, l, shown):
     with pytest.raises(TypeError, match=_match("l must be a real number", shown)):
         OPS[kind](X, 2, l=l)
@@ -693,7 +697,9 @@ def test_p_not_allowed(kind, p):
 @pytest.mark.parametrize("kind", ["mask", "mag"])
 @pytest.mark.parametrize("solver", ["PAV", "bisect", "", None])
 def test_solver_unknown(kind, solver):
-    with pytest.raises(ValueError, match=_match("solver must be one of ('exact', 'pav', 'dykstra')", f"got {solver!r}")):
+    with pytest.raises(
+        ValueError, match=_match("solver must be one of ('exact', 'pav', 'dykstra')", f"got {solver!r}")
+    ):
         OPS[kind](X, 2, solver=solver)
 
 
@@ -774,5 +780,9 @@ def test_ties_with_a_tiny_l_share_exactly(p, dtype):
     kept as (s_k, (t - s_k)/l), which cannot round to s_k)."""
     for scale, lam in ((1.0, 1e-30), (1.0, 1e-3), (1e6, 1e-2)):
         x = torch.tensor([[1.0, 1.0, 0.0, 0.5]], dtype=dtype) * scale
-        torch.testing.assert_close(softtopk.sparse_topk_mask(x, 1, l=lam, p=p),
-                                   torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=dtype), atol=1e-12, rtol=0)
+        torch.testing.assert_close(
+            softtopk.sparse_topk_mask(x, 1, l=lam, p=p),
+            torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=dtype),
+            atol=1e-12,
+            rtol=0,
+        )

@@ -67,8 +67,9 @@ def test_l_of_another_dtype_or_broadcast_is_converted(p):
     for i in range(x.shape[0]):
         assert torch.equal(got32[i : i + 1], _mask(x32[i : i + 1], 3, float(lam64[i]), p))
     # one l for every row, as (1, 1)
-    torch.testing.assert_close(_mask(x, 3, torch.tensor([[0.7]], dtype=F64), p), _mask(x, 3, 0.7, p),
-                               atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        _mask(x, 3, torch.tensor([[0.7]], dtype=F64), p), _mask(x, 3, 0.7, p), atol=1e-12, rtol=0
+    )
 
 
 @pytest.mark.parametrize("p", P_VALUES)
@@ -113,8 +114,9 @@ def test_huge_l_per_row_is_finite_and_tends_to_uniform(p):
     mask = _mask(x, 3, lam, p)
     torch.testing.assert_close(mask[:3], torch.full((3, 9), 3 / 9, dtype=F64), atol=1e-12, rtol=0)
     for i in (0, 1, 4):  # (the float call at p = 4/3 was NaN from l ~ 5e51 up to 1e100)
-        torch.testing.assert_close(mask[i : i + 1], _mask(x.detach()[i : i + 1], 3, float(lam.detach()[i]), p),
-                                   atol=1e-12, rtol=0)
+        torch.testing.assert_close(
+            mask[i : i + 1], _mask(x.detach()[i : i + 1], 3, float(lam.detach()[i]), p), atol=1e-12, rtol=0
+        )
     mask.pow(3).sum().backward()
     assert torch.isfinite(x.grad).all() and torch.isfinite(lam.grad).all()
 
@@ -136,8 +138,9 @@ def test_infinite_entries(p, big):
     assert (mask[x.detach() == -inf] == 0).all() and (mask[x.detach() == inf] == 1).all()
     torch.testing.assert_close(mask.sum(-1), torch.full((5,), 3.0, dtype=F64), atol=1e-12, rtol=0)
     for i in range(5):
-        torch.testing.assert_close(mask[i : i + 1], _mask(x.detach()[i : i + 1], 3, float(lam.detach()[i]), p),
-                                   atol=1e-12, rtol=0)
+        torch.testing.assert_close(
+            mask[i : i + 1], _mask(x.detach()[i : i + 1], 3, float(lam.detach()[i]), p), atol=1e-12, rtol=0
+        )
     (mask * torch.arange(9.0, dtype=F64)).sum().backward()
     assert torch.isfinite(x.grad).all() and torch.isfinite(lam.grad).all()
     assert (x.grad[x.detach().isinf()] == 0).all()
@@ -172,10 +175,15 @@ def test_dykstra_value_with_the_exact_gradient():
     (want,) = torch.autograd.grad((_mask(x0, 3, lam) * w).sum(), lam)
     torch.testing.assert_close(grad, want, atol=1e-12, rtol=0)
     # converged, the value is the exact mask
-    torch.testing.assert_close(_mask(x0, 3, lam.detach(), solver="dykstra", n_iter=4000), _mask(x0, 3, lam.detach()),
-                               atol=1e-8, rtol=0)
-    torch.testing.assert_close(dykstra_mask_rows(x0[:4], 3, lam.detach()[:4], 40),
-                               _mask(x0, 3, lam.detach(), solver="dykstra", n_iter=40)[:4], atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        _mask(x0, 3, lam.detach(), solver="dykstra", n_iter=4000), _mask(x0, 3, lam.detach()), atol=1e-8, rtol=0
+    )
+    torch.testing.assert_close(
+        dykstra_mask_rows(x0[:4], 3, lam.detach()[:4], 40),
+        _mask(x0, 3, lam.detach(), solver="dykstra", n_iter=40)[:4],
+        atol=1e-12,
+        rtol=0,
+    )
 
 
 def test_float_l_gives_no_l_gradient_and_unchanged_values():
@@ -187,4 +195,3 @@ def test_float_l_gives_no_l_gradient_and_unchanged_values():
         ga = torch.autograd.grad(a.pow(2).sum(), x)[0]
         gb = torch.autograd.grad(b.pow(2).sum(), x)[0]
         torch.testing.assert_close(ga, gb, atol=1e-15, rtol=0)
-

@@ -39,8 +39,11 @@ def test_gradcheck_float64():
     target = torch.randn(3, 7, dtype=torch.float64)
     for regularization in ("l2", "kl"):
         assert torch.autograd.gradcheck(
-            lambda p, regularization=regularization: softtopk.spearman_loss(p, target, regularization=regularization, strength=0.5,
-                                             reduction="none"), (pred,))
+            lambda p, regularization=regularization: softtopk.spearman_loss(
+                p, target, regularization=regularization, strength=0.5, reduction="none"
+            ),
+            (pred,),
+        )
 
 
 def test_training_reaches_the_targets_order():
@@ -101,12 +104,14 @@ def test_no_value_reads_on_the_accelerator_path(monkeypatch):
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
-    [({"target": torch.randn(2, 4)}, ValueError, "target must be a tensor of input's shape (2, 5), got (2, 4)"),
-     ({"target": [1, 2]}, ValueError, "target must be a tensor of input's shape (2, 5), got list"),
-     ({"target": torch.ones(2, 5, dtype=torch.bool)}, TypeError, "target must hold real numbers, got torch.bool"),
-     ({"reduction": "max"}, ValueError, "reduction"),
-     ({"strength": -1.0}, ValueError, "strength"),
-     ({"regularization": "l1"}, ValueError, "regularization")],
+    [
+        ({"target": torch.randn(2, 4)}, ValueError, "target must be a tensor of input's shape (2, 5), got (2, 4)"),
+        ({"target": [1, 2]}, ValueError, "target must be a tensor of input's shape (2, 5), got list"),
+        ({"target": torch.ones(2, 5, dtype=torch.bool)}, TypeError, "target must hold real numbers, got torch.bool"),
+        ({"reduction": "max"}, ValueError, "reduction"),
+        ({"strength": -1.0}, ValueError, "strength"),
+        ({"regularization": "l1"}, ValueError, "regularization"),
+    ],
 )
 def test_bad_input_names_the_argument(kwargs, error, message):
     args = {"target": torch.randn(2, 5), **kwargs}

@@ -78,8 +78,12 @@ def test_no_value_reads_with_tensor_tau_and_k(infinities):
 def test_meta_device_forward_and_backward(k):
     x = torch.randn(4, 10, device="meta", requires_grad=True)
     tau = torch.ones(4, device="meta", requires_grad=True)
-    for out in (softtopk.soft_topk(x, k, tau=tau), softtopk.soft_topk(x, k, hard=True),
-                softtopk.topk(x, k, tau=tau).weights, softtopk.soft_topk(x, torch.full((4,), 2.5, device="meta"))):
+    for out in (
+        softtopk.soft_topk(x, k, tau=tau),
+        softtopk.soft_topk(x, k, hard=True),
+        softtopk.topk(x, k, tau=tau).weights,
+        softtopk.soft_topk(x, torch.full((4,), 2.5, device="meta")),
+    ):
         out.sum().backward()
     assert x.grad.shape == x.shape and tau.grad.shape == tau.shape
 

@@ -42,8 +42,15 @@ LOSSES = {
 # sweep belongs to ops/sorting_networks.py and is counted apart (see test_topk_ce_outside_the_network)
 # (the issue's budgets: smooth top-k SVM <= 32, noised <= 24; these caps are what the code reaches)
 # (the SVMs' limits at +inf logits and their overflow-free gaps cost 12, 6 and 2 of theirs)
-BUDGETS = {"smooth_topk_svm": 82, "smooth_top1_svm": 54, "topk_svm": 49, "bal_noised": 32, "imbal_noised": 36,
-           "topk_ce softsort": 82, "topk_ce neuralsort": 145}
+BUDGETS = {
+    "smooth_topk_svm": 82,
+    "smooth_top1_svm": 54,
+    "topk_svm": 49,
+    "bal_noised": 32,
+    "imbal_noised": 36,
+    "topk_ce softsort": 82,
+    "topk_ce neuralsort": 145,
+}
 
 
 @pytest.fixture
@@ -126,8 +133,9 @@ def test_ndcg_on_meta_and_without_reads_when_unchecked(unchecked):
     assert own == ranks
 
 
-@pytest.mark.parametrize("name", ["smooth_topk_svm", "smooth_top1_svm", "topk_svm", "topk_ce softsort",
-                                  "topk_ce neuralsort"])
+@pytest.mark.parametrize(
+    "name", ["smooth_topk_svm", "smooth_top1_svm", "topk_svm", "topk_ce softsort", "topk_ce neuralsort"]
+)
 def test_vmap_over_a_class_loss(name):
     logits = torch.randn(3, 4, 12, dtype=torch.float64)
     target = torch.randint(0, 12, (3, 4))
@@ -143,8 +151,9 @@ def test_vmap_of_the_noised_losses():
     def loss(s, y, z):
         return softtopk.bal_noised_topk(s, y, k=2, epsilon=0.5, noise=z)
 
-    torch.testing.assert_close(torch.vmap(loss)(logits, target, noise),
-                               torch.stack([loss(logits[i], target[i], noise[i]) for i in range(3)]))
+    torch.testing.assert_close(
+        torch.vmap(loss)(logits, target, noise), torch.stack([loss(logits[i], target[i], noise[i]) for i in range(3)])
+    )
 
 
 def test_cpu_checks_still_raise():
@@ -157,14 +166,20 @@ def test_cpu_checks_still_raise():
 def test_default_m_is_16_or_every_class():
     logits, target = torch.randn(5, 100, dtype=torch.float64), torch.randint(0, 100, (5,))
     params = {"method": "softsort", "reduction": "none"}
-    torch.testing.assert_close(softtopk.topk_cross_entropy(logits, target, [0.5, 0.5], **params),
-                               softtopk.topk_cross_entropy(logits, target, [0.5, 0.5], m=16, **params))
+    torch.testing.assert_close(
+        softtopk.topk_cross_entropy(logits, target, [0.5, 0.5], **params),
+        softtopk.topk_cross_entropy(logits, target, [0.5, 0.5], m=16, **params),
+    )
     small = logits[:, :12]
-    torch.testing.assert_close(softtopk.topk_cross_entropy(small, target % 12, [0.5, 0.5], **params),
-                               softtopk.topk_cross_entropy(small, target % 12, [0.5, 0.5], m=None, **params))
+    torch.testing.assert_close(
+        softtopk.topk_cross_entropy(small, target % 12, [0.5, 0.5], **params),
+        softtopk.topk_cross_entropy(small, target % 12, [0.5, 0.5], m=None, **params),
+    )
     long_p_k = [1.0 / 20] * 20
-    torch.testing.assert_close(softtopk.topk_cross_entropy(logits, target, long_p_k, **params),
-                               softtopk.topk_cross_entropy(logits, target, long_p_k, m=21, **params))
+    torch.testing.assert_close(
+        softtopk.topk_cross_entropy(logits, target, long_p_k, **params),
+        softtopk.topk_cross_entropy(logits, target, long_p_k, m=21, **params),
+    )
     assert softtopk.TopKCrossEntropyLoss([0.5, 0.5]).m == 16
     from softtopk.compat import difftopk
 
@@ -190,9 +205,13 @@ def test_ndcg_nan_relevance_stays_in_its_row_when_unchecked(unchecked):
     assert math.isnan(loss[0]) and math.isfinite(loss[1])
 
 
-@pytest.mark.parametrize("loss", [softtopk.BalNoisedTopK(2, epsilon=0.0),
-                                  softtopk.ImbalNoisedTopK(2, epsilon=0.0, max_m=0.3, cls_num_list=[3.0] * 8,
-                                                           scale=1.0)])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        softtopk.BalNoisedTopK(2, epsilon=0.0),
+        softtopk.ImbalNoisedTopK(2, epsilon=0.0, max_m=0.3, cls_num_list=[3.0] * 8, scale=1.0),
+    ],
+)
 def test_noised_fullgraph_matches_eager(loss):
     logits, target = torch.randn(4, 8), torch.randint(0, 8, (4,))
     compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
@@ -208,7 +227,6 @@ def test_noised_fullgraph_matches_eager(loss):
 @pytest.mark.parametrize("method", ["softsort", "neuralsort", "splitter_selection", "bitonic"])
 def test_topk_ce_with_a_class_at_plus_inf_is_finite(method):
     logits = torch.tensor([[1.0, math.inf, 0.5, -1.0, 2.0, 0.0, 0.3, 0.1]]).repeat(2, 1).requires_grad_()
-    loss = softtopk.topk_cross_entropy(logits, torch.tensor([0, 1]), [0.5, 0.5], m=4, method=method,
-                                       reduction="none")
+    loss = softtopk.topk_cross_entropy(logits, torch.tensor([0, 1]), [0.5, 0.5], m=4, method=method, reduction="none")
     loss.sum().backward()
     assert torch.isfinite(loss).all() and loss[1] < 1e-6 and torch.isfinite(logits.grad).all()

@@ -67,8 +67,9 @@ def test_splitter_mask_launches():
 @pytest.mark.parametrize("method", NETWORK_TYPES)
 def test_label_ranks_launches_and_reads(method):
     position = torch.randint(0, 16, (64,))
-    counts = count_call(lambda t: network_label_ranks(t, position, 5, network=method, **LABEL_PARAMS),
-                        torch.randn(64, 16))
+    counts = count_call(
+        lambda t: network_label_ranks(t, position, 5, network=method, **LABEL_PARAMS), torch.randn(64, 16)
+    )
     assert counts.reads == 0
     assert counts.launches <= 12 * _depth(method, 16, 5) + 24
 
@@ -78,8 +79,9 @@ def test_meta_device_forward_and_backward(method):
     x = torch.randn(4, 22, device="meta", requires_grad=True)
     softtopk.soft_topk(x, 5, method=method).sum().backward()
     softtopk.soft_topk_ranks(x, 5, method=method, steepness=torch.ones(4, device="meta")).sum().backward()
-    network_label_ranks(x, torch.zeros(4, dtype=torch.long, device="meta"), 5, network=method,
-                        **LABEL_PARAMS).sum().backward()
+    network_label_ranks(
+        x, torch.zeros(4, dtype=torch.long, device="meta"), 5, network=method, **LABEL_PARAMS
+    ).sum().backward()
     assert x.grad.shape == x.shape and x.grad.device.type == "meta"
 
 

@@ -130,12 +130,16 @@ def test_empty_batch_gives_zero_aux_loss():
     assert torch.isfinite(router.gate.weight.grad).all()
 
 
-@pytest.mark.parametrize("indices, error", [
-    (torch.tensor([[0], [4], [1]]), ValueError),
-    (torch.tensor([[0], [-1], [1]]), ValueError),
-    (torch.tensor([[True], [False], [True]]), TypeError),
-    (torch.zeros(3, 1), TypeError),
-], ids=["too-large", "negative", "bool", "float"])
+@pytest.mark.parametrize(
+    "indices, error",
+    [
+        (torch.tensor([[0], [4], [1]]), ValueError),
+        (torch.tensor([[0], [-1], [1]]), ValueError),
+        (torch.tensor([[True], [False], [True]]), TypeError),
+        (torch.zeros(3, 1), TypeError),
+    ],
+    ids=["too-large", "negative", "bool", "float"],
+)
 def test_bad_indices_name_indices(indices, error):
     with pytest.raises(error, match="indices must"):
         load_balancing_loss(torch.randn(3, 4), indices)

@@ -43,15 +43,15 @@ CALLS = {
     "neuralsort hard": lambda x: softtopk.soft_topk(x, 3, method="neuralsort", hard=True),
     "neuralsort ranks": lambda x: softtopk.soft_topk_ranks(x, 3, method="neuralsort"),
     "neuralsort permutation": lambda x: softtopk.soft_permutation(x, method="neuralsort"),
-    "neuralsort tensor tau": lambda x: softtopk.soft_topk(x, 3, method="neuralsort",
-                                                          tau=torch.full(x.shape[:-1], 0.5)),
+    "neuralsort tensor tau": lambda x: softtopk.soft_topk(x, 3, method="neuralsort", tau=torch.full(x.shape[:-1], 0.5)),
     "softsort mask": lambda x: softtopk.soft_topk(x, 3, method="softsort", tau=0.7),
     "softsort hard": lambda x: softtopk.soft_topk(x, 3, method="softsort", hard=True),
     "softsort power": lambda x: softtopk.soft_topk(x, 3, method="softsort", power=2.0),
     "softsort ranks": lambda x: softtopk.soft_topk_ranks(x, 3, method="softsort", hard=True),
     "softsort permutation": lambda x: softtopk.soft_permutation(x, method="softsort"),
-    "softsort tensor tau": lambda x: softtopk.soft_topk_ranks(x, 3, method="softsort",
-                                                              tau=torch.full(x.shape[:-1], 0.5)),
+    "softsort tensor tau": lambda x: softtopk.soft_topk_ranks(
+        x, 3, method="softsort", tau=torch.full(x.shape[:-1], 0.5)
+    ),
 }
 STOCHASTIC = {
     "gumbel subsets mask": lambda x: softtopk.soft_topk(x, 3, method="gumbel", relaxation="subsets"),
@@ -105,8 +105,9 @@ def test_meta_device_forward_and_backward(method, output):
     assert x.grad.shape == x.shape and tau.grad.shape == tau.shape
 
 
-@pytest.mark.parametrize("kw", [{"method": "gumbel"}, {"method": "gumbel", "relaxation": "subsets"},
-                                {"method": "perturbed", "n_samples": 5}])
+@pytest.mark.parametrize(
+    "kw", [{"method": "gumbel"}, {"method": "gumbel", "relaxation": "subsets"}, {"method": "perturbed", "n_samples": 5}]
+)
 def test_meta_device_stochastic(kw):
     x = torch.empty(5, 9, device="meta", requires_grad=True)
     softtopk.soft_topk(x, 3, **kw).sum().backward()
@@ -221,8 +222,9 @@ def test_compiled_equals_eager(method, n, fresh_dynamo):
 
 
 @pytest.mark.parametrize("n", [8, 100, 1000, 100_000])
-@pytest.mark.parametrize("kw", [{"method": "gumbel"}, {"method": "gumbel", "relaxation": "subsets"},
-                                {"method": "perturbed", "n_samples": 4}])
+@pytest.mark.parametrize(
+    "kw", [{"method": "gumbel"}, {"method": "gumbel", "relaxation": "subsets"}, {"method": "perturbed", "n_samples": 4}]
+)
 def test_compiled_stochastic_equals_eager_with_the_global_rng(kw, n, fresh_dynamo):
     """generator=None draws from the global RNG inside the graph (no Generator built in the trace)."""
     x = _x(2, n, seed=n)

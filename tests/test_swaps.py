@@ -11,7 +11,9 @@ from softtopk.ops.swaps import swap_probability, swap_slope
 @pytest.mark.parametrize("steepness", [0.3, 1.0, 25.0])
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
 def test_swap_slope_is_the_derivative_of_the_swap_probability(distribution, steepness):
-    d = torch.cat([torch.linspace(-4, 4, 801, dtype=torch.float64), torch.tensor([0.0, 1e-9, -1e-9], dtype=torch.float64)])
+    d = torch.cat(
+        [torch.linspace(-4, 4, 801, dtype=torch.float64), torch.tensor([0.0, 1e-9, -1e-9], dtype=torch.float64)]
+    )
     d.requires_grad_()
     alpha = swap_probability(d, distribution, steepness, 0.4)
     (expected,) = torch.autograd.grad(alpha.sum(), d)
@@ -33,7 +35,8 @@ def test_logistic_phi_is_finite_for_huge_differences(dtype):
 
 def test_top_k_ce_with_logistic_phi_at_huge_logits_has_finite_gradients():
     logits = (1e30 * torch.randn(4, 20, generator=torch.Generator().manual_seed(0))).requires_grad_()
-    loss_fn = softtopk.TopKCrossEntropyLoss([0.5, 0.5], method="splitter_selection", distribution="logistic_phi",
-                                            steepness=1.0)
+    loss_fn = softtopk.TopKCrossEntropyLoss(
+        [0.5, 0.5], method="splitter_selection", distribution="logistic_phi", steepness=1.0
+    )
     loss_fn(logits, torch.tensor([0, 5, 10, 15])).backward()
     assert logits.grad.isfinite().all()

@@ -61,7 +61,8 @@ def test_sweep_runs_summarises_and_keeps_finished_runs(tmp_path, capsys):
         assert row["ms_per_step"] == pytest.approx(sum(r["ms_per_step"] for r in runs) / 2)
         assert row["seconds_per_run"] == pytest.approx(sum(r["elapsed"] for r in runs) / 2)
         assert row["command"].startswith("softtopk train-embeddings -d wordnet148 ") and row["command"].endswith(
-            "--n_epochs 1 --seed S")
+            "--n_epochs 1 --seed S"
+        )
     assert runs[0]["epochs"] == 1 and runs[0]["n_classes"] == 148
     assert summary["total_run_seconds"] == pytest.approx(2 * sum(row["seconds_per_run"] for row in summary["rows"]))
     markdown = (out / "summary.md").read_text()
@@ -93,7 +94,9 @@ def test_a_killed_run_is_resumed_by_the_next_sweep(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("SOFTTOPK_TEST_KILL_AT_STEP", "26")  # 21 steps per epoch: dies in epoch 2
     assert main(["sweep", "wordnet148", "--n_epochs", "2", "--out", str(tmp_path / "cut"), *flags]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("softtopk sweep: error: run failed (exit -9): softtopk train-embeddings") and "seed0.log" in err
+    assert (
+        err.startswith("softtopk sweep: error: run failed (exit -9): softtopk train-embeddings") and "seed0.log" in err
+    )
     run_dir = tmp_path / "cut" / "wordnet148" / "bal_noised_eps1" / "seed0"
     assert (run_dir / "checkpoint.pt").exists() and not (run_dir / "results.json").exists()
     monkeypatch.delenv("SOFTTOPK_TEST_KILL_AT_STEP")
@@ -107,19 +110,28 @@ def test_dry_run_prints_every_command(tmp_path, capsys):
     assert _sweep(tmp_path, "--seeds", "4", "5", "--dry-run") == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 * len(sweep.SUITES["wordnet148"].settings)
-    assert lines[0] == (f"softtopk train-embeddings -d wordnet148 --nloglr 2 --batch_size 256 --n_epochs 30 --eval_freq "
-                        f"50 --method softmax_cross_entropy --p_k 1 0 0 0 0 --n_epochs 1 --seed 4 --out "
-                        f"{tmp_path / 'out' / 'wordnet148' / 'cross_entropy' / 'seed4'}")
+    assert lines[0] == (
+        f"softtopk train-embeddings -d wordnet148 --nloglr 2 --batch_size 256 --n_epochs 30 --eval_freq "
+        f"50 --method softmax_cross_entropy --p_k 1 0 0 0 0 --n_epochs 1 --seed 4 --out "
+        f"{tmp_path / 'out' / 'wordnet148' / 'cross_entropy' / 'seed4'}"
+    )
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["nosuch"], "SUITE must be one of wordnet148-lr, wordnet148, wordnet-plants150, knn-mnist, knn-fashion-mnist, got 'nosuch'"),
-    (["wordnet148", "--only", "foo"], "--only: wordnet148 has no setting 'foo' (it has cross_entropy, "),
-    (["wordnet148", "--seeds", "1", "1"], "--seeds must be distinct, got [1, 1]"),
-    (["wordnet148", "--jobs", "0"], "--jobs must be >= 1, got 0"),
-    (["wordnet148", "--n_epochs", "0"], "--n_epochs must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["nosuch"],
+            "SUITE must be one of wordnet148-lr, wordnet148, wordnet-plants150, knn-mnist, knn-fashion-mnist, "
+            "got 'nosuch'",
+        ),
+        (["wordnet148", "--only", "foo"], "--only: wordnet148 has no setting 'foo' (it has cross_entropy, "),
+        (["wordnet148", "--seeds", "1", "1"], "--seeds must be distinct, got [1, 1]"),
+        (["wordnet148", "--jobs", "0"], "--jobs must be >= 1, got 0"),
+        (["wordnet148", "--n_epochs", "0"], "--n_epochs must be >= 1, got 0"),
+    ],
+)
 def test_bad_flags_are_one_line_errors(tmp_path, capsys, argv, message):
     assert main(["sweep", *argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
@@ -128,9 +140,23 @@ def test_bad_flags_are_one_line_errors(tmp_path, capsys, argv, message):
 
 
 def test_render_formats_percentages_and_single_seed():
-    summary = {"suite": "s", "about": "a", "metrics": ["top1"], "seeds": [0], "total_run_seconds": 90.0,
-               "rows": [{"label": "x", "family": "f", "top1": {"mean": 0.12345, "std": None}, "ms_per_step": 1.234,
-                         "seconds_per_run": 9.6, "command": "softtopk knn --seed S"}]}
+    summary = {
+        "suite": "s",
+        "about": "a",
+        "metrics": ["top1"],
+        "seeds": [0],
+        "total_run_seconds": 90.0,
+        "rows": [
+            {
+                "label": "x",
+                "family": "f",
+                "top1": {"mean": 0.12345, "std": None},
+                "ms_per_step": 1.234,
+                "seconds_per_run": 9.6,
+                "command": "softtopk knn --seed S",
+            }
+        ],
+    }
     text = sweep.render(summary)
     assert "| `x` | f | 12.35 | 1.23 | 10 |" in text and "softtopk knn --seed S" in text
     assert "1 runs, 1.5 min of run time in all" in text
@@ -139,10 +165,14 @@ def test_render_formats_percentages_and_single_seed():
 
 
 def test_metric_values_read_from_the_run_files(tmp_path):
-    (tmp_path / "results.json").write_text(json.dumps({
-        "reported_test_at_best_valid": {"top1": 0.5}, "best": {"top1": {"valid": 0.6, "test": 0.5, "step": 3}}}))
-    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "test": {"top1": 0.1}}) + "\n"
-                                            + json.dumps({"step": 3, "test": {"top1": 0.5}}) + "\n")
+    (tmp_path / "results.json").write_text(
+        json.dumps(
+            {"reported_test_at_best_valid": {"top1": 0.5}, "best": {"top1": {"valid": 0.6, "test": 0.5, "step": 3}}}
+        )
+    )
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "test": {"top1": 0.1}}) + "\n" + json.dumps({"step": 3, "test": {"top1": 0.5}}) + "\n"
+    )
     assert sweep.metric_value(tmp_path, "top1") == 0.5
     assert sweep.metric_value(tmp_path, "valid_top1") == 0.6
     assert sweep.metric_value(tmp_path, "untrained_top1") == 0.1

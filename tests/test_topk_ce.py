@@ -60,7 +60,9 @@ def reference_per_sample_loss(
 
 
 def reference_losses(logits, target, p_k, **kwargs) -> torch.Tensor:
-    return torch.stack([reference_per_sample_loss(row, int(y), p_k, **kwargs) for row, y in zip(logits, target, strict=True)])
+    return torch.stack(
+        [reference_per_sample_loss(row, int(y), p_k, **kwargs) for row, y in zip(logits, target, strict=True)]
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +213,9 @@ def test_ignore_index_rows_contribute_nothing(ignore_index):
     none = _loss(logits, target, ignore_index=ignore_index, reduction="none")
     assert (none[ignored] == 0).all()
     torch.testing.assert_close(none[kept], per_sample[kept])
-    torch.testing.assert_close(_loss(logits, target, ignore_index=ignore_index, reduction="sum"), per_sample[kept].sum())
+    torch.testing.assert_close(
+        _loss(logits, target, ignore_index=ignore_index, reduction="sum"), per_sample[kept].sum()
+    )
     torch.testing.assert_close(_loss(logits, target, ignore_index=ignore_index), per_sample[kept].mean())
     w_y = weight[target[kept]]
     torch.testing.assert_close(
@@ -370,8 +374,14 @@ def _top5_mass_by_class(method: str, samples: int = 4000, classes: int = 100, m:
     for c in FAIRNESS_CLASSES:
         rows = logits[(truly_top5 == c).any(-1)]
         loss = topk_cross_entropy(
-            rows, torch.full((rows.shape[0],), c), [0, 0, 0, 0, 1.0], method=method, m=m, top1_mode="sort",
-            reduction="none", **FAIRNESS_METHODS[method],
+            rows,
+            torch.full((rows.shape[0],), c),
+            [0, 0, 0, 0, 1.0],
+            method=method,
+            m=m,
+            top1_mode="sort",
+            reduction="none",
+            **FAIRNESS_METHODS[method],
         )
         mass = torch.exp(-loss)
         out[c] = (mass.mean().item(), mass.std().item() / math.sqrt(mass.numel()))
@@ -489,7 +499,12 @@ def test_gradcheck_float64(method, top1_mode):
 
     def fn(x):
         return topk_cross_entropy(
-            x, target, [0.3, 0.3, 0.4], method=method, top1_mode=top1_mode, reduction="none",
+            x,
+            target,
+            [0.3, 0.3, 0.4],
+            method=method,
+            top1_mode=top1_mode,
+            reduction="none",
             **GRADCHECK_PARAMS[method],
         )
 
@@ -505,7 +520,9 @@ def test_gradcheck_float64_with_preselection(method):
     target = torch.tensor([int(logits[0].argmin()), 3])  # one label forced into the selection
 
     def fn(x):
-        return topk_cross_entropy(x, target, [0.5, 0.5], method=method, m=4, reduction="none", **GRADCHECK_PARAMS[method])
+        return topk_cross_entropy(
+            x, target, [0.5, 0.5], method=method, m=4, reduction="none", **GRADCHECK_PARAMS[method]
+        )
 
     assert torch.autograd.gradcheck(fn, (logits,), eps=1e-6, atol=1e-6, rtol=1e-5)
 

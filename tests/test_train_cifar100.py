@@ -30,10 +30,16 @@ TINY = ["--val_size", "40", "--batch_size", "8", "--n_epochs", "1", "--device", 
 def _records(seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     train_labels = [int(v) for v in rng.permutation(np.arange(N_TRAIN) % 100)]  # every class present
-    train = {b"data": rng.integers(0, 256, (N_TRAIN, 3072), dtype=np.uint8), b"fine_labels": train_labels,
-             b"coarse_labels": [0] * N_TRAIN, b"filenames": [b"x.png"] * N_TRAIN}
-    test = {b"data": rng.integers(0, 256, (N_TEST, 3072), dtype=np.uint8),
-            b"fine_labels": [int(v) for v in rng.integers(0, 100, N_TEST)]}
+    train = {
+        b"data": rng.integers(0, 256, (N_TRAIN, 3072), dtype=np.uint8),
+        b"fine_labels": train_labels,
+        b"coarse_labels": [0] * N_TRAIN,
+        b"filenames": [b"x.png"] * N_TRAIN,
+    }
+    test = {
+        b"data": rng.integers(0, 256, (N_TEST, 3072), dtype=np.uint8),
+        b"fine_labels": [int(v) for v in rng.integers(0, 100, N_TEST)],
+    }
     meta = {b"fine_label_names": [f"class{i:02d}".encode() for i in range(100)], b"coarse_label_names": []}
     return {"train": train, "test": test, "meta": meta}
 
@@ -61,8 +67,10 @@ def _results(run_dir: Path) -> dict:
 
 LOSSES = [
     ("softmax_cross_entropy", ["--p_k", "1", "0", "0", "0", "0"]),
-    ("splitter_selection", ["--p_k", ".2", ".2", ".2", ".2", ".2", "--distribution", "logistic_phi",
-                            "--inverse_temperature", ".5"]),
+    (
+        "splitter_selection",
+        ["--p_k", ".2", ".2", ".2", ".2", ".2", "--distribution", "logistic_phi", "--inverse_temperature", ".5"],
+    ),
     ("neuralsort", ["--p_k", ".5", "0", "0", "0", ".5", "--inverse_temperature", ".0625"]),
     ("smooth_hard_topk", ["--p_k", "0", "0", "0", "0", "1"]),
     ("smooth_topk_svm", ["--p_k", "0", "0", "0", "0", "1"]),
@@ -73,12 +81,28 @@ LOSSES = [
 @pytest.mark.parametrize("method,flags", LOSSES, ids=[m for m, _ in LOSSES])
 def test_loss_families_train_and_write_the_run_files(archive, tmp_path, method, flags):
     out = tmp_path / "run"
-    argv = ["train-cifar100", "-d", str(archive), "--method", method, *flags, *TINY, "--val_size", "104",
-            "--out", str(out)]
+    argv = [
+        "train-cifar100",
+        "-d",
+        str(archive),
+        "--method",
+        method,
+        *flags,
+        *TINY,
+        "--val_size",
+        "104",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     results = _results(out)
-    assert (results["steps"], results["n_train"], results["n_valid"], results["n_valid_evaluated"],
-            results["n_test"]) == (2, 16, 104, 104, 40)
+    assert (
+        results["steps"],
+        results["n_train"],
+        results["n_valid"],
+        results["n_valid_evaluated"],
+        results["n_test"],
+    ) == (2, 16, 104, 104, 40)
     assert set(results["reported_test_at_best_valid"]) == {f"{a}top{k}" for a in ("", "macro_") for k in (1, 5, 10, 20)}
     assert all(0 <= v <= 1 for split in ("final_valid", "final_test") for v in results[split].values())
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -93,8 +117,20 @@ def test_loss_families_train_and_write_the_run_files(archive, tmp_path, method, 
 
 def test_validation_drops_its_incomplete_last_batch(archive, tmp_path):
     out = tmp_path / "run"
-    argv = ["train-cifar100", "-d", str(archive), "--method", "softmax_cross_entropy", "--p_k", "1", *TINY,
-            "--val_size", "107", "--out", str(out)]
+    argv = [
+        "train-cifar100",
+        "-d",
+        str(archive),
+        "--method",
+        "softmax_cross_entropy",
+        "--p_k",
+        "1",
+        *TINY,
+        "--val_size",
+        "107",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     results = _results(out)
     assert (results["n_train"], results["n_valid"], results["n_valid_evaluated"], results["steps"]) == (13, 107, 104, 1)
@@ -103,7 +139,9 @@ def test_validation_drops_its_incomplete_last_batch(archive, tmp_path):
 def _readme_commands() -> list[list[str]]:
     """difftopk's README ``train_cifar100.py`` command lines, flags only (the program removed)."""
     text = SEED_README.read_text().replace("\\\n", " ").split("CIFAR-100 Training")[1]
-    full = [shlex.split(line)[2:] for line in text.splitlines() if line.startswith("python experiments/train_cifar100.py")]
+    full = [
+        shlex.split(line)[2:] for line in text.splitlines() if line.startswith("python experiments/train_cifar100.py")
+    ]
     options = [shlex.split(line) for line in text.splitlines() if re.match(r"^--(method|p_k) ", line)]
     methods = [o for o in options if o[0] == "--method"]
     p_ks = [o for o in options if o[0] == "--p_k"]
@@ -121,16 +159,35 @@ def test_readme_commands_parse_and_the_examples_run(archive, tmp_path, monkeypat
     assert len(commands) == 2 + 6 * 6
     for command in commands:  # every Tables 1+4 combination parses; the loss builds unless difftopk's asserts refuse it
         config = Cifar100Config.from_args(build_parser().parse_args(["train-cifar100", "-d", str(archive), *command]))
-        assert (config.n_epochs, config.nloglr, config.batch_size, config.device, config.loss.m,
-                config.loss.top1_mode) == (200, 3.0, 128, "cuda", None, "smce")
+        assert (
+            config.n_epochs,
+            config.nloglr,
+            config.batch_size,
+            config.device,
+            config.loss.m,
+            config.loss.top1_mode,
+        ) == (200, 3.0, 128, "cuda", None, "smce")
         try:
             build_loss(config.loss, 100, torch.ones(100), torch.Generator())
         except UsageError as error:
             assert "requires p_k" in str(error), command
     monkeypatch.chdir(tmp_path)
     for command in commands[:2]:  # the two example lines run (1 epoch, 1 step) with flags appended after them
-        argv = ["train-cifar100", *command, "-d", str(archive), "--n_epochs", "1", "--batch_size", "8",
-                "--val_size", "112", "--device", "cpu", "--no-progress"]
+        argv = [
+            "train-cifar100",
+            *command,
+            "-d",
+            str(archive),
+            "--n_epochs",
+            "1",
+            "--batch_size",
+            "8",
+            "--val_size",
+            "112",
+            "--device",
+            "cpu",
+            "--no-progress",
+        ]
         assert main(argv) == 0, command
     runs = sorted(Path("runs").iterdir())
     assert len(runs) == 2 and all(_results(run)["steps"] == 1 for run in runs)
@@ -139,9 +196,17 @@ def test_readme_commands_parse_and_the_examples_run(archive, tmp_path, monkeypat
 def test_label_noise_fraction_is_as_expected_and_deterministic(archive, tmp_path):
     clean = load_splits(str(archive), 0, 40, 0.0, 8)
     assert clean["changed_label_fraction"] == 0.0
-    big = make_archive(tmp_path, {**_records(), "train": {**_records()["train"],
-                                                         b"data": np.zeros((5000, 3072), np.uint8),
-                                                         b"fine_labels": [i % 100 for i in range(5000)]}})
+    big = make_archive(
+        tmp_path,
+        {
+            **_records(),
+            "train": {
+                **_records()["train"],
+                b"data": np.zeros((5000, 3072), np.uint8),
+                b"fine_labels": [i % 100 for i in range(5000)],
+            },
+        },
+    )
     noisy = load_splits(str(big), 3, 1000, 0.5, 8)
     assert abs(noisy["changed_label_fraction"] - 0.5 * 4 / 5) < 0.03  # a redraw keeps the label 1 time in 5
     again = load_splits(str(big), 3, 1000, 0.5, 8)
@@ -158,25 +223,46 @@ def test_label_noise_fraction_is_as_expected_and_deterministic(archive, tmp_path
 
 
 def _cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *args], capture_output=True, text=True,
-                          check=False, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "softtopk_lab.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
-@pytest.mark.parametrize("make_path,extra,message", [
-    (lambda tmp, good: tmp / "absent.tar.gz", [], "absent.tar.gz"),
-    (lambda tmp, good: make_archive(tmp, {**_records(), "test": b"not a pickle"}), [], "not a valid pickle"),
-    (lambda tmp, good: good, ["--device", "cuda"], "CUDA is not available"),
-    (lambda tmp, good: good, ["--label_noise", "1.5"], "--label_noise must be a probability in [0, 1], got 1.5"),
-    (lambda tmp, good: good, ["--label_noise", "nan"], "--label_noise must be a probability"),
-    (lambda tmp, good: good, ["--val_size", "116"], "fewer than one batch"),
-], ids=["missing", "malformed", "cuda", "noise", "noise-nan", "val-size"])
+@pytest.mark.parametrize(
+    "make_path,extra,message",
+    [
+        (lambda tmp, good: tmp / "absent.tar.gz", [], "absent.tar.gz"),
+        (lambda tmp, good: make_archive(tmp, {**_records(), "test": b"not a pickle"}), [], "not a valid pickle"),
+        (lambda tmp, good: good, ["--device", "cuda"], "CUDA is not available"),
+        (lambda tmp, good: good, ["--label_noise", "1.5"], "--label_noise must be a probability in [0, 1], got 1.5"),
+        (lambda tmp, good: good, ["--label_noise", "nan"], "--label_noise must be a probability"),
+        (lambda tmp, good: good, ["--val_size", "116"], "fewer than one batch"),
+    ],
+    ids=["missing", "malformed", "cuda", "noise", "noise-nan", "val-size"],
+)
 def test_errors_are_one_line_exit_2(archive, tmp_path, capsys, make_path, extra, message):
     if "cuda" in extra and torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     path = make_path(tmp_path, archive)
     flags = [f for f in TINY if f not in ("--device", "cpu")] if "--device" in extra else TINY
-    argv = ["train-cifar100", "-d", str(path), "--method", "softmax_cross_entropy", "--p_k", "1", *flags, *extra,
-            "--out", str(tmp_path / "run")]
+    argv = [
+        "train-cifar100",
+        "-d",
+        str(path),
+        "--method",
+        "softmax_cross_entropy",
+        "--p_k",
+        "1",
+        *flags,
+        *extra,
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("softtopk train-cifar100: error: ") and err.count("\n") == 1 and message in err, err
@@ -186,11 +272,21 @@ def test_errors_are_one_line_exit_2(archive, tmp_path, capsys, make_path, extra,
 def test_default_device_is_cuda_and_fails_cleanly_without_it(archive, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
-    done = _cli("train-cifar100", "-d", str(archive), "--method", "softmax_cross_entropy", "--p_k", "1",
-                "--out", str(tmp_path / "run"))
+    done = _cli(
+        "train-cifar100",
+        "-d",
+        str(archive),
+        "--method",
+        "softmax_cross_entropy",
+        "--p_k",
+        "1",
+        "--out",
+        str(tmp_path / "run"),
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
-        "softtopk train-cifar100: error: --device cuda: CUDA is not available on this machine (use --device cpu)"]
+        "softtopk train-cifar100: error: --device cuda: CUDA is not available on this machine (use --device cpu)"
+    ]
 
 
 def _comparable(run_dir: Path) -> tuple[dict, list]:
@@ -204,8 +300,28 @@ def _comparable(run_dir: Path) -> tuple[dict, list]:
 
 def test_killed_run_resumes_to_the_same_results(archive, tmp_path):
     # augmentation (own generator), the noised loss (own generator) and label noise must all replay exactly
-    flags = ["train-cifar100", "-d", str(archive), "--method", "bal_noised_topk", "--p_k", "0", "0", "0", "0", "1",
-             "--n_samples", "2", "--label_noise", ".4", *TINY, "--val_size", "104", "--n_epochs", "3"]
+    flags = [
+        "train-cifar100",
+        "-d",
+        str(archive),
+        "--method",
+        "bal_noised_topk",
+        "--p_k",
+        "0",
+        "0",
+        "0",
+        "0",
+        "1",
+        "--n_samples",
+        "2",
+        "--label_noise",
+        ".4",
+        *TINY,
+        "--val_size",
+        "104",
+        "--n_epochs",
+        "3",
+    ]
     killed = _cli(*flags, "--out", str(tmp_path / "killed"), env={"SOFTTOPK_TEST_KILL_AT_STEP": "3"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr  # 2 steps per epoch: killed after checkpoint 1
     assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)["step"] == 2
@@ -221,10 +337,35 @@ def test_help_documents_every_flag(capsys):
         main(["train-cifar100", "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("-eid", "--experiment_id", "-d", "--data_path", "--n_epochs", "--nloglr", "--batch_size", "--seed",
-                 "--device", "--method", "--p_k", "--inverse_temperature", "-m", "--distribution", "--art_lambda",
-                 "--top1_mode", "--label_noise", "--val_size", "--out", "--resume", "--no-progress", "--tau",
-                 "--alpha", "--epsilon", "--n_samples", "--max_m", "--scale"):
+    for flag in (
+        "-eid",
+        "--experiment_id",
+        "-d",
+        "--data_path",
+        "--n_epochs",
+        "--nloglr",
+        "--batch_size",
+        "--seed",
+        "--device",
+        "--method",
+        "--p_k",
+        "--inverse_temperature",
+        "-m",
+        "--distribution",
+        "--art_lambda",
+        "--top1_mode",
+        "--label_noise",
+        "--val_size",
+        "--out",
+        "--resume",
+        "--no-progress",
+        "--tau",
+        "--alpha",
+        "--epsilon",
+        "--n_samples",
+        "--max_m",
+        "--scale",
+    ):
         assert re.search(rf"(^|[\s,\[]){re.escape(flag)}\b", text), flag
     compact = " ".join(text.split())
     for default in ("default 200", "default 3)", "default 128", "default cuda", "default smce", "default 2,500"):

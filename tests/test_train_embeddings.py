@@ -29,8 +29,16 @@ def _split(generator, means, n, classes):
     return means[labels] + torch.randn(n, means.shape[1], generator=generator), labels
 
 
-def make_file(path: Path, *, keys: str = "test", dtype=torch.float32, classes: int = 20, dim: int = 16,
-              n_train: int = 300, n_test: int = 100) -> Path:
+def make_file(
+    path: Path,
+    *,
+    keys: str = "test",
+    dtype=torch.float32,
+    classes: int = 20,
+    dim: int = 16,
+    n_train: int = 300,
+    n_test: int = 100,
+) -> Path:
     """A small difftopk-format embedding file (Gaussian classes)."""
     generator = torch.Generator().manual_seed(1)
     means = torch.randn(classes, dim, generator=generator) * 2
@@ -39,8 +47,15 @@ def make_file(path: Path, *, keys: str = "test", dtype=torch.float32, classes: i
     y[:classes] = torch.arange(classes)  # every class present in train
     prefix = "imagenet21k_" if keys == "21k" else ""
     other = "test" if keys == "test" else "val"
-    torch.save({f"{prefix}train_embeddings": x.to(dtype), f"{prefix}train_labels": y,
-                f"{prefix}{other}_embeddings": tx.to(dtype), f"{prefix}{other}_labels": ty}, path)
+    torch.save(
+        {
+            f"{prefix}train_embeddings": x.to(dtype),
+            f"{prefix}train_labels": y,
+            f"{prefix}{other}_embeddings": tx.to(dtype),
+            f"{prefix}{other}_labels": ty,
+        },
+        path,
+    )
     return path
 
 
@@ -99,8 +114,24 @@ def test_key_variants_and_float16(tmp_path, keys, dtype):
 
 def test_learning_improves_top1(data_file, tmp_path):
     out = tmp_path / "run"
-    argv = ["train-embeddings", "-d", str(data_file), "--method", "softmax_cross_entropy", "--p_k", "1",
-            "--n_epochs", "15", "--batch_size", "60", "--nloglr", "1.5", "--no-progress", "--out", str(out)]
+    argv = [
+        "train-embeddings",
+        "-d",
+        str(data_file),
+        "--method",
+        "softmax_cross_entropy",
+        "--p_k",
+        "1",
+        "--n_epochs",
+        "15",
+        "--batch_size",
+        "60",
+        "--nloglr",
+        "1.5",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     results = _results(out)
     assert results["final_test"]["top1"] > 0.5 and results["reported_test_at_best_valid"]["top5"] > 0.8
@@ -118,9 +149,35 @@ def test_normalized_last_layer_gives_cosine_scores(data_file, tmp_path):
     model = build_model(16, 5, [8], False, False, normalize_ll=True)
     assert isinstance(model[-1], CosineLinear) and model(x).abs().max() <= 1 + 1e-6
     out = tmp_path / "run"
-    argv = ["train-embeddings", "-d", str(data_file), "--method", "imbal_noised_topk", "--p_k", "0", "0", "0", "0", "1",
-            "--epsilon", ".01", "--max_m", ".2", "--scale", "60", "--normalize_ll", "--n_epochs", "10",
-            "--batch_size", "60", "--nloglr", "2", "--no-progress", "--out", str(out)]
+    argv = [
+        "train-embeddings",
+        "-d",
+        str(data_file),
+        "--method",
+        "imbal_noised_topk",
+        "--p_k",
+        "0",
+        "0",
+        "0",
+        "0",
+        "1",
+        "--epsilon",
+        ".01",
+        "--max_m",
+        ".2",
+        "--scale",
+        "60",
+        "--normalize_ll",
+        "--n_epochs",
+        "10",
+        "--batch_size",
+        "60",
+        "--nloglr",
+        "2",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     state = torch.load(out / "checkpoint.pt", weights_only=True)["model"]
     assert set(state) == {"0.weight"}  # no bias
@@ -131,13 +188,21 @@ def test_normalized_last_layer_gives_cosine_scores(data_file, tmp_path):
 def _readme_commands() -> list[list[str]]:
     """difftopk's README ``train_imagenet.py`` command lines, flags only (program and ``-d`` removed)."""
     text = SEED_README.read_text().replace("\\\n", " ").split("CIFAR-100 Training")[0]
-    full = [shlex.split(line)[2:] for line in text.splitlines() if line.startswith("python experiments/train_imagenet.py")]
+    full = [
+        shlex.split(line)[2:] for line in text.splitlines() if line.startswith("python experiments/train_imagenet.py")
+    ]
     options = [shlex.split(line) for line in text.splitlines() if re.match(r"^--(method|p_k) ", line)]
     methods = [o for o in options if o[0] == "--method"]
     p_ks = {o[1]: o for o in options if o[0] == "--p_k"}
     tables_2_3 = [c for c in full if "--method" not in c]
     for method in methods:  # each method with a p_k difftopk's asserts accept
-        p_k = p_ks["1."] if method[1] == "softmax_cross_entropy" else p_ks["0."] if method[1] == "smooth_hard_topk" else p_ks[".2"]
+        p_k = (
+            p_ks["1."]
+            if method[1] == "softmax_cross_entropy"
+            else p_ks["0."]
+            if method[1] == "smooth_hard_topk"
+            else p_ks[".2"]
+        )
         full += [base + method + p_k for base in tables_2_3]
     return [c[2:] for c in full if "--method" in c]  # c[:2] is "-d <file>"
 
@@ -157,18 +222,32 @@ def test_builtin_dataset_is_loaded_through_the_wordnet_module(tmp_path, monkeypa
     generator = torch.Generator().manual_seed(0)
     fake = types.ModuleType("softtopk_lab.wordnet")
     fake.BUILTIN_DATASETS = ("wordnet148", "wordnet-plants150")
-    split = {s: (torch.randn(n, 8, generator=generator), torch.arange(n) % 6) for s, n in
-             (("train", 60), ("val", 30), ("test", 30))}
-    fake.load_builtin = lambda name: {"class_names": [f"c{i}" for i in range(6)],
-                                      "train_class_counts": torch.full((6,), 10),
-                                      **{f"{s}_{part}": t for s, (x, y) in split.items()
-                                         for part, t in (("embeddings", x), ("labels", y))}}
+    split = {
+        s: (torch.randn(n, 8, generator=generator), torch.arange(n) % 6)
+        for s, n in (("train", 60), ("val", 30), ("test", 30))
+    }
+    fake.load_builtin = lambda name: {
+        "class_names": [f"c{i}" for i in range(6)],
+        "train_class_counts": torch.full((6,), 10),
+        **{f"{s}_{part}": t for s, (x, y) in split.items() for part, t in (("embeddings", x), ("labels", y))},
+    }
     monkeypatch.setitem(sys.modules, "softtopk_lab.wordnet", fake)
     # `from . import wordnet` reads the package attribute once the real module has been imported
     monkeypatch.setattr(softtopk_lab, "wordnet", fake, raising=False)
     out = tmp_path / "run"
-    argv = ["train-embeddings", "-d", "wordnet-plants150", "--method", "imbal_noised_topk", "--p_k", "0", "1",
-            *FAST, "--out", str(out)]
+    argv = [
+        "train-embeddings",
+        "-d",
+        "wordnet-plants150",
+        "--method",
+        "imbal_noised_topk",
+        "--p_k",
+        "0",
+        "1",
+        *FAST,
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     assert (_results(out)["n_train"], _results(out)["n_classes"], _results(out)["data"]) == (60, 6, "wordnet-plants150")
 
@@ -180,15 +259,37 @@ def test_real_builtin_wordnet148_if_built(tmp_path):
     except (FileNotFoundError, OSError) as error:
         pytest.skip(f"wordnet148 not built here: {error}")
     out = tmp_path / "run"
-    argv = ["train-embeddings", "-d", "wordnet148", "--method", "bitonic", "--p_k", ".5", "0", "0", "0", ".5",
-            "--distribution", "logistic_phi", *FAST, "--out", str(out)]
+    argv = [
+        "train-embeddings",
+        "-d",
+        "wordnet148",
+        "--method",
+        "bitonic",
+        "--p_k",
+        ".5",
+        "0",
+        "0",
+        "0",
+        ".5",
+        "--distribution",
+        "logistic_phi",
+        *FAST,
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     assert _results(out)["n_classes"] == 148
 
 
 def _cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *args], capture_output=True, text=True,
-                          check=False, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "softtopk_lab.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _comparable(run_dir: Path) -> tuple[dict, list]:
@@ -203,9 +304,31 @@ def _comparable(run_dir: Path) -> tuple[dict, list]:
 
 def test_killed_run_resumes_to_the_same_results(data_file, tmp_path):
     # dropout (torch global RNG) and the noised loss (its own generator) check that every RNG state resumes
-    flags = ["train-embeddings", "-d", str(data_file), "--method", "bal_noised_topk", "--p_k", "0", "0", "0", "0", "1",
-             "--apply_dropout", "--hidden_dims", "12", "--n_epochs", "3", "--batch_size", "70", "--eval_freq", "3",
-             "--nloglr", "2", "--no-progress"]
+    flags = [
+        "train-embeddings",
+        "-d",
+        str(data_file),
+        "--method",
+        "bal_noised_topk",
+        "--p_k",
+        "0",
+        "0",
+        "0",
+        "0",
+        "1",
+        "--apply_dropout",
+        "--hidden_dims",
+        "12",
+        "--n_epochs",
+        "3",
+        "--batch_size",
+        "70",
+        "--eval_freq",
+        "3",
+        "--nloglr",
+        "2",
+        "--no-progress",
+    ]
     killed = _cli(*flags, "--out", str(tmp_path / "killed"), env={"SOFTTOPK_TEST_KILL_AT_STEP": "6"})
     assert killed.returncode == -signal.SIGKILL  # 4 steps per epoch: killed mid-epoch 2, after checkpoint 1
     assert torch.load(tmp_path / "killed" / "checkpoint.pt", weights_only=True)["step"] == 4
@@ -228,19 +351,56 @@ def test_resume_refuses_a_changed_flag(data_file, tmp_path, capsys):
 
 def _torchrun(flags: list[str], out: Path, logs: Path) -> tuple[subprocess.CompletedProcess, str]:
     """Two gloo ranks under torchrun; returns the run and every rank's stderr (each rank logs to a file)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "--log-dir", str(logs), "--redirects", "3", "-m", "softtopk_lab.cli", *flags, "--out", str(out)]
-    run = subprocess.run(command, capture_output=True, text=True, check=False, timeout=180,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    ranks = "".join(f"--- {path.relative_to(logs)}\n{path.read_text()[-3000:]}"
-                    for path in sorted(logs.rglob("stderr.log")))
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "--log-dir",
+        str(logs),
+        "--redirects",
+        "3",
+        "-m",
+        "softtopk_lab.cli",
+        *flags,
+        "--out",
+        str(out),
+    ]
+    run = subprocess.run(
+        command, capture_output=True, text=True, check=False, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    ranks = "".join(
+        f"--- {path.relative_to(logs)}\n{path.read_text()[-3000:]}" for path in sorted(logs.rglob("stderr.log"))
+    )
     return run, ranks
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo is tested on Linux")
 def test_torchrun_two_processes_match_one_process(data_file, tmp_path):
-    flags = ["train-embeddings", "-d", str(data_file), "--method", "neuralsort", "--p_k", ".5", "0", "0", "0", ".5",
-             "--n_epochs", "2", "--batch_size", "70", "--eval_freq", "2", "--nloglr", "2", "--no-progress"]
+    flags = [
+        "train-embeddings",
+        "-d",
+        str(data_file),
+        "--method",
+        "neuralsort",
+        "--p_k",
+        ".5",
+        "0",
+        "0",
+        "0",
+        ".5",
+        "--n_epochs",
+        "2",
+        "--batch_size",
+        "70",
+        "--eval_freq",
+        "2",
+        "--nloglr",
+        "2",
+        "--no-progress",
+    ]
     ddp_dir = tmp_path / "ddp"
     ddp, ranks = _torchrun(flags, ddp_dir, tmp_path / "logs")
     if ddp.returncode != 0 and "Signal 6 (SIGABRT)" in ddp.stderr:

@@ -53,7 +53,9 @@ def test_dim_out_of_range(operator, dim):
 
 
 @pytest.mark.parametrize("operator", OPERATORS)
-@pytest.mark.parametrize("dim,shown", [(1.0, "float 1.0"), ("0", "str '0'"), (True, "bool True"), (None, "NoneType None")])
+@pytest.mark.parametrize(
+    "dim,shown", [(1.0, "float 1.0"), ("0", "str '0'"), (True, "bool True"), (None, "NoneType None")]
+)
 def test_dim_not_an_int(operator, dim, shown):
     with pytest.raises(TypeError, match=_match("dim must be an int", shown)):
         OPERATORS[operator](X, method="odd_even", dim=dim)
@@ -178,7 +180,9 @@ def _loss(input=INPUT, target=TARGET, p_k=(0.5, 0.5), **kwargs):
 def test_label_out_of_range(bad):
     target = TARGET.clone()
     target[2] = bad
-    with pytest.raises(ValueError, match=_match("target values must be in [0, 9] (or ignore_index=-100)", f"got {bad}")):
+    with pytest.raises(
+        ValueError, match=_match("target values must be in [0, 9] (or ignore_index=-100)", f"got {bad}")
+    ):
         _loss(target=target)
     with pytest.raises(ValueError, match=_match("target values must be in [0, 9]", f"got {bad}")):
         softtopk.TopKCrossEntropyLoss([0.5, 0.5])(INPUT, target)
@@ -205,12 +209,16 @@ def test_target_not_a_tensor():
 @pytest.mark.parametrize("shape", [(4, 1), (3,), (4, 10), ()])
 def test_wrong_target_shape(shape):
     target = torch.zeros(shape, dtype=torch.long)
-    with pytest.raises(ValueError, match=_match("target must have shape (4,) for input of shape (4, 10)", f"got {shape}")):
+    with pytest.raises(
+        ValueError, match=_match("target must have shape (4,) for input of shape (4, 10)", f"got {shape}")
+    ):
         _loss(target=target)
 
 
 def test_wrong_target_shape_with_extra_dimensions():
-    with pytest.raises(ValueError, match=_match("target must have shape (2, 3) for input of shape (2, 5, 3)", "got (2, 5)")):
+    with pytest.raises(
+        ValueError, match=_match("target must have shape (2, 3) for input of shape (2, 5, 3)", "got (2, 5)")
+    ):
         _loss(input=torch.randn(2, 5, 3), target=torch.zeros(2, 5, dtype=torch.long))
 
 
@@ -304,7 +312,9 @@ def test_bad_top1_mode(mode):
 
 @pytest.mark.parametrize("reduction", ["avg", "elementwise_mean", None, "MEAN"])
 def test_bad_reduction(reduction):
-    with pytest.raises(ValueError, match=_match("reduction must be one of ('mean', 'sum', 'none')", f"got {reduction!r}")):
+    with pytest.raises(
+        ValueError, match=_match("reduction must be one of ('mean', 'sum', 'none')", f"got {reduction!r}")
+    ):
         _loss(reduction=reduction)
     with pytest.raises(ValueError, match=_match("reduction must be one of", f"got {reduction!r}")):
         softtopk.TopKCrossEntropyLoss([0.5, 0.5], reduction=reduction)
@@ -379,8 +389,9 @@ def test_class_weights_must_be_finite_and_non_negative(bad):
         softtopk.SmoothTopKSVM(weight=weight)
 
 
-@pytest.mark.parametrize("method, name", [("lapsum", "tau"), ("sparse", "l"), ("bitonic", "steepness"),
-                                          ("neuralsort", "tau")])
+@pytest.mark.parametrize(
+    "method, name", [("lapsum", "tau"), ("sparse", "l"), ("bitonic", "steepness"), ("neuralsort", "tau")]
+)
 def test_a_tensor_parameter_on_another_device_is_named(method, name):
     x = torch.randn(2, 5, device="meta")
     with pytest.raises(ValueError, match=rf"^{name} must be on the same device as x \(meta\), got a tensor on cpu$"):

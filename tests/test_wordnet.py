@@ -104,28 +104,18 @@ def _write_wordnet(directory, *, plant_lex=20, lexnames=True):
         lines.append(_line(2000 + i, 3, [f"small_{i}"], [("@i", 200)], f"instance {i}"))
     lines.append(_line(300, plant_lex, ["plant_family"], [("@", 100)], "a family of plants"))
     lines.append(_line(301, plant_lex, ["Bigaceae", "family_Bigaceae"], [("@", 300)], "big family"))
-    lines.append(
-        _line(302, plant_lex, ["Smallaceae", "family_Smallaceae"], [("@", 300)], "small family")
-    )
-    lines.append(
-        _line(303, plant_lex, ["subfamily_Bigoideae"], [("@", 300), ("#m", 301)], "subfamily")
-    )
+    lines.append(_line(302, plant_lex, ["Smallaceae", "family_Smallaceae"], [("@", 300)], "small family"))
+    lines.append(_line(303, plant_lex, ["subfamily_Bigoideae"], [("@", 300), ("#m", 301)], "subfamily"))
     lines.append(_line(310, plant_lex, ["genus_G1"], [("@", 100), ("#m", 303)], "genus one"))
     lines.append(_line(320, plant_lex, ["genus_G2"], [("@", 100), ("#m", 302)], "genus two"))
     for i in range(12):
-        lines.append(
-            _line(3000 + i, plant_lex, [f"g1_{i}"], [("@", 100), ("#m", 310)], f"species {i}")
-        )
+        lines.append(_line(3000 + i, plant_lex, [f"g1_{i}"], [("@", 100), ("#m", 310)], f"species {i}"))
     for i in range(3):
-        lines.append(
-            _line(4000 + i, plant_lex, [f"g2_{i}"], [("@", 100), ("#m", 320)], f"species {i}")
-        )
+        lines.append(_line(4000 + i, plant_lex, [f"g2_{i}"], [("@", 100), ("#m", 320)], f"species {i}"))
     lines.append(_line(5000, plant_lex, ["orphan_plant"], [("@", 100)], "no family"))
     (directory / "data.noun").write_text("".join(lines), encoding="utf-8")
     if lexnames:
-        (directory / "lexnames").write_text(
-            f"03\tnoun.Tops\t1\n{plant_lex:02d}\tnoun.plant\t1\n", encoding="utf-8"
-        )
+        (directory / "lexnames").write_text(f"03\tnoun.Tops\t1\n{plant_lex:02d}\tnoun.plant\t1\n", encoding="utf-8")
 
 
 def test_parse_and_label(tmp_path):
@@ -167,9 +157,7 @@ def test_select_and_split_is_deterministic_and_stratified():
 
 
 def _fake_embed(texts):
-    rows = [
-        np.frombuffer(hashlib.sha256(text.encode()).digest() * 12, dtype=np.uint8) for text in texts
-    ]
+    rows = [np.frombuffer(hashlib.sha256(text.encode()).digest() * 12, dtype=np.uint8) for text in texts]
     x = np.asarray(rows, dtype=np.float32) - 127.5
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
@@ -179,22 +167,15 @@ def test_build_wordnet_with_fake_embedding(tmp_path):
     source.mkdir()
     _write_wordnet(source)
     summaries = [
-        build_wordnet(tmp_path / out, wordnet_dir=source, progress=False, embed=_fake_embed)
-        for out in ("a", "b")
+        build_wordnet(tmp_path / out, wordnet_dir=source, progress=False, embed=_fake_embed) for out in ("a", "b")
     ]
-    assert (
-        summaries[0]["wordnet148"]["num_classes"] == 1
-    )  # "small" (10 members) is dropped, "big" capped
+    assert summaries[0]["wordnet148"]["num_classes"] == 1  # "small" (10 members) is dropped, "big" capped
     assert summaries[0]["wordnet148"]["split_counts"] == {"train": 36, "val": 12, "test": 12}
     assert summaries[0]["wordnet-plants150"]["num_classes"] == 1  # family_Smallaceae has 4 members
-    meta = [
-        json.loads((tmp_path / out / "wordnet-plants150.json").read_text()) for out in ("a", "b")
-    ]
+    meta = [json.loads((tmp_path / out / "wordnet-plants150.json").read_text()) for out in ("a", "b")]
     assert meta[0]["sha256"] == meta[1]["sha256"]
     assert meta[0]["class_names"] == ["Bigaceae:00000301"]
-    assert meta[0]["train_class_counts"] == [
-        8
-    ]  # 12 species, genus G1 and the subfamily: 14 -> 8/3/3
+    assert meta[0]["train_class_counts"] == [8]  # 12 species, genus G1 and the subfamily: 14 -> 8/3/3
     with np.load(tmp_path / "a" / "wordnet148.npz") as stored:
         assert stored["embeddings_q"].dtype == np.int8 and stored["embeddings_q"].shape == (60, 384)
 

@@ -139,11 +139,16 @@ def __getattr__(name: str) -> Any:
         ) from error
     # import_module, not ``from . import``: that would look the modules up here first, in this hook
     functional, nn = import_module(".functional", __name__), import_module(".nn", __name__)
-    found = {"functional": functional, "nn": nn, "losses": import_module(".losses", __name__),
-             "MethodInfo": import_module("._registry", __name__).MethodInfo,
-             "TopK": import_module(".operators", __name__).TopK}
-    globals().update({public: found.get(public) or getattr(functional, public, None) or getattr(nn, public)
-                      for public in __all__})
+    found = {
+        "functional": functional,
+        "nn": nn,
+        "losses": import_module(".losses", __name__),
+        "MethodInfo": import_module("._registry", __name__).MethodInfo,
+        "TopK": import_module(".operators", __name__).TopK,
+    }
+    globals().update(
+        {public: found.get(public) or getattr(functional, public, None) or getattr(nn, public) for public in __all__}
+    )
     return globals()[name]
 
 

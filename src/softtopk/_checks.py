@@ -103,8 +103,7 @@ def check_method(method: Any, available: Sequence[str], elsewhere: Sequence[str]
     """A method name among ``available`` (the methods a framework has); ``elsewhere``: the methods
     only the other framework has, which the error names as such."""
     if isinstance(method, str) and method in elsewhere:
-        raise ValueError(f"method {method!r} is in softtopk's PyTorch API only; softtopk.jax has "
-                         f"{sorted(available)}")
+        raise ValueError(f"method {method!r} is in softtopk's PyTorch API only; softtopk.jax has {sorted(available)}")
     if not isinstance(method, str) or method not in available:
         raise ValueError(f"method must be one of {sorted(available)}, got {method!r}")
     return method
@@ -158,13 +157,14 @@ def scale_not_positive(name: str, lowest: float) -> str:
 def scale_out_of_range(name: str, low: float, high: float, scores: Any, computed: Any, value: float) -> str:
     """A scale outside ``[low, high]`` = ``[tiny, 1/tiny]`` of the compute dtype ``computed`` of the
     ``scores`` dtype."""
-    return (f"{name} must lie in [{low:.3g}, {high:.3g}] for {scores} scores (computed in {computed}), "
-            f"got {value!r}")
+    return f"{name} must lie in [{low:.3g}, {high:.3g}] for {scores} scores (computed in {computed}), got {value!r}"
 
 
 def not_broadcastable(name: str, batch: tuple[int, ...], axis_name: str, shape: tuple[int, ...]) -> str:
-    return (f"{name} must be a scalar or broadcastable to the batch shape {batch} (x without {axis_name}), "
-            f"got shape {shape}")
+    return (
+        f"{name} must be a scalar or broadcastable to the batch shape {batch} (x without {axis_name}), "
+        f"got shape {shape}"
+    )
 
 
 def unexpected_params(method: str, unknown: list[str], takes: list[str]) -> str:

@@ -25,8 +25,12 @@ class _ClassCount:
 
     def _set_classes(self, n_classes: Any, new_name: str) -> None:
         old_name = type(self).__name__
-        warnings.warn(f"softtopk.{old_name} is deprecated and will be removed in 0.3; use softtopk.{new_name}, "
-                      "which takes no n_classes", FutureWarning, stacklevel=3)
+        warnings.warn(
+            f"softtopk.{old_name} is deprecated and will be removed in 0.3; use softtopk.{new_name}, "
+            "which takes no n_classes",
+            FutureWarning,
+            stacklevel=3,
+        )
         self.n_classes = check_int("n_classes", n_classes, low=2)
         check_int("k", self.k, low=1, high=self.n_classes - 1, why=" (k < n_classes)")
         check_class_weight(self.weight, self.n_classes)
@@ -41,8 +45,17 @@ class _ClassCount:
 class SmoothTopkSVM(_ClassCount, SmoothTopKSVM):
     """Deprecated: use :class:`softtopk.SmoothTopKSVM` (the same loss, without ``n_classes``)."""
 
-    def __init__(self, n_classes: int, *, k: int = 5, tau: float = 1.0, alpha: float = 1.0, reduction: str = "mean",
-                 weight: torch.Tensor | None = None, ignore_index: int = -100) -> None:
+    def __init__(
+        self,
+        n_classes: int,
+        *,
+        k: int = 5,
+        tau: float = 1.0,
+        alpha: float = 1.0,
+        reduction: str = "mean",
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+    ) -> None:
         super().__init__(k=k, tau=tau, alpha=alpha, weight=weight, ignore_index=ignore_index, reduction=reduction)
         self._set_classes(n_classes, "SmoothTopKSVM")
 
@@ -50,7 +63,15 @@ class SmoothTopkSVM(_ClassCount, SmoothTopKSVM):
 class TopkSVM(_ClassCount, TopKSVM):
     """Deprecated: use :class:`softtopk.TopKSVM` (the same loss, without ``n_classes``)."""
 
-    def __init__(self, n_classes: int, *, k: int = 5, alpha: float = 1.0, reduction: str = "mean",
-                 weight: torch.Tensor | None = None, ignore_index: int = -100) -> None:
+    def __init__(
+        self,
+        n_classes: int,
+        *,
+        k: int = 5,
+        alpha: float = 1.0,
+        reduction: str = "mean",
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+    ) -> None:
         super().__init__(k=k, alpha=alpha, weight=weight, ignore_index=ignore_index, reduction=reduction)
         self._set_classes(n_classes, "TopKSVM")

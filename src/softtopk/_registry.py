@@ -130,9 +130,7 @@ def _dykstra_solves_p2(params: dict[str, Any], output: str) -> None:
 
 def _ranks_need_subsets(params: dict[str, Any], output: str) -> None:
     if output != "mask" and params["relaxation"] != "subsets":
-        raise ValueError(
-            f"relaxation {params['relaxation']!r} gives a mask only; ranks need relaxation='subsets'"
-        )
+        raise ValueError(f"relaxation {params['relaxation']!r} gives a mask only; ranks need relaxation='subsets'")
 
 
 _NETWORK_COST = {
@@ -178,11 +176,11 @@ def _network_method(kind: str) -> _Method:
         "art_lambda": functools.partial(check_real, low=0.0, below=1.0),
         "hard": check_bool,
     }
-    return _Method(info, ranks, _network_mask(kind), label_ranks, checks,
-                   tensor_args=("steepness",))
+    return _Method(info, ranks, _network_mask(kind), label_ranks, checks, tensor_args=("steepness",))
 
 
 _REGISTRY: dict[str, _Method] = {kind: _network_method(kind) for kind in NETWORK_TYPES}
+
 
 def _permutation_method(name: str, paper: str, cost: str, ranks, mask, **extra: tuple[Any, Callable]) -> _Method:
     """NeuralSort and SoftSort: exact on every row, ``tau`` a float or per-row tensor; ``extra``
@@ -199,18 +197,29 @@ def _permutation_method(name: str, paper: str, cost: str, ranks, mask, **extra: 
         ),
         _exact_with_hard(ranks, ranks=True),
         _exact_with_hard(mask, ranks=False),
-        checks={"tau": check_positive_or_tensor, "hard": check_bool, **{key: check for key, (_, check) in extra.items()}},
+        checks={
+            "tau": check_positive_or_tensor,
+            "hard": check_bool,
+            **{key: check for key, (_, check) in extra.items()},
+        },
         tensor_args=("tau",),
     )
 
 
 _REGISTRY["neuralsort"] = _permutation_method(
-    "neuralsort", "NeuralSort (Grover et al. 2019)", "O(n log n + n k) time, O(n k) memory per row",
-    neuralsort_ranks, neuralsort_mask,
+    "neuralsort",
+    "NeuralSort (Grover et al. 2019)",
+    "O(n log n + n k) time, O(n k) memory per row",
+    neuralsort_ranks,
+    neuralsort_mask,
 )
 _REGISTRY["softsort"] = _permutation_method(
-    "softsort", "SoftSort (Prillo & Eisenschlos 2020)", "O(n k) time and memory per row (plus a top-k)",
-    softsort_ranks, softsort_mask, power=(1.0, functools.partial(check_real, low=1.0)),
+    "softsort",
+    "SoftSort (Prillo & Eisenschlos 2020)",
+    "O(n k) time and memory per row (plus a top-k)",
+    softsort_ranks,
+    softsort_mask,
+    power=(1.0, functools.partial(check_real, low=1.0)),
 )
 
 
@@ -244,8 +253,13 @@ _REGISTRY["sparse"] = _Method(
     ),
     None,
     sparse_mask_rows,  # ±inf and ``hard`` inside the kernel (no value read)
-    checks={"l": check_positive_or_tensor, "p": _choice(P_VALUES), "solver": _choice(SOLVERS), "n_iter": _count,
-            "hard": check_bool},
+    checks={
+        "l": check_positive_or_tensor,
+        "p": _choice(P_VALUES),
+        "solver": _choice(SOLVERS),
+        "n_iter": _count,
+        "hard": check_bool,
+    },
     tensor_args=("l",),
     joint=_dykstra_solves_p2,
 )
@@ -261,9 +275,16 @@ _REGISTRY["perturbed"] = _Method(
     ),
     None,
     _exact_with_hard(perturbed_topk_rows, ranks=False),
-    checks={"sigma": _positive, "n_samples": _count, "noise": _choice(NOISE_KINDS), "generator": check_generator,
-            "hard": check_bool},
+    checks={
+        "sigma": _positive,
+        "n_samples": _count,
+        "noise": _choice(NOISE_KINDS),
+        "generator": check_generator,
+        "hard": check_bool,
+    },
 )
+
+
 def _gumbel_rows(params: dict[str, Any]) -> Kernel:
     # gumbel takes an int k only ("k" is not in its tensor_args), so the kernel's k is an int
     return lambda rows, k: gumbel_ranks_rows(rows, cast(int, k), **params)
@@ -345,9 +366,7 @@ def resolve(method: Any, params: dict[str, Any], output: str) -> tuple[_Method, 
         raise ValueError(f"method {method!r} gives {spec.info.outputs}, not {output!r}")
     unknown = sorted(set(params) - set(spec.info.params))
     if unknown:
-        raise TypeError(
-            f"method {method!r} got unexpected parameter(s) {unknown}; it takes {sorted(spec.info.params)}"
-        )
+        raise TypeError(f"method {method!r} got unexpected parameter(s) {unknown}; it takes {sorted(spec.info.params)}")
     resolved = {name: spec.checks[name](name, value) for name, value in {**spec.info.params, **params}.items()}
     if spec.joint is not None:
         spec.joint(resolved, output)

@@ -96,8 +96,6 @@ def check_class_counts(name: str, value: Any, classes: int | None = None) -> tup
     return counts
 
 
-
-
 def check_scale(name: str, value: Any, dtype: torch.dtype, *, zero: bool = False) -> Any:
     """A positive scale parameter (a float or tensor values) that the computation can use for
     scores of ``dtype``: between the smallest normal number of the compute dtype and its
@@ -145,8 +143,10 @@ def check_neighbors(query: Any, neighbors: Any, k: int) -> tuple[torch.Tensor, t
     query = check_scores("query", query, dims=2, shape="(Q, d)")
     neighbors = check_scores("neighbors", neighbors, dims=2, shape="(N, d)")
     if query.shape[1] != neighbors.shape[1]:
-        raise ValueError(f"query and neighbors must have the same feature size d, got query {tuple(query.shape)} "
-                         f"and neighbors {tuple(neighbors.shape)}")
+        raise ValueError(
+            f"query and neighbors must have the same feature size d, got query {tuple(query.shape)} "
+            f"and neighbors {tuple(neighbors.shape)}"
+        )
     if k > neighbors.shape[0]:
         raise ValueError(f"k must satisfy k <= N = {neighbors.shape[0]} (the number of neighbors), got k = {k}")
     return query, neighbors
@@ -167,18 +167,23 @@ def check_noise(name: str, value: Any, shape: torch.Size, *, samples: int | None
     """Given noise: a floating tensor of ``shape`` (``samples=None``) or ``shape + (S,)`` with
     ``S = samples`` (``samples=0``: any ``S >= 1``)."""
     if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-        raise TypeError(f"{name} must be a floating torch.Tensor, got {type(value).__name__} "
-                        f"{getattr(value, 'dtype', value)!r}")
+        raise TypeError(
+            f"{name} must be a floating torch.Tensor, got {type(value).__name__} {getattr(value, 'dtype', value)!r}"
+        )
     if samples is None:
         if value.shape != shape:
             raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(value.shape)}")
         return value
-    if value.shape[:-1] != shape or value.dim() != len(shape) + 1 or value.shape[-1] < 1 or (
-        samples and value.shape[-1] != samples
+    if (
+        value.shape[:-1] != shape
+        or value.dim() != len(shape) + 1
+        or value.shape[-1] < 1
+        or (samples and value.shape[-1] != samples)
     ):
         want = ", ".join(str(s) for s in (*shape, samples or "S"))
-        raise ValueError(f"{name} must have shape ({want}): one noise draw per entry and sample, "
-                         f"S >= 1, got {tuple(value.shape)}")
+        raise ValueError(
+            f"{name} must have shape ({want}): one noise draw per entry and sample, S >= 1, got {tuple(value.shape)}"
+        )
     return value
 
 
@@ -222,8 +227,10 @@ def check_classes_match(input: Any, n_classes: int) -> torch.Tensor:
     """Class-loss ``input`` whose class axis (dim 1) has the ``n_classes`` a loss was built with."""
     input = check_class_input(input)
     if input.shape[1] != n_classes:
-        raise ValueError(f"input has {input.shape[1]} classes (dim 1 of shape {tuple(input.shape)}), "
-                         f"but the loss was built with n_classes = {n_classes}")
+        raise ValueError(
+            f"input has {input.shape[1]} classes (dim 1 of shape {tuple(input.shape)}), "
+            f"but the loss was built with n_classes = {n_classes}"
+        )
     return input
 
 
@@ -238,8 +245,7 @@ def check_class_target(input: torch.Tensor, target: Any, ignore_index: int) -> t
     expected = (input.shape[0],) + tuple(input.shape[2:])
     if tuple(target.shape) != expected:
         raise ValueError(
-            f"target must have shape {expected} for input of shape {tuple(input.shape)}, "
-            f"got {tuple(target.shape)}"
+            f"target must have shape {expected} for input of shape {tuple(input.shape)}, got {tuple(target.shape)}"
         )
     if values_checked(target):
         classes = input.shape[1]
@@ -279,7 +285,9 @@ def check_relevance(relevance: Any, scores: torch.Tensor, mask: torch.Tensor | N
         if mask is not None:
             bad &= mask
         if bool(bad.any()):
-            raise ValueError(f"relevance must hold finite values >= 0 (graded relevance), got {relevance[bad][0].item()!r}")
+            raise ValueError(
+                f"relevance must hold finite values >= 0 (graded relevance), got {relevance[bad][0].item()!r}"
+            )
     return relevance
 
 

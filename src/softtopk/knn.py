@@ -129,9 +129,7 @@ class DifferentiableKNN(torch.nn.Module):
         self.params, self._tensors = register_tensor_params(self, params)  # e.g. a learnable tau
         self.method = method
 
-    def _scores(
-        self, query: Any, neighbors: Any, neighbor_labels: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _scores(self, query: Any, neighbors: Any, neighbor_labels: Any) -> tuple[torch.Tensor, torch.Tensor]:
         query, neighbors = check_neighbors(query, neighbors, self.k)
         neighbor_labels = check_labels("neighbor_labels", neighbor_labels, neighbors.shape[0], "neighbors")
         # distances in the compute dtype: squared float16 distances overflow above 256

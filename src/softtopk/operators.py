@@ -64,7 +64,12 @@ def soft_topk_ranks(
 
 
 def soft_topk(
-    x: torch.Tensor, k: int | torch.Tensor, *, method: str = "lapsum", dim: int = -1, largest: bool = True,
+    x: torch.Tensor,
+    k: int | torch.Tensor,
+    *,
+    method: str = "lapsum",
+    dim: int = -1,
+    largest: bool = True,
     **params: Any,
 ) -> torch.Tensor:
     """Relaxed top-k mask of ``x``'s shape: a soft indicator of the ``k`` largest entries along
@@ -158,7 +163,6 @@ def topk(
     return TopK(x.gather(dim, indices), indices, mask.gather(dim, indices))
 
 
-
 class SoftTopK(torch.nn.Module):
     r"""Relaxed top-k mask: a soft indicator of the ``k`` largest entries along ``dim``.
 
@@ -225,15 +229,18 @@ class SoftTopK(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tensors = {name: getattr(self, name) for name in self._tensors if name != "k"}
-        return self._operator(x, self.k, method=self.method, dim=self.dim, largest=self.largest, **self.params,
-                              **tensors)
+        return self._operator(
+            x, self.k, method=self.method, dim=self.dim, largest=self.largest, **self.params, **tensors
+        )
 
     def extra_repr(self) -> str:
         params = "".join(f", {key}={value!r}" for key, value in self.params.items())
         tensors = "".join(f", {name}=<{type(getattr(self, name)).__name__}>" for name in self._tensors)
         largest = "" if self.largest else ", largest=False"
-        return f"k={self.k if 'k' not in self._tensors else '<tensor>'}, method={self.method!r}, dim={self.dim}" \
+        return (
+            f"k={self.k if 'k' not in self._tensors else '<tensor>'}, method={self.method!r}, dim={self.dim}"
             f"{largest}{params}{tensors}"
+        )
 
 
 class SoftTopKRanks(SoftTopK):
@@ -272,7 +279,5 @@ class SoftTopKRanks(SoftTopK):
 
     _output, _operator = "ranks", staticmethod(soft_topk_ranks)
 
-    def __init__(
-        self, k: int, *, method: str = "softsort", dim: int = -1, largest: bool = True, **params: Any
-    ) -> None:
+    def __init__(self, k: int, *, method: str = "softsort", dim: int = -1, largest: bool = True, **params: Any) -> None:
         super().__init__(k, method=method, dim=dim, largest=largest, **params)

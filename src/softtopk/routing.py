@@ -61,13 +61,18 @@ def load_balancing_loss(logits: torch.Tensor, indices: torch.Tensor) -> torch.Te
         tensor(1.)
     """
     logits = check_scores("logits", logits)
-    if not isinstance(indices, torch.Tensor) or indices.is_floating_point() or indices.is_complex() or (
-        indices.dtype == torch.bool
+    if (
+        not isinstance(indices, torch.Tensor)
+        or indices.is_floating_point()
+        or indices.is_complex()
+        or (indices.dtype == torch.bool)
     ):
         raise TypeError(f"indices must be an integer tensor, got {getattr(indices, 'dtype', type(indices).__name__)}")
     if indices.dim() != logits.dim() or indices.shape[:-1] != logits.shape[:-1]:
-        raise ValueError(f"indices must be an integer tensor of shape {tuple(logits.shape[:-1])} + (k,), got "
-                         f"{indices.dtype} {tuple(indices.shape)}")
+        raise ValueError(
+            f"indices must be an integer tensor of shape {tuple(logits.shape[:-1])} + (k,), got "
+            f"{indices.dtype} {tuple(indices.shape)}"
+        )
     experts = logits.shape[-1]
     if values_checked(indices):
         bad = (indices < 0) | (indices >= experts)
@@ -160,13 +165,16 @@ class TopKRouter(torch.nn.Module):
         try:
             mask = mask.expand(logits.shape)
         except RuntimeError:
-            raise ValueError(f"mask must be broadcastable to {tuple(logits.shape)} (*, n_experts), got "
-                             f"{tuple(mask.shape)}") from None
+            raise ValueError(
+                f"mask must be broadcastable to {tuple(logits.shape)} (*, n_experts), got {tuple(mask.shape)}"
+            ) from None
         if values_checked(mask):
             available = mask.sum(-1)
             if bool((available < self.k).any()):
-                raise ValueError(f"mask must leave at least k = {self.k} experts available to every token, got a "
-                                 f"token with {int(available.min())}")
+                raise ValueError(
+                    f"mask must leave at least k = {self.k} experts available to every token, got a "
+                    f"token with {int(available.min())}"
+                )
         return torch.where(mask, logits, float("-inf"))
 
     def extra_repr(self) -> str:

@@ -52,7 +52,11 @@ def _apply(rows_fn, x: Any, regularization: Any, strength: Any, dim: Any, descen
 
 
 def soft_rank(
-    x: torch.Tensor, *, regularization: str = "l2", strength: float | torch.Tensor = 1.0, dim: int = -1,
+    x: torch.Tensor,
+    *,
+    regularization: str = "l2",
+    strength: float | torch.Tensor = 1.0,
+    dim: int = -1,
     descending: bool = False,
 ) -> torch.Tensor:
     r"""Soft ranks of ``x`` along ``dim``: ``1..n``, rank ``n`` to the largest entry (torchsort's
@@ -96,7 +100,11 @@ def soft_rank(
 
 
 def soft_sort(
-    x: torch.Tensor, *, regularization: str = "l2", strength: float | torch.Tensor = 1.0, dim: int = -1,
+    x: torch.Tensor,
+    *,
+    regularization: str = "l2",
+    strength: float | torch.Tensor = 1.0,
+    dim: int = -1,
     descending: bool = False,
 ) -> torch.Tensor:
     r"""Soft sort of ``x`` along ``dim``: increasing (``descending=True``: decreasing), like

@@ -16,8 +16,16 @@ __all__ = ["hard_topk_mag", "hard_topk_mask", "sparse_topk_mag", "sparse_topk_ma
 
 
 def sparse_topk_mask(
-    x: torch.Tensor, k: int, *, l: float = 0.1, p: float = 4 / 3, solver: str = "pav",  # noqa: E741
-    dim: int = -1, n_iter: int = 500, largest: bool = True, hard: bool = False,
+    x: torch.Tensor,
+    k: int,
+    *,
+    l: float = 0.1,
+    p: float = 4 / 3,
+    solver: str = "pav",  # noqa: E741
+    dim: int = -1,
+    n_iter: int = 500,
+    largest: bool = True,
+    hard: bool = False,
 ) -> torch.Tensor:
     r"""Sparse soft top-k mask (Sander et al. 2023): p-norm regularised, with exact zeros.
 
@@ -64,13 +72,18 @@ def sparse_topk_mask(
         Sander, Puigcerver, Djolonga, Peyré, Blondel. "Fast, Differentiable and Sparse Top-k: a
         Convex Analysis Perspective", ICML 2023 (arXiv:2302.01425).
     """
-    return soft_topk(x, k, method="sparse", dim=dim, largest=largest, l=l, p=p, solver=solver, n_iter=n_iter,
-                     hard=hard)
+    return soft_topk(x, k, method="sparse", dim=dim, largest=largest, l=l, p=p, solver=solver, n_iter=n_iter, hard=hard)
 
 
 def sparse_topk_mag(
-    x: torch.Tensor, k: int, *, l: float = 0.1, p: float = 4 / 3, solver: str = "pav",  # noqa: E741
-    dim: int = -1, n_iter: int = 500,
+    x: torch.Tensor,
+    k: int,
+    *,
+    l: float = 0.1,
+    p: float = 4 / 3,
+    solver: str = "pav",  # noqa: E741
+    dim: int = -1,
+    n_iter: int = 500,
 ) -> torch.Tensor:
     r"""Sparse soft top-k in magnitude: a smooth ``x ⊙ topkmask(|x|)`` that keeps signs (pruning).
 

@@ -29,8 +29,16 @@ __all__ = ["gumbel_topk", "noised_kth_value", "perturbed_topk"]
 
 
 def perturbed_topk(
-    x: torch.Tensor, k: int, *, sigma: float = 1.0, n_samples: int = 100, noise: str = "gaussian",
-    generator: torch.Generator | None = None, dim: int = -1, largest: bool = True, hard: bool = False,
+    x: torch.Tensor,
+    k: int,
+    *,
+    sigma: float = 1.0,
+    n_samples: int = 100,
+    noise: str = "gaussian",
+    generator: torch.Generator | None = None,
+    dim: int = -1,
+    largest: bool = True,
+    hard: bool = False,
 ) -> torch.Tensor:
     """Perturbed top-k mask: the Monte-Carlo mean of hard top-k masks of noisy scores.
 
@@ -87,13 +95,30 @@ def perturbed_topk(
     """
     x = check_scores("x", x)
     check_generator("generator", generator, x.device)
-    return soft_topk(x, k, method="perturbed", dim=dim, largest=largest, sigma=sigma, n_samples=n_samples,
-                     noise=noise, generator=generator, hard=hard)
+    return soft_topk(
+        x,
+        k,
+        method="perturbed",
+        dim=dim,
+        largest=largest,
+        sigma=sigma,
+        n_samples=n_samples,
+        noise=noise,
+        generator=generator,
+        hard=hard,
+    )
 
 
 def noised_kth_value(
-    x: torch.Tensor, k: int, *, epsilon: float = 1.0, n_samples: int | None = None, dim: int = -1,
-    generator: torch.Generator | None = None, noise: torch.Tensor | None = None, largest: bool = True,
+    x: torch.Tensor,
+    k: int,
+    *,
+    epsilon: float = 1.0,
+    n_samples: int | None = None,
+    dim: int = -1,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
+    largest: bool = True,
 ) -> torch.Tensor:
     """Smoothed k-th largest value along ``dim`` (pytopk's ``NoisedTopK``).
 
@@ -166,8 +191,15 @@ def noised_kth_value(
 
 
 def gumbel_topk(
-    x: torch.Tensor, k: int, *, tau: float = 1.0, hard: bool = False, relaxation: str = "lapsum",
-    noise: bool | torch.Tensor = True, generator: torch.Generator | None = None, dim: int = -1,
+    x: torch.Tensor,
+    k: int,
+    *,
+    tau: float = 1.0,
+    hard: bool = False,
+    relaxation: str = "lapsum",
+    noise: bool | torch.Tensor = True,
+    generator: torch.Generator | None = None,
+    dim: int = -1,
     largest: bool = True,
 ) -> torch.Tensor:
     """Relaxed k-hot sample of ``k`` items without replacement, with probabilities ``∝ exp(x)``.
@@ -235,8 +267,13 @@ def gumbel_topk(
     """
     x, dim, k = check_topk_args(x, k, dim)
     draws = None if isinstance(noise, bool) else check_noise("noise", noise, x.shape)
-    params = {"tau": tau, "hard": hard, "relaxation": relaxation, "noise": noise if draws is None else True,
-              "generator": generator}
+    params = {
+        "tau": tau,
+        "hard": hard,
+        "relaxation": relaxation,
+        "noise": noise if draws is None else True,
+        "generator": generator,
+    }
     spec, params = resolve("gumbel", params, "mask")
     check_scales(params, x.dtype)
     check_generator("generator", generator, x.device)

@@ -24,8 +24,19 @@ from .files import replace_atomic
 #: the ``format`` entry of every checkpoint this version writes and reads
 FORMAT = "softtopk-lab-checkpoint/3"
 #: the entries of every tool's checkpoint (:mod:`softtopk_lab.loop`, ``Run.save_checkpoint``)
-ENTRIES = ("model", "optimizer", "epoch", "step", "best", "last_evaluation", "losses_since_evaluation",
-           "correct_since_evaluation", "train_seconds", "rng", "elapsed")
+ENTRIES = (
+    "model",
+    "optimizer",
+    "epoch",
+    "step",
+    "best",
+    "last_evaluation",
+    "losses_since_evaluation",
+    "correct_since_evaluation",
+    "train_seconds",
+    "rng",
+    "elapsed",
+)
 
 
 def is_number(value: Any) -> bool:
@@ -35,11 +46,18 @@ def is_number(value: Any) -> bool:
 
 #: what the checked entries must hold (numbers; per-step losses as one-element tensors; hits and rows as ints)
 _CHECKS = {
-    "epoch": is_number, "step": is_number, "elapsed": is_number, "train_seconds": is_number,
-    "losses_since_evaluation": lambda value: isinstance(value, (list, tuple)) and all(
-        isinstance(loss, torch.Tensor) and loss.numel() == 1 for loss in value),
-    "correct_since_evaluation": lambda value: isinstance(value, (list, tuple)) and len(value) == 2 and all(
-        isinstance(count, int) and not isinstance(count, bool) and count >= 0 for count in value),
+    "epoch": is_number,
+    "step": is_number,
+    "elapsed": is_number,
+    "train_seconds": is_number,
+    "losses_since_evaluation": lambda value: (
+        isinstance(value, (list, tuple)) and all(isinstance(loss, torch.Tensor) and loss.numel() == 1 for loss in value)
+    ),
+    "correct_since_evaluation": lambda value: (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(count, int) and not isinstance(count, bool) and count >= 0 for count in value)
+    ),
 }
 
 
@@ -62,8 +80,13 @@ def rng_state(generators: dict[str, torch.Generator]) -> dict[str, Any]:
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
         "generators": {name: gen.get_state() for name, gen in generators.items()},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -76,8 +99,15 @@ def set_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator])
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     numpy_state = state["numpy"]
-    np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["position"],
-                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            numpy_state["kind"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["position"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
     for name, gen in generators.items():
         gen.set_state(state["generators"][name])
     if "cuda" in state and torch.cuda.is_available():
@@ -103,10 +133,13 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UsageError(f"{path} is not a softtopk checkpoint (refused by torch.load(weights_only=True): "
-                         f"{reason[:160]})") from None
+        raise UsageError(
+            f"{path} is not a softtopk checkpoint (refused by torch.load(weights_only=True): {reason[:160]})"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise UsageError(f"{path} is not a checkpoint of this softtopk version (format {found!r}, expected "
-                         f"{FORMAT!r}); start a new run with --out")
+        raise UsageError(
+            f"{path} is not a checkpoint of this softtopk version (format {found!r}, expected "
+            f"{FORMAT!r}); start a new run with --out"
+        )
     return state

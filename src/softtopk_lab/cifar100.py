@@ -66,27 +66,36 @@ def load_splits(path: str, seed: int, val_size: int, label_noise: float, batch_s
     images, clean = data["train_images"], data["train_labels"]
     labels = clean
     if label_noise > 0:
-        labels = noisy_labels(clean, label_noise, torch.Generator().manual_seed(seed * 7 + 5),
-                              num_classes=CIFAR100_CLASSES)
+        labels = noisy_labels(
+            clean, label_noise, torch.Generator().manual_seed(seed * 7 + 5), num_classes=CIFAR100_CLASSES
+        )
     if len(labels) - val_size < batch_size:
-        raise UsageError(f"--val_size {val_size}: leaves {len(labels) - val_size} of {len(labels)} training images, "
-                         f"fewer than one batch of --batch_size {batch_size}")
+        raise UsageError(
+            f"--val_size {val_size}: leaves {len(labels) - val_size} of {len(labels)} training images, "
+            f"fewer than one batch of --batch_size {batch_size}"
+        )
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
     valid_idx, train_idx = order[:val_size], order[val_size:]
-    valid_idx = valid_idx[:val_size // batch_size * batch_size]
-    return {"train": (images[train_idx], labels[train_idx]), "valid": (images[valid_idx], labels[valid_idx]),
-            "test": (data["test_images"], data["test_labels"]),
-            "changed_label_fraction": (labels != clean).double().mean().item()}
+    valid_idx = valid_idx[: val_size // batch_size * batch_size]
+    return {
+        "train": (images[train_idx], labels[train_idx]),
+        "valid": (images[valid_idx], labels[valid_idx]),
+        "test": (data["test_images"], data["test_labels"]),
+        "changed_label_fraction": (labels != clean).double().mean().item(),
+    }
 
 
 @torch.no_grad()
-def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int,
-                    device: torch.device) -> dict[str, float]:
+def evaluate_images(
+    model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, *, batch_size: int, device: torch.device
+) -> dict[str, float]:
     """Top-k metrics of ``model`` (eval mode) on uint8 images, normalised on ``device`` batch by batch."""
     was_training = model.training
     model.eval()
-    outputs = [model(normalize_cifar(images[i:i + batch_size].to(device, non_blocking=True))).float().cpu()
-               for i in range(0, len(labels), batch_size)]
+    outputs = [
+        model(normalize_cifar(images[i : i + batch_size].to(device, non_blocking=True))).float().cpu()
+        for i in range(0, len(labels), batch_size)
+    ]
     model.train(was_training)
     return topk_metrics(torch.cat(outputs), labels.cpu())
 
@@ -94,6 +103,20 @@ def evaluate_images(model: torch.nn.Module, images: torch.Tensor, labels: torch.
 def build_model(n_classes: int) -> torch.nn.Module:
     """The CIFAR-100 network: difftopk's ResNet-18 for 32 x 32 images with ``n_classes`` outputs."""
     return resnet18_cifar(n_classes)
+
+
+def _result_fields(config: Cifar100Config, data: dict[str, Any]) -> dict[str, Any]:
+    """The tool's own ``results.json`` fields."""
+    return {
+        "n_classes": CIFAR100_CLASSES,
+        "n_train": len(data["train"][1]),
+        "n_valid": config.val_size,
+        "n_valid_evaluated": len(data["valid"][1]),
+        "n_test": len(data["test"][1]),
+        "label_noise": config.label_noise,
+        "changed_label_fraction": data["changed_label_fraction"],
+        "data": str(config.data_path),
+    }
 
 
 def train_cifar100(config: Cifar100Config) -> dict[str, Any]:
@@ -134,15 +157,25 @@ def train_cifar100(config: Cifar100Config) -> dict[str, Any]:
         return valid, evaluate_images(model, test_x, test_y, batch_size=config.batch_size, device=run.device)
 
     def batches(epoch: int) -> Iterable[tuple[torch.Tensor, None]]:
-        order = epoch_permutation(len(train_y), config.seed, epoch)[:steps_per_epoch * config.batch_size]
+        order = epoch_permutation(len(train_y), config.seed, epoch)[: steps_per_epoch * config.batch_size]
         return ((batch, None) for batch in order.view(steps_per_epoch, config.batch_size))
 
-    fields = {"n_classes": CIFAR100_CLASSES, "n_train": len(train_y), "n_valid": config.val_size,
-              "n_valid_evaluated": len(valid_y), "n_test": len(test_y), "label_noise": config.label_noise,
-              "changed_label_fraction": data["changed_label_fraction"], "data": str(config.data_path)}
+    fields = _result_fields(config, data)
     # as difftopk's train_cifar100.py: evaluated after every epoch only; results.json keeps its 0.2.0 fields
     # (no step time)
-    task = Task(model, model_args, lambda parameters: torch.optim.Adam(parameters, lr=10 ** -config.nloglr),
-                {"loss_noise": noise, "augment": augment}, config.n_epochs, steps_per_epoch, batches, step,
-                evaluation, steps_per_epoch, fields, evaluate_first=False, step_time_in_results=False)
+    task = Task(
+        model,
+        model_args,
+        lambda parameters: torch.optim.Adam(parameters, lr=10**-config.nloglr),
+        {"loss_noise": noise, "augment": augment},
+        config.n_epochs,
+        steps_per_epoch,
+        batches,
+        step,
+        evaluation,
+        steps_per_epoch,
+        fields,
+        evaluate_first=False,
+        step_time_in_results=False,
+    )
     return train(run, task)

@@ -48,9 +48,7 @@ def _read_cifar_members(path: Path) -> dict[str, tuple[bytes, str]]:
         for name in _CIFAR_MEMBERS:
             file = base / name
             if not file.is_file():
-                raise DataError(
-                    f"{base}: missing file '{name}' (a CIFAR-100 directory holds train, test and meta)"
-                )
+                raise DataError(f"{base}: missing file '{name}' (a CIFAR-100 directory holds train, test and meta)")
             out[name] = (file.read_bytes(), str(file))
         return out
     try:
@@ -71,11 +69,14 @@ def _read_tar_members(archive: tarfile.TarFile, path: Path) -> dict[str, tuple[b
     out, seen = {}, []
     for count, member in enumerate(archive):
         if count >= _MAX_MEMBERS:
-            raise DataError(f"{path}: more than {_MAX_MEMBERS} archive members before train, test and meta; "
-                            "not a CIFAR-100 archive")
+            raise DataError(
+                f"{path}: more than {_MAX_MEMBERS} archive members before train, test and meta; not a CIFAR-100 archive"
+            )
         if member.size > _MAX_MEMBER_BYTES:
-            raise DataError(f"{path}: member {member.name!r} declares {member.size:,} bytes, more than any "
-                            f"CIFAR-100 file ({_MAX_MEMBER_BYTES:,} at most); not read")
+            raise DataError(
+                f"{path}: member {member.name!r} declares {member.size:,} bytes, more than any "
+                f"CIFAR-100 file ({_MAX_MEMBER_BYTES:,} at most); not read"
+            )
         name = Path(member.name).name
         if not member.isfile() or len(Path(member.name).parts) > 2:
             continue
@@ -104,11 +105,7 @@ def _cifar_split(record: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     data = _field(record, "data", where)
     labels = _field(record, "fine_labels", where)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-        got = (
-            f"{data.dtype} array of shape {data.shape}"
-            if isinstance(data, np.ndarray)
-            else type(data).__name__
-        )
+        got = f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
         raise DataError(f"{where}: 'data' must be a uint8 array of shape (N, 3072), got {got}")
     try:
         labels = np.asarray(labels)
@@ -154,9 +151,7 @@ def load_cifar100(path: str | Path) -> dict[str, Any]:
     names = _field(records["meta"], "fine_label_names", meta_where)
     if not isinstance(names, (list, tuple)) or len(names) != CIFAR100_CLASSES:
         size = len(names) if isinstance(names, (list, tuple)) else type(names).__name__
-        raise DataError(
-            f"{meta_where}: 'fine_label_names' must be a list of {CIFAR100_CLASSES} names, got {size}"
-        )
+        raise DataError(f"{meta_where}: 'fine_label_names' must be a list of {CIFAR100_CLASSES} names, got {size}")
     if not all(isinstance(name, (bytes, str)) for name in names):
         raise DataError(f"{meta_where}: 'fine_label_names' must hold bytes or str names")
     class_names = [name.decode() if isinstance(name, bytes) else name for name in names]
@@ -212,17 +207,11 @@ def noisy_labels(
         raise TypeError(f"noisy_labels: labels must be an integer tensor, got {got}")
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
         raise ValueError(f"noisy_labels: p must be a probability in [0, 1], got {p!r}")
-    if (
-        isinstance(num_classes, bool)
-        or not isinstance(num_classes, int)
-        or num_classes < 5
-        or num_classes % 5
-    ):
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 5 or num_classes % 5:
         raise ValueError(f"noisy_labels: num_classes must be a positive multiple of 5, got {num_classes!r}")
     if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(
-            f"noisy_labels: labels must lie in [0, {num_classes}), "
-            f"got range [{int(labels.min())}, {int(labels.max())}]"
+            f"noisy_labels: labels must lie in [0, {num_classes}), got range [{int(labels.min())}, {int(labels.max())}]"
         )
     device = generator.device if generator is not None else labels.device
     flip = torch.rand(labels.shape, generator=generator, device=device) < p
@@ -235,12 +224,7 @@ def noisy_labels(
 
 
 def _check_uint8_images(batch: torch.Tensor, name: str) -> None:
-    if (
-        not isinstance(batch, torch.Tensor)
-        or batch.dtype != torch.uint8
-        or batch.ndim != 4
-        or batch.shape[1] != 3
-    ):
+    if not isinstance(batch, torch.Tensor) or batch.dtype != torch.uint8 or batch.ndim != 4 or batch.shape[1] != 3:
         got = (
             f"{batch.dtype} tensor of shape {tuple(batch.shape)}"
             if isinstance(batch, torch.Tensor)

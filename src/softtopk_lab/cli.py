@@ -118,8 +118,10 @@ def _where(name: str) -> str:
         return ""
     if run.checkpoint_step is None:
         return f" before the first checkpoint; run the same command again (it starts over in {run.dir})"
-    return (f" at its checkpoint of step {run.checkpoint_step} in {run.dir}; continue with: "
-            f"softtopk {name} --resume {run.dir}")
+    return (
+        f" at its checkpoint of step {run.checkpoint_step} in {run.dir}; continue with: "
+        f"softtopk {name} --resume {run.dir}"
+    )
 
 
 def _missing_lab_extra() -> list[str]:
@@ -156,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     config_type, handler, data_flag = _COMMANDS[name]
     missing = _missing_lab_extra()
     if missing:
-        print(f"softtopk {name}: error: the lab needs the 'lab' extra ({', '.join(missing)} not installed); "
-              "install it with: pip install 'softtopk[lab]'", file=sys.stderr)
+        print(
+            f"softtopk {name}: error: the lab needs the 'lab' extra ({', '.join(missing)} not installed); "
+            "install it with: pip install 'softtopk[lab]'",
+            file=sys.stderr,
+        )
         return 2
     try:
         handler(config_type.from_args(args))

@@ -139,8 +139,10 @@ class LossConfig(Config):
 
     def __post_init__(self) -> None:
         if self.p_k is None and self.method != "softmax_cross_entropy":
-            raise UsageError(f"--p_k is required for --method {self.method} (weights of ranks 1..k summing to 1, "
-                             "e.g. --p_k .2 .2 .2 .2 .2)")
+            raise UsageError(
+                f"--p_k is required for --method {self.method} (weights of ranks 1..k summing to 1, "
+                "e.g. --p_k .2 .2 .2 .2 .2)"
+            )
         object.__setattr__(self, "p_k", check_p_k((1.0,) if self.p_k is None else self.p_k))
         if self.m is not None and self.m < 1:
             raise UsageError(f"-m/--m must be >= 1, got {self.m}")
@@ -221,8 +223,10 @@ class Cifar100Config(Config):
         if not (math.isfinite(self.label_noise) and 0.0 <= self.label_noise <= 1.0):
             raise UsageError(f"--label_noise must be a probability in [0, 1], got {self.label_noise}")
         if self.val_size < self.batch_size:
-            raise UsageError(f"--val_size {self.val_size} must be >= --batch_size {self.batch_size} "
-                             "(the incomplete last validation batch is dropped, as in difftopk)")
+            raise UsageError(
+                f"--val_size {self.val_size} must be >= --batch_size {self.batch_size} "
+                "(the incomplete last validation batch is dropped, as in difftopk)"
+            )
 
 
 @dataclass(frozen=True)
@@ -258,9 +262,17 @@ class KnnConfig(Config):
         if self.net is not None:
             _one_of("--net", self.net, KNN_NETS)
         _one_of("--method", self.method, KNN_METHODS)
-        _at_least(1, k=self.k, num_queries=self.num_queries, num_candidates=self.num_candidates,
-                  n_epochs=self.n_epochs, batch_eval=self.batch_eval, eval_neighbors=self.eval_neighbors,
-                  eval_queries=self.eval_queries, train_subset=self.train_subset)
+        _at_least(
+            1,
+            k=self.k,
+            num_queries=self.num_queries,
+            num_candidates=self.num_candidates,
+            n_epochs=self.n_epochs,
+            batch_eval=self.batch_eval,
+            eval_neighbors=self.eval_neighbors,
+            eval_queries=self.eval_queries,
+            train_subset=self.train_subset,
+        )
         if self.k > self.num_candidates:
             raise UsageError(f"--k must be <= --num_candidates, got k = {self.k} > {self.num_candidates}")
         if self.eval_neighbors is not None and self.k > self.eval_neighbors:

@@ -53,8 +53,9 @@ EXAMPLE_PARAMS = {
 }
 RUNS = {
     "cross_entropy": LossConfig("softmax_cross_entropy", (1.0, 0.0, 0.0, 0.0, 0.0)),
-    "topk_ce splitter_selection": LossConfig("splitter_selection", (0.2,) * 5, distribution="logistic_phi",
-                                             inverse_temperature=1.0, art_lambda=0.5, m=16),
+    "topk_ce splitter_selection": LossConfig(
+        "splitter_selection", (0.2,) * 5, distribution="logistic_phi", inverse_temperature=1.0, art_lambda=0.5, m=16
+    ),
     "smooth_topk_svm (Berrada)": LossConfig("smooth_topk_svm", (0.0, 0.0, 0.0, 0.0, 1.0), tau=1.0, alpha=1.0),
     "bal_noised_topk (Garcin)": LossConfig("bal_noised_topk", (0.0, 0.0, 0.0, 0.0, 1.0), epsilon=1.0, n_samples=5),
 }
@@ -63,8 +64,16 @@ RUNS = {
 def run_config(loss: LossConfig, run_dir: Path, seed: int, n_epochs: int | None) -> EmbeddingConfig:
     """The ``train-embeddings`` run of ``loss`` on wordnet148: Adam lr 1e-2, batch 256, 30 epochs (or
     ``n_epochs``), evaluated every 50 steps, into ``run_dir``."""
-    return EmbeddingConfig("wordnet148", loss, n_epochs=30 if n_epochs is None else n_epochs, nloglr=2.0,
-                           batch_size=256, seed=seed, eval_freq=50, output=RunOutput(out=run_dir, no_progress=True))
+    return EmbeddingConfig(
+        "wordnet148",
+        loss,
+        n_epochs=30 if n_epochs is None else n_epochs,
+        nloglr=2.0,
+        batch_size=256,
+        seed=seed,
+        eval_freq=50,
+        output=RunOutput(out=run_dir, no_progress=True),
+    )
 
 
 def _print_masks(seed: int) -> dict:
@@ -78,8 +87,10 @@ def _print_masks(seed: int) -> dict:
         mask = soft_topk(EXAMPLE, 3, method=name, **params)
         masks[name] = mask.tolist()
         shown_params = ", ".join(f"{key}={value}" for key, value in EXAMPLE_PARAMS[name].items())
-        print(f"  {name:<19} {' '.join(f'{v:5.2f}' for v in mask.tolist())}   sum={mask.sum().item():.3f}"
-              f"   ({shown_params})")
+        print(
+            f"  {name:<19} {' '.join(f'{v:5.2f}' for v in mask.tolist())}   sum={mask.sum().item():.3f}"
+            f"   ({shown_params})"
+        )
     return masks
 
 
@@ -97,7 +108,9 @@ def _claim_out(out: Path) -> tuple[str, RunLock]:
     if clashes and marker is None:
         raise UsageError(f"--out {out}: holds {', '.join(clashes)} not written by softtopk demo; choose another --out")
     if marker is not None and marker.get("command") != "demo":
-        raise UsageError(f"--out {out}: holds a run of softtopk {marker.get('command')}, not a demo; choose another --out")
+        raise UsageError(
+            f"--out {out}: holds a run of softtopk {marker.get('command')}, not a demo; choose another --out"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -112,21 +125,25 @@ def _clear(run_dir: Path, out: Path, demo_id: str) -> None:
     demo as its parent, only the files a run writes, under the run's lock; anything else stays and is
     an error."""
     if run_dir.is_symlink():
-        raise UsageError(f"--out {out}: {run_dir} is a symbolic link, which softtopk demo did not make; "
-                         "choose another --out")
+        raise UsageError(
+            f"--out {out}: {run_dir} is a symbolic link, which softtopk demo did not make; choose another --out"
+        )
     if not run_dir.exists():
         return
     marker = read_marker(run_dir)
     if marker is None or marker.get("parent") != demo_id:
-        raise UsageError(f"--out {out}: {run_dir} holds a run this demo did not start; it is left as it is; "
-                         "choose another --out")
+        raise UsageError(
+            f"--out {out}: {run_dir} holds a run this demo did not start; it is left as it is; choose another --out"
+        )
     lock = RunLock(run_dir, "--out")
     try:
         remove_stale_temporaries(run_dir)
         others = sorted(path.name for path in run_dir.iterdir() if path.name not in RUN_FILES)
         if others:
-            raise UsageError(f"--out {out}: {run_dir} holds {', '.join(others[:5])}, which softtopk did not write; "
-                             "choose another --out")
+            raise UsageError(
+                f"--out {out}: {run_dir} holds {', '.join(others[:5])}, which softtopk did not write; "
+                "choose another --out"
+            )
         for name in RUN_FILES:
             if name not in (MARKER, LOCK):
                 (run_dir / name).unlink(missing_ok=True)

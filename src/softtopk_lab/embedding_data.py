@@ -22,8 +22,12 @@ from .errors import DataError
 KEY_SETS = {
     "train/test": ("train_embeddings", "train_labels", "test_embeddings", "test_labels"),
     "train/val": ("train_embeddings", "train_labels", "val_embeddings", "val_labels"),
-    "imagenet21k": ("imagenet21k_train_embeddings", "imagenet21k_train_labels",
-                    "imagenet21k_val_embeddings", "imagenet21k_val_labels"),
+    "imagenet21k": (
+        "imagenet21k_train_embeddings",
+        "imagenet21k_train_labels",
+        "imagenet21k_val_embeddings",
+        "imagenet21k_val_labels",
+    ),
 }
 DIFFTOPK_VAL_SIZE = {"train/test": 50_000, "train/val": 50_000, "imagenet21k": 100_000}
 SMALL_DATA_VAL_FRACTION = 5  # default val_size is at most 1/5 of the training set
@@ -36,16 +40,26 @@ def default_val_size(key_set: str, n_train: int) -> int:
 
 def _check_split(embeddings: Any, labels: Any, name: str, source: str) -> None:
     if not isinstance(embeddings, torch.Tensor) or embeddings.dim() != 2 or not embeddings.is_floating_point():
-        raise DataError(f"{source}: {name}_embeddings must be a 2-D floating tensor (N, D), got "
-                         f"{type(embeddings).__name__} {getattr(embeddings, 'dtype', '')} "
-                         f"{tuple(getattr(embeddings, 'shape', ()))}")
-    if not isinstance(labels, torch.Tensor) or labels.dim() != 1 or labels.is_floating_point() \
-            or labels.is_complex() or labels.dtype == torch.bool:
-        raise DataError(f"{source}: {name}_labels must be a 1-D integer tensor, got "
-                         f"{type(labels).__name__} {getattr(labels, 'dtype', '')} {tuple(getattr(labels, 'shape', ()))}")
+        raise DataError(
+            f"{source}: {name}_embeddings must be a 2-D floating tensor (N, D), got "
+            f"{type(embeddings).__name__} {getattr(embeddings, 'dtype', '')} "
+            f"{tuple(getattr(embeddings, 'shape', ()))}"
+        )
+    if (
+        not isinstance(labels, torch.Tensor)
+        or labels.dim() != 1
+        or labels.is_floating_point()
+        or labels.is_complex()
+        or labels.dtype == torch.bool
+    ):
+        raise DataError(
+            f"{source}: {name}_labels must be a 1-D integer tensor, got "
+            f"{type(labels).__name__} {getattr(labels, 'dtype', '')} {tuple(getattr(labels, 'shape', ()))}"
+        )
     if len(embeddings) != len(labels):
-        raise DataError(f"{source}: {name}_embeddings has {len(embeddings)} rows but {name}_labels has "
-                         f"{len(labels)} entries")
+        raise DataError(
+            f"{source}: {name}_embeddings has {len(embeddings)} rows but {name}_labels has {len(labels)} entries"
+        )
     if len(labels) == 0:
         raise DataError(f"{source}: the {name} split is empty")
     if int(labels.min()) < 0:
@@ -53,8 +67,10 @@ def _check_split(embeddings: Any, labels: Any, name: str, source: str) -> None:
     finite = torch.isfinite(embeddings).all(1)
     if not bool(finite.all()):
         rows = (~finite).nonzero().squeeze(1)
-        raise DataError(f"{source}: {len(rows)} of the {len(labels)} {name} embedding rows hold NaN or inf (first: "
-                        f"row {int(rows[0])}); remove or repair them (no accuracy is reported on such rows)")
+        raise DataError(
+            f"{source}: {len(rows)} of the {len(labels)} {name} embedding rows hold NaN or inf (first: "
+            f"row {int(rows[0])}); remove or repair them (no accuracy is reported on such rows)"
+        )
 
 
 def load_embedding_file(path: str) -> dict[str, Any]:
@@ -89,17 +105,21 @@ def load_embedding_file(path: str) -> dict[str, Any]:
     _check_split(train_x, train_y, "train", path)
     _check_split(test_x, test_y, "test" if key_set == "train/test" else "val", path)
     if train_x.shape[1] != test_x.shape[1]:
-        raise DataError(f"{path}: train embeddings have D = {train_x.shape[1]} but the test/val ones "
-                        f"D = {test_x.shape[1]}")
+        raise DataError(
+            f"{path}: train embeddings have D = {train_x.shape[1]} but the test/val ones D = {test_x.shape[1]}"
+        )
     train_y, test_y = train_y.long(), test_y.long()
     n_classes = int(train_y.max()) + 1
     if n_classes > len(train_y):  # checked before any (n_classes)-sized allocation
-        raise DataError(f"{path}: the training labels imply {n_classes} classes (max label + 1) for only "
-                        f"{len(train_y)} training rows; labels must be class indices 0..C-1 with C <= the "
-                        "number of training rows")
+        raise DataError(
+            f"{path}: the training labels imply {n_classes} classes (max label + 1) for only "
+            f"{len(train_y)} training rows; labels must be class indices 0..C-1 with C <= the "
+            "number of training rows"
+        )
     if int(test_y.max()) >= n_classes:
-        raise DataError(f"{path}: test/val labels must be < {n_classes} (max training label + 1), "
-                        f"got max {int(test_y.max())}")
+        raise DataError(
+            f"{path}: test/val labels must be < {n_classes} (max training label + 1), got max {int(test_y.max())}"
+        )
     if n_classes < 2:
         raise DataError(f"{path}: need at least 2 classes, the training labels have {n_classes}")
     return {"train": (train_x, train_y), "test": (test_x, test_y), "n_classes": n_classes, "source": key_set}
@@ -117,8 +137,12 @@ def split_validation(data: dict[str, Any], seed: int, size: int) -> dict[str, An
     train_x, train_y = data["train"]
     order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(seed))
     valid, train = order[:size], order[size:]
-    return {**data, "train": (train_x[train], train_y[train]), "valid": (train_x[valid], train_y[valid]),
-            "train_class_counts": torch.bincount(train_y[train], minlength=data["n_classes"])}
+    return {
+        **data,
+        "train": (train_x[train], train_y[train]),
+        "valid": (train_x[valid], train_y[valid]),
+        "train_class_counts": torch.bincount(train_y[train], minlength=data["n_classes"]),
+    }
 
 
 def load_data(path: str) -> dict[str, Any]:
@@ -133,14 +157,15 @@ def load_data(path: str) -> dict[str, Any]:
     try:
         from . import wordnet
     except ImportError as error:
-        raise DataError(f"{path}: no such file, and the built-in datasets are unavailable "
-                         f"({error})") from None
+        raise DataError(f"{path}: no such file, and the built-in datasets are unavailable ({error})") from None
     if path not in wordnet.BUILTIN_DATASETS:
-        raise DataError(f"{path}: no such file, and not a built-in dataset "
-                         f"{tuple(wordnet.BUILTIN_DATASETS)}")
+        raise DataError(f"{path}: no such file, and not a built-in dataset {tuple(wordnet.BUILTIN_DATASETS)}")
     data = wordnet.load_builtin(path)
-    return {"train": (data["train_embeddings"], data["train_labels"].long()),
-            "valid": (data["val_embeddings"], data["val_labels"].long()),
-            "test": (data["test_embeddings"], data["test_labels"].long()),
-            "n_classes": len(data["class_names"]), "train_class_counts": data["train_class_counts"],
-            "source": path}
+    return {
+        "train": (data["train_embeddings"], data["train_labels"].long()),
+        "valid": (data["val_embeddings"], data["val_labels"].long()),
+        "test": (data["test_embeddings"], data["test_labels"].long()),
+        "n_classes": len(data["class_names"]),
+        "train_class_counts": data["train_class_counts"],
+        "source": path,
+    }

@@ -50,8 +50,14 @@ class CosineLinear(torch.nn.Module):
         return torch.nn.functional.linear(normalize(x, dim=-1), normalize(self.weight, dim=-1))
 
 
-def build_model(dim: int, n_classes: int, hidden_dims: Sequence[int], apply_relu: bool, apply_dropout: bool,
-                normalize_ll: bool = False) -> torch.nn.Module:
+def build_model(
+    dim: int,
+    n_classes: int,
+    hidden_dims: Sequence[int],
+    apply_relu: bool,
+    apply_dropout: bool,
+    normalize_ll: bool = False,
+) -> torch.nn.Module:
     """``[ReLU] [Dropout(0.5)] (Linear ReLU)* Linear`` from ``dim`` inputs to ``n_classes`` scores, the last
     layer a :class:`CosineLinear` with ``normalize_ll``."""
     layers: list[torch.nn.Module] = []
@@ -75,6 +81,18 @@ def _val_size(val_size: int | None, data: dict[str, Any]) -> int:
     return size
 
 
+def _model_args(config: EmbeddingConfig, dim: int, n_classes: int) -> dict[str, Any]:
+    """The head's constructor arguments (``best.pt`` keeps them for :func:`build_model`)."""
+    return {
+        "dim": dim,
+        "n_classes": n_classes,
+        "hidden_dims": list(config.hidden_dims),
+        "apply_relu": config.apply_relu,
+        "apply_dropout": config.apply_dropout,
+        "normalize_ll": config.normalize_ll,
+    }
+
+
 def train_embeddings(config: EmbeddingConfig, parent: str | None = None) -> dict[str, Any]:
     """Run ``softtopk train-embeddings``; returns the content of ``results.json`` (``parent``: the run
     id of the command that started it, recorded in the run's marker).
@@ -89,9 +107,7 @@ def train_embeddings(config: EmbeddingConfig, parent: str | None = None) -> dict
     run = Run(config, parent=parent)
     torch.manual_seed(config.seed)
     (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = data["train"], data["valid"], data["test"]
-    model_args = {"dim": train_x.shape[1], "n_classes": data["n_classes"], "hidden_dims": list(config.hidden_dims),
-                  "apply_relu": config.apply_relu, "apply_dropout": config.apply_dropout,
-                  "normalize_ll": config.normalize_ll}
+    model_args = _model_args(config, train_x.shape[1], data["n_classes"])
     model = build_model(**model_args)
     noise = torch.Generator(device=run.device).manual_seed(config.seed * 7919 + run.rank)
     loss_fn = build_loss(config.loss, data["n_classes"], data["train_class_counts"], noise).to(run.device)
@@ -111,9 +127,23 @@ def train_embeddings(config: EmbeddingConfig, parent: str | None = None) -> dict
     def batches(epoch: int) -> Iterable[tuple[torch.Tensor, None]]:
         return ((batch, None) for batch in epoch_permutation(len(train_y), config.seed, epoch).split(config.batch_size))
 
-    task = Task(model, model_args, lambda parameters: torch.optim.Adam(parameters, lr=10 ** -config.nloglr),
-                {"loss_noise": noise}, config.n_epochs, -(-len(train_y) // config.batch_size), batches, step,
-                evaluation, config.eval_freq,
-                {"n_classes": data["n_classes"], "n_train": len(train_y), "n_valid": len(valid_y),
-                 "n_test": len(test_y), "data": data["source"]})
+    task = Task(
+        model,
+        model_args,
+        lambda parameters: torch.optim.Adam(parameters, lr=10**-config.nloglr),
+        {"loss_noise": noise},
+        config.n_epochs,
+        -(-len(train_y) // config.batch_size),
+        batches,
+        step,
+        evaluation,
+        config.eval_freq,
+        {
+            "n_classes": data["n_classes"],
+            "n_train": len(train_y),
+            "n_valid": len(valid_y),
+            "n_test": len(test_y),
+            "data": data["source"],
+        },
+    )
     return train(run, task)

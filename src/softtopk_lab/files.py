@@ -73,7 +73,8 @@ def write_failure(path: Path, error: BaseException, after: str) -> UsageError:
 def is_write_failure(error: BaseException) -> bool:
     """Whether ``error`` is a failed write: an ``OSError`` or torch's zip writer failing."""
     return isinstance(error, OSError) or (
-        isinstance(error, RuntimeError) and any(word in str(error) for word in _TORCH_WRITE_FAILURES))
+        isinstance(error, RuntimeError) and any(word in str(error) for word in _TORCH_WRITE_FAILURES)
+    )
 
 
 def append_text(path: Path, text: Callable[[bool], str]) -> None:
@@ -139,8 +140,10 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
     stale = sorted(Path(directory).glob(f"{TEMPORARY}*"))
     for path in stale:
         if path.is_dir() and not path.is_symlink():
-            raise UsageError(f"{path} is a directory named like a softtopk temporary file; softtopk did not make "
-                             "it and leaves it alone (move it out of the run directory)")
+            raise UsageError(
+                f"{path} is a directory named like a softtopk temporary file; softtopk did not make "
+                "it and leaves it alone (move it out of the run directory)"
+            )
     for path in stale:
         path.unlink(missing_ok=True)  # a link itself, never its target
     return stale

@@ -52,8 +52,14 @@ from .runner import Run
 from .runtime import epoch_permutation
 
 NUM_CLASSES = 10
-TAU_METHODS = {"gumbel": "tau", "neuralsort": "tau", "softsort": "tau", "lapsum": "tau", "sparse": "l",
-               "perturbed": "sigma"}
+TAU_METHODS = {
+    "gumbel": "tau",
+    "neuralsort": "tau",
+    "softsort": "tau",
+    "lapsum": "tau",
+    "sparse": "l",
+    "perturbed": "sigma",
+}
 NETWORK_METHODS = ("bitonic", "odd_even", "splitter_selection")
 
 
@@ -106,8 +112,10 @@ def load_data(config: KnnConfig) -> dict[str, Any]:
         out[split] = ((images - mean) / std, labels)
     n_train = len(out["train"][1])
     if config.num_queries > n_train or config.num_candidates > n_train:
-        raise UsageError(f"--num_queries and --num_candidates must be <= the {n_train} training images, got "
-                         f"{config.num_queries} and {config.num_candidates}")
+        raise UsageError(
+            f"--num_queries and --num_candidates must be <= the {n_train} training images, got "
+            f"{config.num_queries} and {config.num_candidates}"
+        )
     if config.eval_neighbors is not None and config.eval_neighbors > n_train:
         raise UsageError(f"--eval_neighbors must be <= the {n_train} training images, got {config.eval_neighbors}")
     return out
@@ -137,29 +145,46 @@ def candidate_order(n: int, seed: int, epoch: int, count: int) -> torch.Tensor:
 
 @torch.no_grad()
 def _embed(model: torch.nn.Module, images: torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
-    return torch.cat([model(images[i:i + batch].to(device)).float() for i in range(0, len(images), batch)])
+    return torch.cat([model(images[i : i + batch].to(device)).float() for i in range(0, len(images), batch)])
 
 
 @torch.no_grad()
-def knn_accuracy(model: torch.nn.Module, knn: DifferentiableKNN, data: dict[str, Any], config: KnnConfig,
-                 device: torch.device) -> tuple[float, float]:
+def knn_accuracy(
+    model: torch.nn.Module, knn: DifferentiableKNN, data: dict[str, Any], config: KnnConfig, device: torch.device
+) -> tuple[float, float]:
     """Hard kNN (majority vote of the ``k`` nearest) accuracy on the validation and test splits."""
     was_training = model.training
     model.eval()
     train_x, train_y = data["train"]
-    neighbors = _embed(model, train_x[:config.eval_neighbors], config.batch_eval, device)
-    neighbor_labels = train_y[:config.eval_neighbors].to(device)
+    neighbors = _embed(model, train_x[: config.eval_neighbors], config.batch_eval, device)
+    neighbor_labels = train_y[: config.eval_neighbors].to(device)
     accuracies = []
     for split in ("val", "test"):
         images, labels = data[split]
         correct = 0
         for i in range(0, len(labels), config.batch_eval):
-            query = _embed(model, images[i:i + config.batch_eval], config.batch_eval, device)
+            query = _embed(model, images[i : i + config.batch_eval], config.batch_eval, device)
             predicted = knn.predict(query, neighbors, neighbor_labels, num_classes=NUM_CLASSES)
-            correct += int((predicted.cpu() == labels[i:i + config.batch_eval]).sum())
+            correct += int((predicted.cpu() == labels[i : i + config.batch_eval]).sum())
         accuracies.append(correct / max(len(labels), 1))
     model.train(was_training)
     return accuracies[0], accuracies[1]
+
+
+def _result_fields(config: KnnConfig, data: dict[str, Any], knn: Any) -> dict[str, Any]:
+    """The tool's own ``results.json`` fields."""
+    return {
+        "dataset": config.dataset,
+        "net": net_name(config),
+        "method": config.method,
+        "params": {key: value for key, value in knn.params.items() if key != "generator"},
+        "k": config.k,
+        "n_train": len(data["train"][1]),
+        "n_valid": len(data["val"][1]),
+        "n_test": len(data["test"][1]),
+        "n_eval_neighbors": len(data["train"][1][: config.eval_neighbors]),
+        "standardisation": [data["mean"], data["std"]],
+    }
 
 
 def train_knn(config: KnnConfig) -> dict[str, Any]:
@@ -178,16 +203,19 @@ def train_knn(config: KnnConfig) -> dict[str, Any]:
     noise = torch.Generator(device=run.device).manual_seed(config.seed * 7919 + run.rank)
     knn = build_knn(config, noise)
     train_x, train_y = data["train"]
-    n_train = len(train_y)
-    steps_per_epoch = n_train // config.num_queries
+    n_train, steps_per_epoch = len(train_y), len(train_y) // config.num_queries
 
     def step(net: torch.nn.Module, batch: Batch) -> Step:
         local, candidates = batch.local, batch.shared
         embeddings = net(torch.cat([train_x[local], train_x[candidates]]).to(run.device))
         if not len(local):  # a torchrun process without queries: its forward pass still joins DDP's reduction
             return Step(embeddings.sum() * 0.0)
-        out = knn(embeddings[:len(local)], embeddings[len(local):], train_y[candidates].to(run.device),
-                  query_labels=train_y[local].to(run.device))
+        out = knn(
+            embeddings[: len(local)],
+            embeddings[len(local) :],
+            train_y[candidates].to(run.device),
+            query_labels=train_y[local].to(run.device),
+        )
         # reference scale: -sum_j 1[y_j = y_q] w_qj averaged over queries = k * the normalised loss
         return Step(out.loss * config.k * batch.weight)
 
@@ -196,20 +224,26 @@ def train_knn(config: KnnConfig) -> dict[str, Any]:
         return {"top1": valid}, {"top1": test}
 
     def batches(epoch: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-        queries = epoch_permutation(n_train, config.seed, epoch)[:steps_per_epoch * config.num_queries]
+        queries = epoch_permutation(n_train, config.seed, epoch)[: steps_per_epoch * config.num_queries]
         candidates = candidate_order(n_train, config.seed, epoch, steps_per_epoch * config.num_candidates)
         return zip(queries.split(config.num_queries), candidates.split(config.num_candidates), strict=True)
 
-    fields = {"dataset": config.dataset, "net": net_name(config), "method": config.method,
-              "params": {key: value for key, value in knn.params.items() if key != "generator"}, "k": config.k,
-              "n_train": n_train, "n_valid": len(data["val"][1]), "n_test": len(data["test"][1]),
-              "n_eval_neighbors": len(train_y[:config.eval_neighbors]), "standardisation": [data["mean"], data["std"]]}
-    def optimizer(parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-
-    def record_fields(train_loss: float | None, train_top1: float | None) -> dict[str, Any]:
-        return {"train_precision": None if train_loss is None else -train_loss / config.k}
-
-    task = Task(model, model_args, optimizer, {"method_noise": noise}, config.n_epochs, steps_per_epoch, batches,
-                step, evaluation, steps_per_epoch, fields, record_fields=record_fields)
+    task = Task(
+        model,
+        model_args,
+        lambda parameters: torch.optim.SGD(
+            parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+        ),
+        {"method_noise": noise},
+        config.n_epochs,
+        steps_per_epoch,
+        batches,
+        step,
+        evaluation,
+        steps_per_epoch,
+        _result_fields(config, data, knn),
+        record_fields=lambda train_loss, _top1: {
+            "train_precision": None if train_loss is None else -train_loss / config.k
+        },
+    )
     return train(run, task)

@@ -146,8 +146,14 @@ class _Loop:
     def restore(self) -> bool:
         """Continue from the checkpoint on ``--resume`` (``False`` for a new run)."""
         task = self.task
-        state = self.run.restore(task.generators, task.model, self.optimizer, self.best, n_epochs=task.n_epochs,
-                                 steps_per_epoch=task.steps_per_epoch)
+        state = self.run.restore(
+            task.generators,
+            task.model,
+            self.optimizer,
+            self.best,
+            n_epochs=task.n_epochs,
+            steps_per_epoch=task.steps_per_epoch,
+        )
         if state is None:
             return False
         self.epoch, self.step, self.train_seconds = state["epoch"] + 1, state["step"], state["train_seconds"]
@@ -186,12 +192,22 @@ class _Loop:
         self.run.save_best(self.task.model, self.task.model_args, self.best.update(valid, test, self.step), self.best)
         train_loss = self.run.mean_loss(self.losses)
         if train_loss is not None and not math.isfinite(train_loss):
-            raise UsageError(f"training diverged: the mean training loss is {train_loss} at step {self.step} "
-                             "(a smaller learning rate may help)")
+            raise UsageError(
+                f"training diverged: the mean training loss is {train_loss} at step {self.step} "
+                "(a smaller learning rate may help)"
+            )
         top1 = self.correct.item() / self.seen if self.seen else None
-        self.run.log({"step": self.step, "epoch": self.step / self.task.steps_per_epoch, "train_loss": train_loss,
-                      **self.task.record_fields(train_loss, top1), "valid": valid, "test": test,
-                      "elapsed": self.run.elapsed()})
+        self.run.log(
+            {
+                "step": self.step,
+                "epoch": self.step / self.task.steps_per_epoch,
+                "train_loss": train_loss,
+                **self.task.record_fields(train_loss, top1),
+                "valid": valid,
+                "test": test,
+                "elapsed": self.run.elapsed(),
+            }
+        )
         self.losses = []
         self.correct, self.seen = torch.zeros_like(self.correct), 0
 
@@ -213,18 +229,33 @@ class _Loop:
     def checkpoint(self, epoch: int) -> None:
         """``checkpoint.pt`` after ``epoch``: the entries of :data:`.checkpoint.ENTRIES` (less the RNG
         states and the elapsed time, which :meth:`.Run.save_checkpoint` adds)."""
-        self.run.save_checkpoint({
-            "model": self.task.model.state_dict(), "optimizer": self.optimizer.state_dict(), "epoch": epoch,
-            "step": self.step, "best": self.best.state_dict(), "last_evaluation": self.last,
-            "losses_since_evaluation": list(self.losses), "correct_since_evaluation": [self.correct.item(), self.seen],
-            "train_seconds": self.train_seconds}, self.task.generators)
+        self.run.save_checkpoint(
+            {
+                "model": self.task.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "epoch": epoch,
+                "step": self.step,
+                "best": self.best.state_dict(),
+                "last_evaluation": self.last,
+                "losses_since_evaluation": list(self.losses),
+                "correct_since_evaluation": [self.correct.item(), self.seen],
+                "train_seconds": self.train_seconds,
+            },
+            self.task.generators,
+        )
 
     def results(self) -> dict[str, Any]:
         """``results.json``: the shared fields, the tool's own, then the timings."""
         assert self.last is not None, "the last step is always evaluated"
         valid, test = self.last
-        head = {"reported_test_at_best_valid": self.best.reported(), "final_valid": valid, "final_test": test,
-                "best": self.best.state_dict(), "steps": self.step, "epochs": self.task.n_epochs}
+        head = {
+            "reported_test_at_best_valid": self.best.reported(),
+            "final_valid": valid,
+            "final_test": test,
+            "best": self.best.state_dict(),
+            "steps": self.step,
+            "epochs": self.task.n_epochs,
+        }
         timing: dict[str, Any] = {"elapsed": self.run.elapsed()}
         if self.task.step_time_in_results:
             timing.update(train_seconds=self.train_seconds, ms_per_step=1e3 * self.train_seconds / max(self.step, 1))

@@ -41,8 +41,9 @@ def topk_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, embeddings: torch.Tensor, labels: torch.Tensor, *, batch_size: int,
-             device: torch.device) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module, embeddings: torch.Tensor, labels: torch.Tensor, *, batch_size: int, device: torch.device
+) -> dict[str, float]:
     """Top-k metrics of ``model`` on a split, in eval mode, batch by batch (inputs cast to float32).
 
     Args:
@@ -57,8 +58,10 @@ def evaluate(model: torch.nn.Module, embeddings: torch.Tensor, labels: torch.Ten
     """
     was_training = model.training
     model.eval()
-    outputs = [model(embeddings[i:i + batch_size].to(device).float()).float().cpu()
-               for i in range(0, len(labels), batch_size)]
+    outputs = [
+        model(embeddings[i : i + batch_size].to(device).float()).float().cpu()
+        for i in range(0, len(labels), batch_size)
+    ]
     model.train(was_training)
     return topk_metrics(torch.cat(outputs), labels.cpu())
 
@@ -93,8 +96,11 @@ class BestTracker:
             ValueError: an entry is not ``{"valid": number, "test": number, "step": int}``.
         """
         for name, entry in state.items():
-            if not (isinstance(entry, dict) and all(isinstance(entry.get(key), (int, float)) for key in
-                                                    ("valid", "test")) and isinstance(entry.get("step"), int)):
+            if not (
+                isinstance(entry, dict)
+                and all(isinstance(entry.get(key), (int, float)) for key in ("valid", "test"))
+                and isinstance(entry.get("step"), int)
+            ):
                 raise ValueError(f"best[{name!r}] is not a best-validation entry")
         self.best = {name: dict(entry) for name, entry in state.items()}
 
@@ -105,10 +111,11 @@ class BestTracker:
 
 def summary_table(final_valid: dict[str, float], final_test: dict[str, float], best: BestTracker) -> str:
     """A fixed-width table: one row per metric, final valid/test and test at best validation (%)."""
-    lines = [f"{'metric':<14}{'valid(final)':>14}{'test(final)':>13}{'test@best-valid':>17}{'best step':>11}",
-             "-" * 69]
+    lines = [f"{'metric':<14}{'valid(final)':>14}{'test(final)':>13}{'test@best-valid':>17}{'best step':>11}", "-" * 69]
     for name, value in final_valid.items():
         entry = best.best[name]
-        lines.append(f"{name:<14}{100 * value:>13.2f}%{100 * final_test[name]:>12.2f}%"
-                     f"{100 * entry['test']:>16.2f}%{entry['step']:>11d}")
+        lines.append(
+            f"{name:<14}{100 * value:>13.2f}%{100 * final_test[name]:>12.2f}%"
+            f"{100 * entry['test']:>16.2f}%{entry['step']:>11d}"
+        )
     return "\n".join(lines)

@@ -40,9 +40,7 @@ def _mnist_file() -> Path:
         if candidate.is_file():
             return candidate
     where = (
-        f"package 'mnist' found at {locations}, but without data/mnist.pkl.gz"
-        if locations
-        else "no package 'mnist'"
+        f"package 'mnist' found at {locations}, but without data/mnist.pkl.gz" if locations else "no package 'mnist'"
     )
     raise DataError(f"MNIST data not found ({where}); install it with: {MNIST_INSTALL}")
 
@@ -51,29 +49,18 @@ def _mnist_split(split: Any, name: str, where: str) -> tuple[torch.Tensor, torch
     if not isinstance(split, (tuple, list)) or len(split) != 2:
         raise DataError(f"{where}: {name} split must be an (images, labels) pair, got {type(split).__name__}")
     images, labels = split
-    if (
-        not isinstance(images, np.ndarray)
-        or images.ndim != 2
-        or images.shape[1] != 784
-        or images.dtype.kind != "f"
-    ):
+    if not isinstance(images, np.ndarray) or images.ndim != 2 or images.shape[1] != 784 or images.dtype.kind != "f":
         got = (
-            f"{images.dtype} array of shape {images.shape}"
-            if isinstance(images, np.ndarray)
-            else type(images).__name__
+            f"{images.dtype} array of shape {images.shape}" if isinstance(images, np.ndarray) else type(images).__name__
         )
         raise DataError(f"{where}: {name} images must be a float array of shape (N, 784), got {got}")
     if not isinstance(labels, np.ndarray) or labels.shape != (len(images),) or labels.dtype.kind not in "iu":
         got = (
-            f"{labels.dtype} array of shape {labels.shape}"
-            if isinstance(labels, np.ndarray)
-            else type(labels).__name__
+            f"{labels.dtype} array of shape {labels.shape}" if isinstance(labels, np.ndarray) else type(labels).__name__
         )
         raise DataError(f"{where}: {name} labels must be {len(images)} ints, got {got}")
     if len(labels) and (labels.min() < 0 or labels.max() > 9):
-        raise DataError(
-            f"{where}: {name} labels must lie in [0, 10), got range [{labels.min()}, {labels.max()}]"
-        )
+        raise DataError(f"{where}: {name} labels must lie in [0, 10), got range [{labels.min()}, {labels.max()}]")
     tensor = torch.from_numpy(images.astype(np.float32, copy=True)).view(-1, 1, 28, 28)
     return tensor, torch.from_numpy(labels.astype(np.int64))
 
@@ -102,9 +89,7 @@ def load_mnist(path: str | Path | None = None) -> dict[str, torch.Tensor]:
         with gzip.open(file, "rb") as handle:
             raw = handle.read()
     except (OSError, EOFError) as error:
-        raise DataError(
-            f"{file}: cannot read the gzip file ({error}); install MNIST with: {MNIST_INSTALL}"
-        ) from error
+        raise DataError(f"{file}: cannot read the gzip file ({error}); install MNIST with: {MNIST_INSTALL}") from error
     splits = unpickle(raw, str(file), "latin1")
     if not isinstance(splits, (tuple, list)) or len(splits) != 3:
         raise DataError(f"{file}: expected a (train, val, test) tuple, got {type(splits).__name__}")
@@ -123,9 +108,7 @@ def _read_idx_gz(file: Path, ndim: int) -> np.ndarray:
         with gzip.open(file, "rb") as handle:
             raw = handle.read()
     except FileNotFoundError as error:
-        raise DataError(
-            f"{file}: no such file; install Fashion-MNIST with: {FASHION_MNIST_INSTALL}"
-        ) from error
+        raise DataError(f"{file}: no such file; install Fashion-MNIST with: {FASHION_MNIST_INSTALL}") from error
     except (OSError, EOFError) as error:
         raise DataError(f"{file}: cannot read the gzip file ({error})") from error
     header = 4 + 4 * ndim
@@ -152,9 +135,7 @@ def _fashion_split(root: Path, prefix: str) -> tuple[torch.Tensor, torch.Tensor]
     return tensor, torch.from_numpy(labels.astype(np.int64))
 
 
-def load_fashion_mnist(
-    root: str | Path = FASHION_MNIST_ROOT, *, val_size: int = 5000
-) -> dict[str, torch.Tensor]:
+def load_fashion_mnist(root: str | Path = FASHION_MNIST_ROOT, *, val_size: int = 5000) -> dict[str, torch.Tensor]:
     """Read Fashion-MNIST from IDX gz files (Debian ``dataset-fashion-mnist``) with a held-out validation split.
 
     Files under ``root``: ``{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz`` (60,000 train, 10,000 test).
@@ -177,9 +158,7 @@ def load_fashion_mnist(
         raise DataError(f"{root}: no such directory; install Fashion-MNIST with: {FASHION_MNIST_INSTALL}")
     train_images, train_labels = _fashion_split(root, "train")
     if isinstance(val_size, bool) or not isinstance(val_size, int) or not 0 <= val_size < len(train_images):
-        raise ValueError(
-            f"load_fashion_mnist: val_size must be an int in [0, {len(train_images)}), got {val_size!r}"
-        )
+        raise ValueError(f"load_fashion_mnist: val_size must be an int in [0, {len(train_images)}), got {val_size!r}")
     test_images, test_labels = _fashion_split(root, "t10k")
     cut = len(train_images) - val_size
     return {

@@ -14,8 +14,13 @@ def metrics_csv(records: list[dict[str, Any]], header: bool) -> str:
     if not records:
         return ""
     metrics = list(records[0]["valid"])
-    columns = ["step", "epoch", "train_loss", "elapsed", *(f"{split}_{name}" for split in ("valid", "test")
-                                                          for name in metrics)]
+    columns = [
+        "step",
+        "epoch",
+        "train_loss",
+        "elapsed",
+        *(f"{split}_{name}" for split in ("valid", "test") for name in metrics),
+    ]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     if header:

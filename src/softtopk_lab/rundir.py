@@ -56,13 +56,23 @@ else:
     def _unlock(handle: int) -> None:
         fcntl.flock(handle, fcntl.LOCK_UN)
 
+
 MARKER = ".softtopk-run"
 LOCK = ".lock"
 #: what a softtopk ``.lock`` holds: the pid of its last holder (nothing if it died before writing it)
 _PID = re.compile(r"[0-9]*\n?")
 #: every file a training run writes into its directory (and may replace)
-RUN_FILES = ("config.json", "metrics.jsonl", "metrics.csv", "checkpoint.pt", "best.pt", "results.json",
-             "curves.png", MARKER, LOCK)
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "metrics.csv",
+    "checkpoint.pt",
+    "best.pt",
+    "results.json",
+    "curves.png",
+    MARKER,
+    LOCK,
+)
 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:
@@ -105,16 +115,19 @@ def check_new_run_directory(directory: Path, flag: str, command: str, parent: st
     if directory.exists() and not directory.is_dir():
         raise UsageError(f"{flag} {directory}: is a file, not a directory")
     if (directory / "checkpoint.pt").exists() or (directory / "results.json").exists():
-        raise UsageError(f"{flag} {directory}: already holds a run (use --resume {directory} to continue it, "
-                         f"or another {flag})")
+        raise UsageError(
+            f"{flag} {directory}: already holds a run (use --resume {directory} to continue it, or another {flag})"
+        )
     marker = read_marker(directory)
     if marker is not None and (marker.get("command"), marker.get("parent")) != (command, parent):
-        raise UsageError(f"{flag} {directory}: belongs to another run (of softtopk {marker.get('command')}); "
-                         f"choose another {flag}")
+        raise UsageError(
+            f"{flag} {directory}: belongs to another run (of softtopk {marker.get('command')}); choose another {flag}"
+        )
     clashes = [name for name in RUN_FILES if name not in (MARKER, LOCK) and os.path.lexists(directory / name)]
     if clashes and marker is None:
-        raise UsageError(f"{flag} {directory}: holds {', '.join(clashes)} not written by softtopk; "
-                         f"choose another {flag}")
+        raise UsageError(
+            f"{flag} {directory}: holds {', '.join(clashes)} not written by softtopk; choose another {flag}"
+        )
 
 
 class RunLock:
@@ -144,8 +157,10 @@ class RunLock:
         else:
             holder = self._content().strip()
             os.close(self._handle)
-            raise UsageError(f"{flag} {directory}: in use by another softtopk process (pid {holder or 'unknown'}); "
-                             f"wait for it to end or choose another {flag}")
+            raise UsageError(
+                f"{flag} {directory}: in use by another softtopk process (pid {holder or 'unknown'}); "
+                f"wait for it to end or choose another {flag}"
+            )
         self._stream = os.fdopen(self._handle, "r+b", buffering=0)  # closed, so unlocked, when collected
         if not created and not owned(directory) and not _PID.fullmatch(self._content()):
             self.release()

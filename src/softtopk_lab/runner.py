@@ -57,8 +57,12 @@ class Run:
         parent: the run id of the command that started this run (the demo), stored in its marker.
     """
 
-    def __init__(self, config: EmbeddingConfig | Cifar100Config | KnnConfig,
-                 resume_ignored: Iterable[str] = (), parent: str | None = None) -> None:
+    def __init__(
+        self,
+        config: EmbeddingConfig | Cifar100Config | KnnConfig,
+        resume_ignored: Iterable[str] = (),
+        parent: str | None = None,
+    ) -> None:
         self.command = command = config.command
         output = config.output
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -99,8 +103,13 @@ class Run:
                 torch.cuda.set_device(self.device)
             torch.distributed.init_process_group(backend)
         if self.is_main and self.resumed is None:
-            meta = {"softtopk_version": version("softtopk"), "torch_version": torch.__version__,
-                    "git_commit": git_commit(), "world_size": self.world_size, "command": command}
+            meta = {
+                "softtopk_version": version("softtopk"),
+                "torch_version": torch.__version__,
+                "git_commit": git_commit(),
+                "world_size": self.world_size,
+                "command": command,
+            }
             write_text_atomic(self.dir / "config.json", json.dumps({"flags": self.config, **meta}, indent=2) + "\n")
             write_text_atomic(self.dir / "metrics.jsonl", "")
         self.started = time.monotonic() - (self.resumed["elapsed"] if self.resumed else 0.0)
@@ -126,8 +135,10 @@ class Run:
         except ImportError:
             raise UsageError("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
         if (self.dir / "tensorboard").is_symlink():
-            raise UsageError(f"--tensorboard: {self.dir / 'tensorboard'} is a symbolic link; softtopk never writes "
-                             "through a link (remove it)")
+            raise UsageError(
+                f"--tensorboard: {self.dir / 'tensorboard'} is a symbolic link; softtopk never writes "
+                "through a link (remove it)"
+            )
         purge = self.checkpoint_step + 1 if self.checkpoint_step is not None else None
         return SummaryWriter(log_dir=str(self.dir / "tensorboard"), purge_step=purge)
 
@@ -145,8 +156,10 @@ class Run:
         if not (self.dir / "config.json").is_file() or not (self.dir / "checkpoint.pt").is_file():
             raise UsageError(f"--resume {self.dir}: no config.json and checkpoint.pt there (nothing to resume)")
         if not owned(self.dir):
-            raise UsageError(f"--resume {self.dir}: not a run directory of this softtopk version (no .softtopk-run "
-                             "marker); start a new run with --out")
+            raise UsageError(
+                f"--resume {self.dir}: not a run directory of this softtopk version (no .softtopk-run "
+                "marker); start a new run with --out"
+            )
 
     def _check_resume(self, resume_ignored: Iterable[str]) -> None:
         config_path, checkpoint_path = self.dir / "config.json", self.dir / "checkpoint.pt"
@@ -159,16 +172,20 @@ class Run:
         ignored = set(RESUME_IGNORED) | set(resume_ignored)
         for name in sorted(set(stored) | set(self.config)):
             if name not in ignored and stored.get(name) != self.config.get(name):
-                raise UsageError(f"--resume {self.dir}: flag --{name} differs from the stored run "
-                                 f"(stored {stored.get(name)!r}, given {self.config.get(name)!r})")
+                raise UsageError(
+                    f"--resume {self.dir}: flag --{name} differs from the stored run "
+                    f"(stored {stored.get(name)!r}, given {self.config.get(name)!r})"
+                )
         try:
             self.resumed = load_checkpoint(checkpoint_path)
         except UsageError as error:
             raise UsageError(f"--resume {self.dir}: {error}") from None
         missing = malformed_entries(self.resumed)
         if missing:
-            raise UsageError(f"--resume {self.dir}: checkpoint.pt is not a checkpoint of this run (missing or "
-                             f"malformed: {', '.join(missing)})")
+            raise UsageError(
+                f"--resume {self.dir}: checkpoint.pt is not a checkpoint of this run (missing or "
+                f"malformed: {', '.join(missing)})"
+            )
 
     # ---- model and batches -------------------------------------------------------------------
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -202,8 +219,15 @@ class Run:
         """A tqdm bar on stderr, disabled on other ranks, without a TTY or with ``--no-progress``."""
         from tqdm import tqdm
 
-        return tqdm(iterable, total=total, desc=desc, file=sys.stderr, disable=not self.show_progress,
-                    leave=False, dynamic_ncols=True)
+        return tqdm(
+            iterable,
+            total=total,
+            desc=desc,
+            file=sys.stderr,
+            disable=not self.show_progress,
+            leave=False,
+            dynamic_ncols=True,
+        )
 
     # ---- files -------------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -219,10 +243,15 @@ class Run:
         """
         if not self.is_main:
             return
-        after = ("no checkpoint was written yet" if self.checkpoint_step is None else
-                 f"the last checkpoint is intact; continue with --resume {self.dir}")
-        for name, text in (("metrics.jsonl", lambda empty: json.dumps(record) + "\n"),
-                           ("metrics.csv", lambda empty: metrics_csv([record], header=empty))):
+        after = (
+            "no checkpoint was written yet"
+            if self.checkpoint_step is None
+            else f"the last checkpoint is intact; continue with --resume {self.dir}"
+        )
+        for name, text in (
+            ("metrics.jsonl", lambda empty: json.dumps(record) + "\n"),
+            ("metrics.csv", lambda empty: metrics_csv([record], header=empty)),
+        ):
             try:
                 append_text(self.dir / name, text)
             except OSError as error:
@@ -246,8 +275,9 @@ class Run:
                 save_atomic(payload, self.dir / "checkpoint.pt")
                 self.checkpoint_step = state["step"]
 
-    def save_best(self, model: torch.nn.Module, model_args: dict[str, Any], improved: set[str],
-                  best: Any, metric: str = "top1") -> None:
+    def save_best(
+        self, model: torch.nn.Module, model_args: dict[str, Any], improved: set[str], best: Any, metric: str = "top1"
+    ) -> None:
         """Write ``best.pt`` when ``metric`` improved: the weights at its best validation value (the
         evaluation whose test value the tools report), with the builder's arguments, so that::
 
@@ -257,13 +287,25 @@ class Run:
         rebuilds it (``build_model`` of the tool's module)."""
         if self.is_main and metric in improved:
             entry = best.best[metric]
-            state = {"format": "softtopk-lab-best/1", "model": model.state_dict(), "model_args": model_args,
-                     "metric": metric, **entry}
+            state = {
+                "format": "softtopk-lab-best/1",
+                "model": model.state_dict(),
+                "model_args": model_args,
+                "metric": metric,
+                **entry,
+            }
             replace_atomic(self.dir / "best.pt", lambda stream: torch.save(state, stream))
 
-    def restore(self, generators: dict[str, torch.Generator], model: torch.nn.Module,
-                optimizer: torch.optim.Optimizer, best: Any, *, n_epochs: int,
-                steps_per_epoch: int) -> dict[str, Any] | None:
+    def restore(
+        self,
+        generators: dict[str, torch.Generator],
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        best: Any,
+        *,
+        n_epochs: int,
+        steps_per_epoch: int,
+    ) -> dict[str, Any] | None:
         """On ``--resume``: restore the RNG states, ``model``, ``optimizer`` and ``best`` (a
         :class:`~softtopk_lab.metrics.BestTracker`), trim ``metrics.jsonl`` and return the
         checkpoint (its entries checked when the run opened it); ``None`` for a new run.
@@ -278,12 +320,18 @@ class Run:
             return None
         epoch, step = state["epoch"], state["step"]
         if not (isinstance(epoch, int) and 0 <= epoch < n_epochs and step == (epoch + 1) * steps_per_epoch):
-            raise UsageError(f"--resume {self.dir}: checkpoint.pt claims epoch {epoch + 1} (step {step}) of a run of "
-                             f"{n_epochs} epochs of {steps_per_epoch} steps; it is not this run's checkpoint")
+            raise UsageError(
+                f"--resume {self.dir}: checkpoint.pt claims epoch {epoch + 1} (step {step}) of a run of "
+                f"{n_epochs} epochs of {steps_per_epoch} steps; it is not this run's checkpoint"
+            )
         try:
             valid, test = state["last_evaluation"]
-            if not (isinstance(valid, dict) and isinstance(test, dict) and valid.keys() == test.keys()
-                    and all(is_number(value) for value in (*valid.values(), *test.values()))):
+            if not (
+                isinstance(valid, dict)
+                and isinstance(test, dict)
+                and valid.keys() == test.keys()
+                and all(is_number(value) for value in (*valid.values(), *test.values()))
+            ):
                 raise TypeError("last_evaluation is not two dicts of the same metrics")
             set_rng_state(state["rng"], generators)
             model.load_state_dict(state["model"])
@@ -305,8 +353,10 @@ class Run:
             kept = [index for index, record in enumerate(records) if record["step"] <= step]
             csv_text = metrics_csv([records[index] for index in kept], header=True)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-            raise UsageError(f"--resume {self.dir}: metrics.jsonl is missing or damaged (not the lines a run "
-                             "writes); start a new run with --out") from None
+            raise UsageError(
+                f"--resume {self.dir}: metrics.jsonl is missing or damaged (not the lines a run "
+                "writes); start a new run with --out"
+            ) from None
         write_text_atomic(path, "".join(lines[index] + "\n" for index in kept))
         write_text_atomic(self.dir / "metrics.csv", csv_text)
 

@@ -43,8 +43,14 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
 
 def git_commit() -> str | None:
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                              check=False, text=True, timeout=5)
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None

@@ -89,11 +89,18 @@ def _run_one(argv: list[str], run_dir: Path, quiet: bool = False) -> None:
         raise UsageError(f"cannot write {log_path}: {error.strerror or error}") from None
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", PARENT_ENV: str(os.getpid())}
     with log:
-        done = subprocess.run([sys.executable, "-m", "softtopk_lab.cli", *argv, *where, "--no-progress"], env=env,
-                              stdout=log, stderr=subprocess.STDOUT, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "softtopk_lab.cli", *argv, *where, "--no-progress"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
     if done.returncode != 0:
-        raise UsageError(f"run failed (exit {done.returncode}): softtopk {shlex.join(argv)}; "
-                         f"see {run_dir.parent / f'{run_dir.name}.log'}")
+        raise UsageError(
+            f"run failed (exit {done.returncode}): softtopk {shlex.join(argv)}; "
+            f"see {run_dir.parent / f'{run_dir.name}.log'}"
+        )
     if not quiet:
         print(f"finished {run_dir} in {time.perf_counter() - start:.0f} s", flush=True)
 
@@ -117,8 +124,10 @@ def _results(run_dir: Path) -> dict[str, Any]:
         if not isinstance(results, dict):
             raise TypeError
     except (OSError, ValueError, TypeError):
-        raise UsageError(f"{run_dir / 'results.json'} is damaged (not the JSON a finished run writes); delete "
-                         f"{run_dir} and run the sweep again to redo that run") from None
+        raise UsageError(
+            f"{run_dir / 'results.json'} is damaged (not the JSON a finished run writes); delete "
+            f"{run_dir} and run the sweep again to redo that run"
+        ) from None
     return results
 
 
@@ -138,19 +147,26 @@ def metric_value(run_dir: Path, metric: str) -> float:
             return float(results["best"][metric.removeprefix("valid_")]["valid"])
         return float(results["reported_test_at_best_valid"][metric])
     except (OSError, ValueError, KeyError, TypeError, IndexError):
-        raise UsageError(f"{run_dir}: its results.json or metrics.jsonl lacks {metric} (damaged); delete "
-                         f"{run_dir} and run the sweep again to redo that run") from None
+        raise UsageError(
+            f"{run_dir}: its results.json or metrics.jsonl lacks {metric} (damaged); delete "
+            f"{run_dir} and run the sweep again to redo that run"
+        ) from None
 
 
-def summarize(suite_name: str, settings: list[Setting], seeds: list[int], out: Path,
-              n_epochs: int | None = None) -> dict[str, Any]:
+def summarize(
+    suite_name: str, settings: list[Setting], seeds: list[int], out: Path, n_epochs: int | None = None
+) -> dict[str, Any]:
     """Aggregate the finished runs of ``settings`` × ``seeds`` into ``summary.json`` and ``summary.md``."""
     suite, rows = SUITES[suite_name], []
     for setting in settings:
         run_dirs = [out / setting.label / f"seed{seed}" for seed in seeds]
         results = [_results(run_dir) for run_dir in run_dirs]
-        row: dict[str, Any] = {"label": setting.label, "family": setting.family, "seeds": seeds,
-                               "command": "softtopk " + shlex.join(command(suite, setting, 0, n_epochs)[:-1]) + " S"}
+        row: dict[str, Any] = {
+            "label": setting.label,
+            "family": setting.family,
+            "seeds": seeds,
+            "command": "softtopk " + shlex.join(command(suite, setting, 0, n_epochs)[:-1]) + " S",
+        }
         for metric in suite.metrics:
             values = [metric_value(run_dir, metric) for run_dir in run_dirs]
             mean, std = mean_std(values)
@@ -159,12 +175,21 @@ def summarize(suite_name: str, settings: list[Setting], seeds: list[int], out: P
             row["ms_per_step"] = mean_std([float(r["ms_per_step"]) for r in results])[0]
             row["seconds_per_run"] = mean_std([float(r["elapsed"]) for r in results])[0]
         except (KeyError, TypeError, ValueError):
-            raise UsageError(f"a results.json of {out / setting.label} lacks ms_per_step or elapsed (damaged); "
-                             "delete that run and run the sweep again") from None
+            raise UsageError(
+                f"a results.json of {out / setting.label} lacks ms_per_step or elapsed (damaged); "
+                "delete that run and run the sweep again"
+            ) from None
         rows.append(row)
     total = sum(row["seconds_per_run"] * len(seeds) for row in rows)
-    summary = {"suite": suite_name, "about": suite.about, "tool": suite.tool, "metrics": list(suite.metrics),
-               "seeds": seeds, "rows": rows, "total_run_seconds": total}
+    summary = {
+        "suite": suite_name,
+        "about": suite.about,
+        "tool": suite.tool,
+        "metrics": list(suite.metrics),
+        "seeds": seeds,
+        "rows": rows,
+        "total_run_seconds": total,
+    }
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=1))
     write_text_atomic(out / "summary.md", render(summary))
     return summary
@@ -177,21 +202,46 @@ def _cell(entry: dict[str, Any]) -> str:
 
 def render(summary: dict[str, Any]) -> str:
     """The markdown table of a summary: one row per setting, metrics in % as mean ± std over seeds."""
-    names = {"top1": "top-1", "top5": "top-5", "macro_top1": "macro top-1", "macro_top5": "macro top-5",
-             "valid_top1": "best valid top-1", "valid_top5": "best valid top-5",
-             "untrained_top1": "untrained net: test top-1"}
+    names = {
+        "top1": "top-1",
+        "top5": "top-5",
+        "macro_top1": "macro top-1",
+        "macro_top5": "macro top-5",
+        "valid_top1": "best valid top-1",
+        "valid_top5": "best valid top-5",
+        "untrained_top1": "untrained net: test top-1",
+    }
     metrics = summary["metrics"]
     head = ["setting", "loss family", *(f"{names[m]} (%)" for m in metrics), "ms/step", "s/run"]
-    lines = [f"{summary['suite']}: {summary['about']}; seeds {', '.join(map(str, summary['seeds']))}; "
-             "test value at the best validation value, mean ± std over seeds", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"{summary['suite']}: {summary['about']}; seeds {', '.join(map(str, summary['seeds']))}; "
+        "test value at the best validation value, mean ± std over seeds",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for row in summary["rows"]:
-        cells = [f"`{row['label']}`", row["family"], *(_cell(row[m]) for m in metrics),
-                 f"{row['ms_per_step']:.2f}", f"{row['seconds_per_run']:.0f}"]
+        cells = [
+            f"`{row['label']}`",
+            row["family"],
+            *(_cell(row[m]) for m in metrics),
+            f"{row['ms_per_step']:.2f}",
+            f"{row['seconds_per_run']:.0f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"{len(summary['rows']) * len(summary['seeds'])} runs, {summary['total_run_seconds'] / 60:.1f} min "
-              "of run time in all (the sum of the runs' wall-clock times).",
-              "", "Commands (S = seed):", "", "```"] + [row["command"] for row in summary["rows"]] + ["```", ""]
+    lines += (
+        [
+            "",
+            f"{len(summary['rows']) * len(summary['seeds'])} runs, {summary['total_run_seconds'] / 60:.1f} min "
+            "of run time in all (the sum of the runs' wall-clock times).",
+            "",
+            "Commands (S = seed):",
+            "",
+            "```",
+        ]
+        + [row["command"] for row in summary["rows"]]
+        + ["```", ""]
+    )
     return "\n".join(lines)
 
 
@@ -202,12 +252,16 @@ def _claim_suite(suite_dir: Path, out: Path) -> None:
     if marker is None:
         others = sorted(path.name for path in suite_dir.iterdir() if path.name != LOCK)
         if others:
-            raise UsageError(f"--out {out}: {suite_dir} holds {', '.join(others[:5])}, not written by softtopk sweep; "
-                             "choose another --out")
+            raise UsageError(
+                f"--out {out}: {suite_dir} holds {', '.join(others[:5])}, not written by softtopk sweep; "
+                "choose another --out"
+            )
         claim(suite_dir, "sweep")
     elif marker.get("command") != "sweep":
-        raise UsageError(f"--out {out}: {suite_dir} holds a run of softtopk {marker.get('command')}, not a sweep; "
-                         "choose another --out")
+        raise UsageError(
+            f"--out {out}: {suite_dir} holds a run of softtopk {marker.get('command')}, not a sweep; "
+            "choose another --out"
+        )
 
 
 def run_sweep(config: SweepConfig) -> dict[str, Any] | None:
@@ -218,8 +272,11 @@ def run_sweep(config: SweepConfig) -> dict[str, Any] | None:
     """
     suite = SUITES[config.suite]
     settings = [s for s in suite.settings if config.only is None or s.label in config.only]
-    jobs = [(command(suite, s, seed, config.n_epochs), config.out / config.suite / s.label / f"seed{seed}")
-            for s in settings for seed in config.seeds]
+    jobs = [
+        (command(suite, s, seed, config.n_epochs), config.out / config.suite / s.label / f"seed{seed}")
+        for s in settings
+        for seed in config.seeds
+    ]
     if config.dry_run:
         for argv, run_dir in jobs:
             print("softtopk " + shlex.join([*argv, "--out", str(run_dir)]))

@@ -30,7 +30,7 @@ from softtopk.compat.difftopk import smooth_hard_topk_loss
 
 from .config import LossConfig
 from .errors import UsageError
-from .flags import DIFFTOPK_RANKS
+from .flags import DIFFTOPK_RANKS, HINGE_LOSSES
 
 
 def _last_nonzero_k(p_k: tuple[float, ...]) -> int:
@@ -65,8 +65,35 @@ def _hinge(method: str, function: Callable[..., torch.Tensor], n_classes: int, *
     return loss
 
 
-def build_loss(loss: LossConfig, n_classes: int, class_counts: torch.Tensor,
-               generator: torch.Generator) -> torch.nn.Module:
+def _hinge_loss(
+    loss: LossConfig, n_classes: int, class_counts: torch.Tensor, generator: torch.Generator
+) -> torch.nn.Module:
+    """The top-k hinge losses of :data:`softtopk_lab.flags.HINGE_LOSSES` (``k`` from ``--p_k``)."""
+    method, p_k = loss.method, loss.p_k
+    if method in ("smooth_hard_topk", "smooth_topk"):
+        if p_k[-1] != 1:
+            raise UsageError(f"--method {method} requires p_k[-1] == 1, got --p_k {list(p_k)}")
+        function = smooth_hard_topk_loss if method == "smooth_hard_topk" else smooth_topk_svm
+        return _hinge(method, function, n_classes, k=len(p_k), tau=float(loss.inverse_temperature), alpha=loss.alpha)
+    k = _last_nonzero_k(p_k)
+    if method == "smooth_topk_svm":
+        return _hinge(method, smooth_topk_svm, n_classes, k=k, tau=loss.tau, alpha=loss.alpha)
+    if method == "bal_noised_topk":
+        return BalNoisedTopK(k=k, epsilon=loss.epsilon, n_samples=loss.n_samples, generator=generator)
+    return ImbalNoisedTopK(  # imbal_noised_topk, the last of HINGE_LOSSES
+        k=k,
+        epsilon=loss.epsilon,
+        max_m=loss.max_m,
+        cls_num_list=class_counts.tolist(),
+        scale=loss.scale,
+        n_samples=loss.n_samples,
+        generator=generator,
+    )
+
+
+def build_loss(
+    loss: LossConfig, n_classes: int, class_counts: torch.Tensor, generator: torch.Generator
+) -> torch.nn.Module:
     """The loss module of ``loss.method`` (see the module docstring for the mapping).
 
     Args:
@@ -89,23 +116,18 @@ def build_loss(loss: LossConfig, n_classes: int, class_counts: torch.Tensor,
                 raise UsageError(f"--method softmax_cross_entropy requires p_k[0] == 1, got --p_k {list(p_k)}")
             return torch.nn.CrossEntropyLoss()
         if method in DIFFTOPK_RANKS:
-            return DifftopkTopKCrossEntropyLoss(method, loss.inverse_temperature, p_k, n_classes, m=m,
-                                                distribution=loss.distribution, art_lambda=loss.art_lambda,
-                                                top1_mode=loss.top1_mode)
-        if method in ("smooth_hard_topk", "smooth_topk"):
-            if p_k[-1] != 1:
-                raise UsageError(f"--method {method} requires p_k[-1] == 1, got --p_k {list(p_k)}")
-            function = smooth_hard_topk_loss if method == "smooth_hard_topk" else smooth_topk_svm
-            return _hinge(method, function, n_classes, k=len(p_k), tau=float(loss.inverse_temperature),
-                          alpha=loss.alpha)
-        k = _last_nonzero_k(p_k)
-        if method == "smooth_topk_svm":
-            return _hinge(method, smooth_topk_svm, n_classes, k=k, tau=loss.tau, alpha=loss.alpha)
-        if method == "bal_noised_topk":
-            return BalNoisedTopK(k=k, epsilon=loss.epsilon, n_samples=loss.n_samples, generator=generator)
-        if method == "imbal_noised_topk":
-            return ImbalNoisedTopK(k=k, epsilon=loss.epsilon, max_m=loss.max_m, cls_num_list=class_counts.tolist(),
-                                   scale=loss.scale, n_samples=loss.n_samples, generator=generator)
+            return DifftopkTopKCrossEntropyLoss(
+                method,
+                loss.inverse_temperature,
+                p_k,
+                n_classes,
+                m=m,
+                distribution=loss.distribution,
+                art_lambda=loss.art_lambda,
+                top1_mode=loss.top1_mode,
+            )
+        if method in HINGE_LOSSES:
+            return _hinge_loss(loss, n_classes, class_counts, generator)
         params: dict[str, Any] = {"tau": 1.0 / loss.inverse_temperature}
         if methods()[method].stochastic:
             params["generator"] = generator

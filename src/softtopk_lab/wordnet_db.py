@@ -66,9 +66,7 @@ def parse_data_noun(path: Path) -> dict[int, Synset]:
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"WordNet noun database {path} not found; install it with `{APT_INSTALL}`"
-        )
+        raise FileNotFoundError(f"WordNet noun database {path} not found; install it with `{APT_INSTALL}`")
     synsets = {}
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
@@ -168,11 +166,7 @@ def balanced_labels(synsets: Mapping[int, Synset], depth: int = BALANCED_DEPTH) 
     Returns:
         ``{synset offset: ancestor offset}``.
     """
-    return {
-        offset: chain[depth]
-        for offset, chain in hypernym_chains(synsets).items()
-        if len(chain) > depth + 1
-    }
+    return {offset: chain[depth] for offset, chain in hypernym_chains(synsets).items() if len(chain) > depth + 1}
 
 
 def _is_family(synset: Synset) -> bool:

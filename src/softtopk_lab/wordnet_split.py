@@ -46,9 +46,7 @@ def split_sizes(n: int) -> tuple[int, int, int]:
     return n - 2 * held_out, held_out, held_out
 
 
-def select_and_split(
-    name: str, labels: Mapping[int, int], *, min_size: int, cap: int
-) -> DatasetPlan:
+def select_and_split(name: str, labels: Mapping[int, int], *, min_size: int, cap: int) -> DatasetPlan:
     """Keep the classes with ``min_size`` members or more, cap them, and split each class.
 
     Classes are ordered by ancestor offset. Inside a class the members are ordered by

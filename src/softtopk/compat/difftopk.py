@@ -79,8 +79,16 @@ class _Hyper(torch.nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(f"{name}={getattr(self, name)!r}" for name in self._names)
 
-    def _network(self, kind: str, kinds: tuple[str, ...], size: int, steepness: float, art_lambda: float | None,
-                 distribution: str, interpolation_type: str | None) -> None:
+    def _network(
+        self,
+        kind: str,
+        kinds: tuple[str, ...],
+        size: int,
+        steepness: float,
+        art_lambda: float | None,
+        distribution: str,
+        interpolation_type: str | None,
+    ) -> None:
         """A network's type, size and comparator hyper-parameters as attributes, checked."""
         self.sorting_network_type = check_choice("sorting_network_type", kind, kinds)
         self.size = check_int("size", size, low=1)
@@ -148,8 +156,15 @@ class DiffTopkNet(_Hyper):
         distribution: str = "cauchy",
     ) -> None:
         super().__init__()
-        self._network(sorting_network_type, ("bitonic", "odd_even", "splitter_selection"), size, steepness,
-                      art_lambda, distribution, interpolation_type)
+        self._network(
+            sorting_network_type,
+            ("bitonic", "odd_even", "splitter_selection"),
+            size,
+            steepness,
+            art_lambda,
+            distribution,
+            interpolation_type,
+        )
         self.k = check_int("k", k, low=1, high=self.size, why=" (k <= size)")
         self.sparse = sparse
 
@@ -189,8 +204,9 @@ class DiffSortNet(_Hyper):
         distribution: str = "cauchy",
     ) -> None:
         super().__init__()
-        self._network(sorting_network_type, ("bitonic", "odd_even"), size, steepness, art_lambda, distribution,
-                      interpolation_type)
+        self._network(
+            sorting_network_type, ("bitonic", "odd_even"), size, steepness, art_lambda, distribution, interpolation_type
+        )
 
     def forward(self, vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         vectors = _rows(vectors, self.size, "vectors")

@@ -37,6 +37,7 @@ from ..losses import ldam_margins
 
 __all__ = ["BalNoisedTopK", "ImbalNoisedTopK", "NoisedTopK"]
 
+
 class NoisedTopK(torch.nn.Module):
     """``pytopk.NoisedTopK``: smoothed (differentiable) k-th largest value along ``dim``.
 
@@ -149,7 +150,12 @@ class ImbalNoisedTopK(BalNoisedTopK):
     m_list: torch.Tensor
 
     def __init__(
-        self, k: int, epsilon: float, max_m: float, cls_num_list: Sequence[float], scale: float = 50,
+        self,
+        k: int,
+        epsilon: float,
+        max_m: float,
+        cls_num_list: Sequence[float],
+        scale: float = 50,
         n_sample: int = 5,
     ) -> None:
         super().__init__(k, epsilon, n_sample)
@@ -167,11 +173,18 @@ class ImbalNoisedTopK(BalNoisedTopK):
                 f"cls_num_list must have one count per class: got {self.m_list.shape[0]} counts for "
                 f"scores with C = {s.shape[1]} classes"
             )
-        per_sample = imbal_noised_topk(s, y, k=self.k, epsilon=self.epsilon, max_m=self.max_m,
-                                       cls_num_list=self.counts, scale=self.scale, n_samples=self.n_sample,
-                                       reduction="none")
+        per_sample = imbal_noised_topk(
+            s,
+            y,
+            k=self.k,
+            epsilon=self.epsilon,
+            max_m=self.max_m,
+            cls_num_list=self.counts,
+            scale=self.scale,
+            n_samples=self.n_sample,
+            reduction="none",
+        )
         return torch.mean(per_sample)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, max_m={self.max_m}, scale={self.scale}, classes={self.m_list.shape[0]}"
-

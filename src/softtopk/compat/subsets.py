@@ -138,7 +138,11 @@ class SubsetsDKNN(torch.nn.Module):
         self.num_samples = check_int("num_samples", num_samples)
 
     def forward(
-        self, query: torch.Tensor, neighbors: torch.Tensor, tau: float = 1.0, *,
+        self,
+        query: torch.Tensor,
+        neighbors: torch.Tensor,
+        tau: float = 1.0,
+        *,
         noise: bool | torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Relaxed k-hot ``(M, N)`` over the neighbours of each query; ``tau`` is unused (as in the

@@ -29,5 +29,8 @@ def closed_form(rows: jax.Array, k, full: jax.Array, p: jax.Array, above: jax.Ar
     those; the others (``above <= k`` entries above ``-inf``) select them and share the rest of
     ``k`` among the ``-inf`` entries."""
     share_pos, share_neg = k / jnp.maximum(p, 1), (k - above) / jnp.maximum(rows.shape[-1] - above, 1)
-    return jnp.where(rows == jnp.inf, jnp.where(full, share_pos, 1.0),
-                     jnp.where(full, 0.0, jnp.where(rows == -jnp.inf, share_neg, 1.0)))
+    return jnp.where(
+        rows == jnp.inf,
+        jnp.where(full, share_pos, 1.0),
+        jnp.where(full, 0.0, jnp.where(rows == -jnp.inf, share_neg, 1.0)),
+    )

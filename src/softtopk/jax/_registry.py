@@ -43,8 +43,16 @@ def _lapsum(rows: jax.Array, k: int | jax.Array, *, tau: jax.Array, hard: bool) 
     return straight_through_mask(rows, cast(int, k), soft) if hard else soft  # hard: an int k (checked)
 
 
-def _sparse(rows: jax.Array, k: int, *, l: jax.Array, p: float, solver: str, n_iter: int,  # noqa: E741
-            hard: bool) -> jax.Array:
+def _sparse(
+    rows: jax.Array,
+    k: int,
+    *,
+    l: jax.Array,
+    p: float,
+    solver: str,
+    n_iter: int,  # noqa: E741
+    hard: bool,
+) -> jax.Array:
     if k >= rows.shape[-1]:
         return jnp.ones_like(rows)
     if solver == "dykstra":
@@ -56,15 +64,21 @@ def _sparse(rows: jax.Array, k: int, *, l: jax.Array, p: float, solver: str, n_i
 
 _REGISTRY: dict[str, _Method] = {
     "lapsum": _Method(
-        {"tau": 1.0, "hard": False}, _lapsum, {"tau": check_positive_or_array, "hard": check_bool},
+        {"tau": 1.0, "hard": False},
+        _lapsum,
+        {"tau": check_positive_or_array, "hard": check_bool},
         tensor_args=("k", "tau"),
     ),
     "sparse": _Method(
         {"l": 0.1, "p": 4.0 / 3.0, "solver": "pav", "n_iter": 500, "hard": False},
         _sparse,
-        {"l": check_positive_or_array, "p": functools.partial(check_choice, options=P_VALUES),
-         "solver": functools.partial(check_choice, options=SOLVERS),
-         "n_iter": functools.partial(check_int, low=1), "hard": check_bool},
+        {
+            "l": check_positive_or_array,
+            "p": functools.partial(check_choice, options=P_VALUES),
+            "solver": functools.partial(check_choice, options=SOLVERS),
+            "n_iter": functools.partial(check_int, low=1),
+            "hard": check_bool,
+        },
         tensor_args=("l",),
         joint=lambda params: msg.check_dykstra_p(params["solver"], params["p"]),
     ),

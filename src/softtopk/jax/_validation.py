@@ -89,8 +89,9 @@ def check_scale(name: str, value: Any, dtype: Any) -> Any:
         value = float(value[~ok].ravel()[0])
     elif low <= value <= high:
         return value
-    raise ValueError(msg.scale_out_of_range(name, low, high, jnp.dtype(dtype).name,
-                                            jnp.dtype(compute_dtype(dtype)).name, value))
+    raise ValueError(
+        msg.scale_out_of_range(name, low, high, jnp.dtype(dtype).name, jnp.dtype(compute_dtype(dtype)).name, value)
+    )
 
 
 def check_scales(params: dict[str, Any], dtype: Any) -> None:

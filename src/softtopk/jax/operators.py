@@ -34,8 +34,16 @@ __all__ = ["hard_topk_mag", "hard_topk_mask", "soft_topk", "sparse_topk_mag", "s
 
 
 def sparse_topk_mask(
-    x: jax.Array, k: int, *, l: float | jax.Array = 0.1, p: float = 4 / 3, solver: str = "pav",  # noqa: E741
-    axis: int = -1, n_iter: int = 500, largest: bool = True, hard: bool = False,
+    x: jax.Array,
+    k: int,
+    *,
+    l: float | jax.Array = 0.1,
+    p: float = 4 / 3,
+    solver: str = "pav",  # noqa: E741
+    axis: int = -1,
+    n_iter: int = 500,
+    largest: bool = True,
+    hard: bool = False,
 ) -> jax.Array:
     r"""Sparse soft top-k mask (Sander et al. 2023): p-norm regularised, with exact zeros.
 
@@ -77,13 +85,20 @@ def sparse_topk_mask(
         Sander, Puigcerver, Djolonga, Peyré, Blondel. "Fast, Differentiable and Sparse Top-k: a
         Convex Analysis Perspective", ICML 2023 (arXiv:2302.01425).
     """
-    return soft_topk(x, k, method="sparse", axis=axis, largest=largest, l=l, p=p, solver=solver, n_iter=n_iter,
-                     hard=hard)
+    return soft_topk(
+        x, k, method="sparse", axis=axis, largest=largest, l=l, p=p, solver=solver, n_iter=n_iter, hard=hard
+    )
 
 
 def sparse_topk_mag(
-    x: jax.Array, k: int, *, l: float = 0.1, p: float = 4 / 3, solver: str = "pav",  # noqa: E741
-    axis: int = -1, n_iter: int = 500,
+    x: jax.Array,
+    k: int,
+    *,
+    l: float = 0.1,
+    p: float = 4 / 3,
+    solver: str = "pav",  # noqa: E741
+    axis: int = -1,
+    n_iter: int = 500,
 ) -> jax.Array:
     r"""Sparse soft top-k in magnitude: a smooth ``x ⊙ topkmask(|x|)`` that keeps signs (pruning).
 
@@ -111,13 +126,22 @@ def sparse_topk_mag(
     check_scales(params, x.dtype)
     if k >= x.shape[axis]:
         return x
-    return _sparse_topk_mag(x, axis=axis, k=k, l=params["l"], p=params["p"], solver=params["solver"],
-                            n_iter=params["n_iter"])
+    return _sparse_topk_mag(
+        x, axis=axis, k=k, l=params["l"], p=params["p"], solver=params["solver"], n_iter=params["n_iter"]
+    )
 
 
 @partial(jax.jit, static_argnames=("axis", "k", "l", "p", "solver", "n_iter"))
-def _sparse_topk_mag(x: jax.Array, *, axis: int, k: int, l: float, p: float, solver: str,  # noqa: E741
-                     n_iter: int) -> jax.Array:
+def _sparse_topk_mag(
+    x: jax.Array,
+    *,
+    axis: int,
+    k: int,
+    l: float,
+    p: float,
+    solver: str,  # noqa: E741
+    n_iter: int,
+) -> jax.Array:
     """:func:`sparse_topk_mag` on checked arguments, compiled once per shape, dtype and argument
     (``l``, a float that the kernels' derivative rules hold fixed, included)."""
     if solver == "dykstra":
@@ -187,12 +211,27 @@ def soft_topk(
     # values, and XLA, compiling the whole mask, rounds an entry at a kink off 0 or 1, where the
     # derivative jumps; op by op it rounds as the torch kernel does
     run = _soft_topk_rows if method == "sparse" else _soft_topk
-    return run(x, given, method=method, axis=axis, largest=check_bool("largest", largest), k=row_k,
-               static=tuple(sorted(params.items())))
+    return run(
+        x,
+        given,
+        method=method,
+        axis=axis,
+        largest=check_bool("largest", largest),
+        k=row_k,
+        static=tuple(sorted(params.items())),
+    )
 
 
-def _soft_topk_rows(x: jax.Array, given: dict[str, Any], *, method: str, axis: int, largest: bool,
-                    k: int | None, static: tuple[tuple[str, Any], ...]) -> jax.Array:
+def _soft_topk_rows(
+    x: jax.Array,
+    given: dict[str, Any],
+    *,
+    method: str,
+    axis: int,
+    largest: bool,
+    k: int | None,
+    static: tuple[tuple[str, Any], ...],
+) -> jax.Array:
     """:func:`soft_topk` on checked arguments: ``given`` holds the arguments that may be arrays, ``k``
     is the int ``k`` (``None``: ``given["k"]``), ``static`` the others."""
     batch = x.shape[:axis] + x.shape[axis + 1 :]

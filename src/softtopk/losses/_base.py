@@ -48,8 +48,9 @@ def class_loss(
     target = check_class_target(input, target, ignore_index)
     weight = check_class_weight(weight, input.shape[1])
     logits, label, ignored = class_rows(input, target, ignore_index)
-    return reduce_loss(per_row(logits, label), label, ignored, weight=weight, reduction=reduction, shape=target.shape,
-                       input=input)
+    return reduce_loss(
+        per_row(logits, label), label, ignored, weight=weight, reduction=reduction, shape=target.shape, input=input
+    )
 
 
 class ClassLoss(torch.nn.Module):

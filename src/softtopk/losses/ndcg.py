@@ -24,8 +24,14 @@ __all__ = ["NDCGLoss", "ndcg_loss"]
 
 
 def ndcg_loss(
-    scores: torch.Tensor, relevance: torch.Tensor, k: int, *, method: str = "neuralsort",
-    mask: torch.Tensor | None = None, reduction: str = "mean", **params: Any,
+    scores: torch.Tensor,
+    relevance: torch.Tensor,
+    k: int,
+    *,
+    method: str = "neuralsort",
+    mask: torch.Tensor | None = None,
+    reduction: str = "mean",
+    **params: Any,
 ) -> torch.Tensor:
     """``1 - NDCG@k`` of each list (0 is a perfect ranking), differentiable in ``scores``.
 
@@ -60,8 +66,10 @@ def ndcg_loss(
     if mask is not None and (
         not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != scores.shape
     ):
-        raise ValueError(f"mask must be a bool tensor of shape {tuple(scores.shape)}, got "
-                         f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}")
+        raise ValueError(
+            f"mask must be a bool tensor of shape {tuple(scores.shape)}, got "
+            f"{getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}"
+        )
     relevance = check_relevance(relevance, scores, mask)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -95,10 +103,10 @@ class NDCGLoss(torch.nn.Module):
         self.method, self.reduction, self.params = method, check_reduction(reduction), params
 
     def forward(self, scores: torch.Tensor, relevance: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        return ndcg_loss(scores, relevance, self.k, method=self.method, mask=mask, reduction=self.reduction,
-                         **self.params)
+        return ndcg_loss(
+            scores, relevance, self.k, method=self.method, mask=mask, reduction=self.reduction, **self.params
+        )
 
     def extra_repr(self) -> str:
         params = "".join(f", {name}={value!r}" for name, value in self.params.items())
         return f"k={self.k}, method={self.method!r}, reduction={self.reduction!r}{params}"
-

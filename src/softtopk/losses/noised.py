@@ -44,22 +44,42 @@ from ._base import ClassLoss, class_loss
 __all__ = ["BalNoisedTopK", "bal_noised_topk"]
 
 
-def noised_params(k: Any, epsilon: Any, n_samples: Any, generator: Any,
-                   classes: int | None = None) -> tuple[int, float, int, torch.Generator | None]:
+def noised_params(
+    k: Any, epsilon: Any, n_samples: Any, generator: Any, classes: int | None = None
+) -> tuple[int, float, int, torch.Generator | None]:
     """The family's parameters, checked once for the functions and their Modules (``k < C`` when known)."""
     if classes is None:
         k = check_int("k", k, low=1)
     else:
-        k = check_int("k", k, low=1, high=classes - 1,
-                      why=" (k < C, the number of classes: the loss uses the (k+1)-th largest score)")
-    return (k, check_real("epsilon", epsilon, low=0.0), check_int("n_samples", n_samples, low=1),
-            check_generator("generator", generator))
+        k = check_int(
+            "k",
+            k,
+            low=1,
+            high=classes - 1,
+            why=" (k < C, the number of classes: the loss uses the (k+1)-th largest score)",
+        )
+    return (
+        k,
+        check_real("epsilon", epsilon, low=0.0),
+        check_int("n_samples", n_samples, low=1),
+        check_generator("generator", generator),
+    )
 
 
 def noised_hinge(
-    input: torch.Tensor, target: torch.Tensor, *, k: int, epsilon: float, n_samples: int,
-    generator: torch.Generator | None, noise: torch.Tensor | None, margins: torch.Tensor | float,
-    scale: float | None, weight: torch.Tensor | None, ignore_index: int, reduction: str,
+    input: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    k: int,
+    epsilon: float,
+    n_samples: int,
+    generator: torch.Generator | None,
+    noise: torch.Tensor | None,
+    margins: torch.Tensor | float,
+    scale: float | None,
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    reduction: str,
 ) -> torch.Tensor:
     """``max(0, scale * (margin_y + top_{k+1,eps}(s) - s_y))``, reduced; pytopk's operation order (so a
     seeded call equals pytopk's bit for bit). The noise is drawn after every other check."""
@@ -70,8 +90,9 @@ def noised_hinge(
     def per_row(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
         given = noise
         if given is None:
-            given = torch.randn((*input.shape, n_samples), generator=generator, device=input.device,
-                                dtype=torch.float32)
+            given = torch.randn(
+                (*input.shape, n_samples), generator=generator, device=input.device, dtype=torch.float32
+            )
         else:
             check_noise("noise", given, input.shape, samples=0)
         rows = given.movedim(1, -2).reshape(-1, input.shape[1], given.shape[-1])
@@ -111,12 +132,24 @@ def bal_noised_topk(
         >>> softtopk.bal_noised_topk(scores, labels, k=1, epsilon=1.0, generator=torch.Generator().manual_seed(0))
         tensor(2.9793)
     """
-    k, epsilon, n_samples, generator = noised_params(k, epsilon, n_samples, generator,
-                                                      check_class_input(input).shape[1])
+    k, epsilon, n_samples, generator = noised_params(
+        k, epsilon, n_samples, generator, check_class_input(input).shape[1]
+    )
     check_generator("generator", generator, input.device)
-    return noised_hinge(input, target, k=k, epsilon=epsilon, n_samples=n_samples, generator=generator,
-                         noise=noise, margins=1.0, scale=None, weight=weight, ignore_index=ignore_index,
-                         reduction=reduction)
+    return noised_hinge(
+        input,
+        target,
+        k=k,
+        epsilon=epsilon,
+        n_samples=n_samples,
+        generator=generator,
+        noise=noise,
+        margins=1.0,
+        scale=None,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+    )
 
 
 class BalNoisedTopK(ClassLoss):
@@ -163,14 +196,31 @@ class BalNoisedTopK(ClassLoss):
         hinge loss for deep imbalanced classification", ICML 2022.
     """
 
-    def __init__(self, k: int, *, epsilon: float, n_samples: int = 5, generator: torch.Generator | None = None,
-                 weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean") -> None:
+    def __init__(
+        self,
+        k: int,
+        *,
+        epsilon: float,
+        n_samples: int = 5,
+        generator: torch.Generator | None = None,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> None:
         super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
         self.k, self.epsilon, self.n_samples, self.generator = noised_params(k, epsilon, n_samples, generator)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
-        return bal_noised_topk(input, target, k=self.k, epsilon=self.epsilon, n_samples=self.n_samples,
-                               generator=self.generator, noise=noise, **self._class_kwargs())
+        return bal_noised_topk(
+            input,
+            target,
+            k=self.k,
+            epsilon=self.epsilon,
+            n_samples=self.n_samples,
+            generator=self.generator,
+            noise=noise,
+            **self._class_kwargs(),
+        )
 
     def extra_repr(self) -> str:
         return self._repr(k=self.k, epsilon=self.epsilon, n_samples=self.n_samples)

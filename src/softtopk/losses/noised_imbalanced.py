@@ -22,11 +22,15 @@ from .noised import noised_hinge, noised_params
 __all__ = ["ImbalNoisedTopK", "imbal_noised_topk", "ldam_margins"]
 
 
-def _ldam_params(max_m: Any, cls_num_list: Any, scale: Any, classes: int | None = None
-                 ) -> tuple[float, tuple[float, ...], float]:
+def _ldam_params(
+    max_m: Any, cls_num_list: Any, scale: Any, classes: int | None = None
+) -> tuple[float, tuple[float, ...], float]:
     """``max_m``, the class counts (``C`` of them when known) and ``scale`` of the imbalanced loss."""
-    return (check_real("max_m", max_m, low=0.0), check_class_counts("cls_num_list", cls_num_list, classes),
-            check_real("scale", scale, positive=True))
+    return (
+        check_real("max_m", max_m, low=0.0),
+        check_class_counts("cls_num_list", cls_num_list, classes),
+        check_real("scale", scale, positive=True),
+    )
 
 
 def ldam_margins(cls_num_list: Sequence[float], max_m: float) -> torch.Tensor:
@@ -81,9 +85,20 @@ def imbal_noised_topk(
     k, epsilon, n_samples, generator = noised_params(k, epsilon, n_samples, generator, classes)
     max_m, counts, scale = _ldam_params(max_m, cls_num_list, scale, classes)
     check_generator("generator", generator, input.device)
-    return noised_hinge(input, target, k=k, epsilon=epsilon, n_samples=n_samples, generator=generator,
-                         noise=noise, margins=ldam_margins(counts, max_m), scale=scale, weight=weight,
-                         ignore_index=ignore_index, reduction=reduction)
+    return noised_hinge(
+        input,
+        target,
+        k=k,
+        epsilon=epsilon,
+        n_samples=n_samples,
+        generator=generator,
+        noise=noise,
+        margins=ldam_margins(counts, max_m),
+        scale=scale,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+    )
 
 
 class ImbalNoisedTopK(ClassLoss):
@@ -134,26 +149,55 @@ class ImbalNoisedTopK(ClassLoss):
 
     margins: torch.Tensor
 
-    def __init__(self, k: int, *, epsilon: float, max_m: float, cls_num_list: Sequence[float], scale: float = 50.0,
-                 n_samples: int = 5, generator: torch.Generator | None = None, weight: torch.Tensor | None = None,
-                 ignore_index: int = -100, reduction: str = "mean") -> None:
+    def __init__(
+        self,
+        k: int,
+        *,
+        epsilon: float,
+        max_m: float,
+        cls_num_list: Sequence[float],
+        scale: float = 50.0,
+        n_samples: int = 5,
+        generator: torch.Generator | None = None,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> None:
         super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
         self.max_m, counts, self.scale = _ldam_params(max_m, cls_num_list, scale)
         self.k, self.epsilon, self.n_samples, self.generator = noised_params(
-            k, epsilon, n_samples, generator, len(counts))
+            k, epsilon, n_samples, generator, len(counts)
+        )
         self.register_buffer("margins", ldam_margins(counts, self.max_m))
 
     def forward(self, input: torch.Tensor, target: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
         classes = check_class_input(input).shape[1]
         if classes != self.margins.shape[0]:
-            raise ValueError(f"cls_num_list must have one count per class: the loss has {self.margins.shape[0]} "
-                             f"margins, input has C = {classes} classes")
-        k, epsilon, n_samples, generator = noised_params(self.k, self.epsilon, self.n_samples, self.generator,
-                                                          classes)
+            raise ValueError(
+                f"cls_num_list must have one count per class: the loss has {self.margins.shape[0]} "
+                f"margins, input has C = {classes} classes"
+            )
+        k, epsilon, n_samples, generator = noised_params(self.k, self.epsilon, self.n_samples, self.generator, classes)
         check_generator("generator", generator, input.device)
-        return noised_hinge(input, target, k=k, epsilon=epsilon, n_samples=n_samples, generator=generator,
-                             noise=noise, margins=self.margins, scale=self.scale, **self._class_kwargs())
+        return noised_hinge(
+            input,
+            target,
+            k=k,
+            epsilon=epsilon,
+            n_samples=n_samples,
+            generator=generator,
+            noise=noise,
+            margins=self.margins,
+            scale=self.scale,
+            **self._class_kwargs(),
+        )
 
     def extra_repr(self) -> str:
-        return self._repr(k=self.k, epsilon=self.epsilon, max_m=self.max_m, scale=self.scale,
-                          classes=self.margins.shape[0], n_samples=self.n_samples)
+        return self._repr(
+            k=self.k,
+            epsilon=self.epsilon,
+            max_m=self.max_m,
+            scale=self.scale,
+            classes=self.margins.shape[0],
+            n_samples=self.n_samples,
+        )

@@ -25,13 +25,14 @@ polynomials normalised by the top k's products, the gradient as inclusion probab
 fused steps. Larger ``k`` shifts every row by the (detached) k-th largest non-label score and takes
 :math:`\\log e_{k-1}, \\log e_k` from the log-space ESF kernel ``softtopk.ops.esf.log_esf`` (exact
 prefix sums, ``O(C k)``, analytic backward; see that module for the numerics). Either way the loss
-is shift invariant up to the rounding of the input itself, and no value is read on the host. ``+inf``
-scores give the limits of finite inputs (:func:`softtopk.ops.svm_rows.extended_svm_rows`: with ``P < k`` other classes at
-``+inf`` a finite loss, the top-k hinge over the others with ``k - P``; with ``P >= k`` ``inf``, or
-the tied limit when the label is at ``+inf`` too), with finite gradients. There is no per-row
-switch to the hard loss (the original's ``thresh``), so the loss is continuous in ``s`` everywhere, and the float32 result is the
-exact smooth loss for every input (errors of order :math:`\\epsilon_{32} \\cdot \\max_j |s_j - \\max s|`, as any float32 computation of a
-loss of that size).
+is shift invariant up to the rounding of the input itself, and no value is read on the host.
+``+inf`` scores give the limits of finite inputs (:func:`softtopk.ops.svm_rows.extended_svm_rows`:
+with ``P < k`` other classes at ``+inf`` a finite loss, the top-k hinge over the others with ``k -
+P``; with ``P >= k`` ``inf``, or the tied limit when the label is at ``+inf`` too), with finite
+gradients. There is no per-row switch to the hard loss (the original's ``thresh``), so the loss is
+continuous in ``s`` everywhere, and the float32 result is the exact smooth loss for every input
+(errors of order :math:`\\epsilon_{32} \\cdot \\max_j |s_j - \\max s|`, as any float32 computation
+of a loss of that size).
 """
 
 from __future__ import annotations
@@ -44,8 +45,16 @@ from .._validation import check_class_input, check_int, check_real, check_scale
 from ..ops.svm_rows import extended_svm_rows, hard_svm_rows, smooth_top1_svm_rows, smooth_topk_svm_rows
 from ._base import ClassLoss, class_loss
 
-__all__ = ["SmoothTop1SVM", "SmoothTopKSVM", "Top1SVM", "TopKSVM", "smooth_top1_svm", "smooth_topk_svm",
-           "top1_svm", "topk_svm"]
+__all__ = [
+    "SmoothTop1SVM",
+    "SmoothTopKSVM",
+    "Top1SVM",
+    "TopKSVM",
+    "smooth_top1_svm",
+    "smooth_topk_svm",
+    "top1_svm",
+    "topk_svm",
+]
 
 
 def _svm_params(k: Any, tau: Any, alpha: Any, classes: int | None = None) -> tuple[int, float, float]:
@@ -80,8 +89,14 @@ def smooth_topk_svm(
     """
     k, tau, alpha = _svm_params(k, tau, alpha, check_class_input(input).shape[1])
     check_scale("tau", tau, input.dtype)
-    return class_loss(input, target, lambda s, y: extended_svm_rows(s, y, k, lambda r, l: smooth_topk_svm_rows(r, l, k, tau, alpha)),
-                      weight=weight, ignore_index=ignore_index, reduction=reduction)
+    return class_loss(
+        input,
+        target,
+        lambda s, y: extended_svm_rows(s, y, k, lambda r, l: smooth_topk_svm_rows(r, l, k, tau, alpha)),
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+    )
 
 
 def smooth_top1_svm(
@@ -97,8 +112,14 @@ def smooth_top1_svm(
     """Smooth top-1 SVM loss (one log-sum-exp). See :class:`SmoothTop1SVM` for details."""
     _, tau, alpha = _svm_params(1, tau, alpha, check_class_input(input).shape[1])
     check_scale("tau", tau, input.dtype)
-    return class_loss(input, target, lambda s, y: extended_svm_rows(s, y, 1, lambda r, l: smooth_top1_svm_rows(r, l, tau, alpha)),
-                      weight=weight, ignore_index=ignore_index, reduction=reduction)
+    return class_loss(
+        input,
+        target,
+        lambda s, y: extended_svm_rows(s, y, 1, lambda r, l: smooth_top1_svm_rows(r, l, tau, alpha)),
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+    )
 
 
 def topk_svm(
@@ -113,8 +134,14 @@ def topk_svm(
 ) -> torch.Tensor:
     """Hard top-k SVM loss, the limit ``tau -> 0`` of the smooth one. See :class:`TopKSVM` for details."""
     k, _, alpha = _svm_params(k, None, alpha, check_class_input(input).shape[1])
-    return class_loss(input, target, lambda s, y: extended_svm_rows(s, y, k, lambda r, l: hard_svm_rows(r, l, k, alpha)),
-                      weight=weight, ignore_index=ignore_index, reduction=reduction)
+    return class_loss(
+        input,
+        target,
+        lambda s, y: extended_svm_rows(s, y, k, lambda r, l: hard_svm_rows(r, l, k, alpha)),
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+    )
 
 
 def top1_svm(
@@ -169,8 +196,16 @@ class SmoothTopKSVM(ClassLoss):
         Classification", ICLR 2018.
     """
 
-    def __init__(self, *, k: int = 5, tau: float = 1.0, alpha: float = 1.0, weight: torch.Tensor | None = None,
-                 ignore_index: int = -100, reduction: str = "mean") -> None:
+    def __init__(
+        self,
+        *,
+        k: int = 5,
+        tau: float = 1.0,
+        alpha: float = 1.0,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> None:
         super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
         self.k, self.tau, self.alpha = _svm_params(k, tau, alpha)
 
@@ -209,8 +244,15 @@ class SmoothTop1SVM(ClassLoss):
         Berrada, Zisserman & Kumar, ICLR 2018.
     """
 
-    def __init__(self, *, tau: float = 1.0, alpha: float = 1.0, weight: torch.Tensor | None = None,
-                 ignore_index: int = -100, reduction: str = "mean") -> None:
+    def __init__(
+        self,
+        *,
+        tau: float = 1.0,
+        alpha: float = 1.0,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> None:
         super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
         _, self.tau, self.alpha = _svm_params(1, tau, alpha)
 
@@ -249,8 +291,15 @@ class TopKSVM(ClassLoss):
         Berrada, Zisserman & Kumar, ICLR 2018.
     """
 
-    def __init__(self, *, k: int = 5, alpha: float = 1.0, weight: torch.Tensor | None = None,
-                 ignore_index: int = -100, reduction: str = "mean") -> None:
+    def __init__(
+        self,
+        *,
+        k: int = 5,
+        alpha: float = 1.0,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> None:
         super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
         self.k, _, self.alpha = _svm_params(k, None, alpha)
 
@@ -287,8 +336,14 @@ class Top1SVM(ClassLoss):
         Berrada, Zisserman & Kumar, ICLR 2018.
     """
 
-    def __init__(self, *, alpha: float = 1.0, weight: torch.Tensor | None = None, ignore_index: int = -100,
-                 reduction: str = "mean") -> None:
+    def __init__(
+        self,
+        *,
+        alpha: float = 1.0,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ) -> None:
         super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
         _, _, self.alpha = _svm_params(1, None, alpha)
 

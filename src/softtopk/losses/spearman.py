@@ -39,8 +39,13 @@ def _centred_unit(v: torch.Tensor) -> torch.Tensor:
 
 
 def spearman_loss(
-    input: torch.Tensor, target: torch.Tensor, *, regularization: str = "l2", strength: float | torch.Tensor = 1.0,
-    dim: int = -1, reduction: str = "mean",
+    input: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    regularization: str = "l2",
+    strength: float | torch.Tensor = 1.0,
+    dim: int = -1,
+    reduction: str = "mean",
 ) -> torch.Tensor:
     """``1 - ρ(soft_rank(input), rank(target))`` per list along ``dim``: 0 for the targets' order.
 
@@ -100,16 +105,25 @@ class SpearmanLoss(torch.nn.Module):
         >>> loss_fn(pred, torch.randn(8, 20)).backward()
     """
 
-    def __init__(self, *, regularization: str = "l2", strength: float = 1.0, dim: int = -1,
-                 reduction: str = "mean") -> None:
+    def __init__(
+        self, *, regularization: str = "l2", strength: float = 1.0, dim: int = -1, reduction: str = "mean"
+    ) -> None:
         super().__init__()
         self.regularization, self.strength, self.dim = regularization, strength, dim
         self.reduction = check_reduction(reduction)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return spearman_loss(input, target, regularization=self.regularization, strength=self.strength,
-                             dim=self.dim, reduction=self.reduction)
+        return spearman_loss(
+            input,
+            target,
+            regularization=self.regularization,
+            strength=self.strength,
+            dim=self.dim,
+            reduction=self.reduction,
+        )
 
     def extra_repr(self) -> str:
-        return (f"regularization={self.regularization!r}, strength={self.strength!r}, dim={self.dim}, "
-                f"reduction={self.reduction!r}")
+        return (
+            f"regularization={self.regularization!r}, strength={self.strength!r}, dim={self.dim}, "
+            f"reduction={self.reduction!r}"
+        )

@@ -241,7 +241,8 @@ def topk_cross_entropy(
             f"topk_cross_entropy relaxes all C = {classes} classes (m=None), which costs far more than "
             "relaxing a few (benchmarks/README.md); leave the default m=16 (difftopk's setting: only the 16 "
             "largest scores, the label always included) unless every class must enter the relaxation",
-            UserWarning, stacklevel=3,
+            UserWarning,
+            stacklevel=3,
         )
 
     weights, p1 = rank_weights(p_k, top1_mode), p_k[0] if top1_mode != "sort" else 0.0
@@ -336,8 +337,14 @@ class TopKCrossEntropyLoss(ClassLoss):
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return topk_cross_entropy(
-            input, target, self.p_k, method=self.method, m=self.m, top1_mode=self.top1_mode,
-            **self._class_kwargs(), **self.params,
+            input,
+            target,
+            self.p_k,
+            method=self.method,
+            m=self.m,
+            top1_mode=self.top1_mode,
+            **self._class_kwargs(),
+            **self.params,
         )
 
     def extra_repr(self) -> str:

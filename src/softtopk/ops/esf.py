@@ -254,8 +254,15 @@ def _subset_tables(k: int, dtype: torch.dtype, device: torch.device) -> tuple[to
     deflation = torch.zeros(k + 1, 2, k, dtype=dtype, device=device)
     deflation[k - 1 - m, 1, m] = sign  # + (-1)^m ẽ_{k-1-m} exp(T_{k-1-m} - T_k) / ẽ_k
     deflation[(k - 2 - m[: k - 1]), 0, m[: k - 1]] = -sign[: k - 1]  # - the same for k - 1
-    tables = (bits.T - prefix[:, size], joins, by_size, without, (j - j.unsqueeze(-1)).clamp_min(0),
-              j.unsqueeze(-1) > j, deflation.reshape(2 * (k + 1), k))
+    tables = (
+        bits.T - prefix[:, size],
+        joins,
+        by_size,
+        without,
+        (j - j.unsqueeze(-1)).clamp_min(0),
+        j.unsqueeze(-1) > j,
+        deflation.reshape(2 * (k + 1), k),
+    )
     if not compiling:
         _TABLES[key] = tables
     return tables

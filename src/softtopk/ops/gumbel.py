@@ -105,8 +105,14 @@ def _hard_mask(keys: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def gumbel_ranks_rows(
-    rows: torch.Tensor, k: int, *, tau: float = 1.0, hard: bool = False, relaxation: str = "subsets",
-    noise: bool | torch.Tensor = True, generator: torch.Generator | None = None,
+    rows: torch.Tensor,
+    k: int,
+    *,
+    tau: float = 1.0,
+    hard: bool = False,
+    relaxation: str = "subsets",
+    noise: bool | torch.Tensor = True,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Per-step soft picks ``(B, n, k)`` of the subsets relaxation of rows ``(B, n)``.
 
@@ -122,8 +128,14 @@ def gumbel_ranks_rows(
 
 
 def gumbel_mask_rows(
-    rows: torch.Tensor, k: int, *, tau: float = 1.0, hard: bool = False, relaxation: str = "lapsum",
-    noise: bool | torch.Tensor = True, generator: torch.Generator | None = None,
+    rows: torch.Tensor,
+    k: int,
+    *,
+    tau: float = 1.0,
+    hard: bool = False,
+    relaxation: str = "lapsum",
+    noise: bool | torch.Tensor = True,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Relaxed (or straight-through hard) Gumbel top-k mask ``(B, n)`` of rows ``(B, n)`` (in the
     compute dtype). ``noise`` may be a tensor of draws of the rows' shape."""

@@ -94,8 +94,11 @@ def _solve(x: torch.Tensor, tau: float | torch.Tensor, k: int | torch.Tensor, bi
     short = _at(vals, k, 1.0) == -top  # at most k entries above -inf
     drop = (_at(vals, k, 0.0) == top) | short  # degenerate: no gradient in x
     # (±x - ref)/τ, descending, in float64
-    scaled = (torch.sub(ref, clamped) if negate else torch.sub(clamped, ref)).to(_WIDE).div_(
-        tau.to(_WIDE) if isinstance(tau, torch.Tensor) else tau)
+    scaled = (
+        (torch.sub(ref, clamped) if negate else torch.sub(clamped, ref))
+        .to(_WIDE)
+        .div_(tau.to(_WIDE) if isinstance(tau, torch.Tensor) else tau)
+    )
     a = scaled.clamp(-_C, _C)
     e = a.exp()
     if big == n:
@@ -205,12 +208,18 @@ class _LaplaceWeights(torch.autograd.Function):
         picked = picked * grad  # d g at the k entries, 0 elsewhere
         gbar = picked.sum(-1, keepdim=True) / d.sum(-1, keepdim=True).clamp_min_(torch.finfo(d.dtype).tiny)
         grad_x = (d * -gbar).scatter_add_(-1, index, picked)
-        return (grad_x if ctx.needs_input_grad[0] else None), _tau_grad(ctx, x, d, ref, drop, tau_t, grad_x), \
-            None, None, None
+        return (
+            (grad_x if ctx.needs_input_grad[0] else None),
+            _tau_grad(ctx, x, d, ref, drop, tau_t, grad_x),
+            None,
+            None,
+            None,
+        )
 
 
-def lapsum_topk(x: torch.Tensor, k: int, dim: int, largest: bool, *, tau: float | torch.Tensor = 1.0,
-                hard: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def lapsum_topk(
+    x: torch.Tensor, k: int, dim: int, largest: bool, *, tau: float | torch.Tensor = 1.0, hard: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``torch.topk(x, k, dim, largest)`` with the Laplace mask at the chosen entries
     (differentiable; ones forward with ``hard``): ``(values, indices, weights)``; a tensor ``tau``
     is (B, 1), aligned with the rows of ``x`` along ``dim``."""
@@ -262,8 +271,9 @@ def _sum_to(value: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return value.sum().reshape(shape) if value.shape != shape else value
 
 
-def lapsum_mask(x: torch.Tensor, k: int | torch.Tensor, tau: float | torch.Tensor = 1.0, *,
-                hard: bool = False) -> torch.Tensor:
+def lapsum_mask(
+    x: torch.Tensor, k: int | torch.Tensor, tau: float | torch.Tensor = 1.0, *, hard: bool = False
+) -> torch.Tensor:
     """Laplace-CDF soft top-k mask of rows ``x`` (B, n) (``±inf`` as in :mod:`softtopk._extended`);
     ``k`` an int or a (B, 1) tensor in (0, n]; ``tau`` a positive float or a tensor broadcastable
     to (B, 1). Returns (B, n), summing to ``k``; ``hard``: the k-hot mask of ``torch.topk`` forward

@@ -15,6 +15,7 @@ def _asinh(v):
     out = tl.where(big, tl.log(2.0 * tl.where(big, av, 1.0)), small)
     return tl.where(v < 0, -out, out)
 
+
 @triton.jit
 def _clamp(y, lo, hi):
     """``y`` clamped to ``[lo, hi]``, NaN kept (``minimum``/``maximum`` would drop it)."""
@@ -30,10 +31,25 @@ def _candidate(vals_ptr, row, j, big, sign, lo, hi, ref, tau, C: tl.constexpr):
     a = _clamp((y - ref) / tau, -C, C)
     return a, tl.where(inside, tl.exp(a), 0.0), inside
 
+
 @triton.jit
-def mask_forward(x_ptr, vals_ptr, mask_ptr, d_ptr, n, big, k, tau, lo, hi,
-                  NEGATE: tl.constexpr, KB: tl.constexpr, BLOCK: tl.constexpr, C: tl.constexpr,
-                  FLOOR: tl.constexpr):
+def mask_forward(
+    x_ptr,
+    vals_ptr,
+    mask_ptr,
+    d_ptr,
+    n,
+    big,
+    k,
+    tau,
+    lo,
+    hi,
+    NEGATE: tl.constexpr,
+    KB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    C: tl.constexpr,
+    FLOOR: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     sign = -1.0 if NEGATE else 1.0
     j = tl.arange(0, KB)
@@ -75,6 +91,7 @@ def mask_forward(x_ptr, vals_ptr, mask_ptr, d_ptr, n, big, k, tau, lo, hi,
         d = tl.where(drop, 0.0, half / tau)
         tl.store(mask_ptr + row * n + offs, m.to(mask_ptr.dtype.element_ty), mask=inrow)
         tl.store(d_ptr + row * n + offs, d.to(d_ptr.dtype.element_ty), mask=inrow)
+
 
 @triton.jit
 def mask_backward(d_ptr, g_ptr, out_ptr, n, tiny, BLOCK: tl.constexpr):

@@ -54,8 +54,7 @@ class TritonLaplaceMask(torch.autograd.Function):
     hard, C, floor)`` → the mask (B, n) and the kernels' ``d``, saved for the backward."""
 
     @staticmethod
-    def forward(x: torch.Tensor, tau: float, k: int, big: int, negate: bool, hard: int, clamp: float,
-                floor: float):
+    def forward(x: torch.Tensor, tau: float, k: int, big: int, negate: bool, hard: int, clamp: float, floor: float):
         from . import lapsum_kernels as kernels  # imports triton: only once a kernel runs
 
         x = x.contiguous()
@@ -65,8 +64,22 @@ class TritonLaplaceMask(torch.autograd.Function):
         info = torch.finfo(x.dtype)
         if rows:
             kernels.mask_forward[(rows,)](
-                x, vals, mask, d, n, big, k, tau, info.min, info.max, NEGATE=negate,
-                KB=1 << big.bit_length(), BLOCK=_BLOCK, C=clamp, FLOOR=floor)  # KB: a power of 2 > big
+                x,
+                vals,
+                mask,
+                d,
+                n,
+                big,
+                k,
+                tau,
+                info.min,
+                info.max,
+                NEGATE=negate,
+                KB=1 << big.bit_length(),
+                BLOCK=_BLOCK,
+                C=clamp,
+                FLOOR=floor,
+            )  # KB: a power of 2 > big
         if hard:
             mask = torch.zeros_like(x).scatter_(-1, x.topk(hard, -1).indices, 1.0)
         return mask, d
@@ -86,8 +99,9 @@ class TritonLaplaceMask(torch.autograd.Function):
             return (None,) * 8
         out = torch.empty_like(d)
         if d.shape[0]:
-            kernels.mask_backward[(d.shape[0],)](d, grad.contiguous(), out, d.shape[1], torch.finfo(d.dtype).tiny,
-                                                 BLOCK=_BLOCK)
+            kernels.mask_backward[(d.shape[0],)](
+                d, grad.contiguous(), out, d.shape[1], torch.finfo(d.dtype).tiny, BLOCK=_BLOCK
+            )
         return (out,) + (None,) * 7
 
 

@@ -69,8 +69,9 @@ class _NeuralSort(torch.autograd.Function):
         shift = torch.arange(n - 0.5, n - 0.5 - k, -1.0, dtype=_WIDE, device=x.device)  # ρ + 1/2
         # C_i - (ℓ_i - 1/2 - ρ) s_i, in float64
         # laid out (B, k, n): each softmax runs along contiguous memory
-        logits = torch.addcmul(torch.addcmul(sums, below, far, value=-1).unsqueeze(-2), shift.unsqueeze(-1),
-                               far.unsqueeze(-2))
+        logits = torch.addcmul(
+            torch.addcmul(sums, below, far, value=-1).unsqueeze(-2), shift.unsqueeze(-1), far.unsqueeze(-2)
+        )
         if x.dtype == _WIDE:  # no exponent range to spare: from each rank's maximum before dividing by τ
             logits = logits.sub_(logits.amax(-1, keepdim=True))
         tensor_tau = isinstance(tau, torch.Tensor)

@@ -42,6 +42,8 @@ class NoisedHinge(torch.autograd.Function):
         share = grad.masked_fill(inactive, 0.0)
         if ctx.scale is not None:
             share = share.mul_(ctx.scale)
-        counts = share.new_zeros(share.shape[0], ctx.classes).scatter_add_(1, index, torch.ones_like(index, dtype=share.dtype))
+        counts = share.new_zeros(share.shape[0], ctx.classes).scatter_add_(
+            1, index, torch.ones_like(index, dtype=share.dtype)
+        )
         grad_logits = counts.div_(index.shape[1]).mul_(share.unsqueeze(1))  # pytopk's rounding
         return grad_logits.scatter_add_(1, label.unsqueeze(1), share.neg().unsqueeze(1)), None, None, None, None, None

@@ -24,7 +24,9 @@ import torch
 NOISE_KINDS = ("gaussian", "gumbel")
 
 
-def draw_noise(shape: tuple[int, ...], kind: str, generator, like: torch.Tensor, *, negated: bool = False) -> torch.Tensor:
+def draw_noise(
+    shape: tuple[int, ...], kind: str, generator, like: torch.Tensor, *, negated: bool = False
+) -> torch.Tensor:
     """Standard Gaussian or Gumbel noise of ``shape`` in ``like``'s dtype, on its device, from
     ``generator`` or (``None``) the global RNG; ``negated`` (Gumbel only) gives ``-G`` one op sooner."""
     if kind == "gaussian":
@@ -85,7 +87,12 @@ class _PerturbedTopK(torch.autograd.Function):
 
 
 def perturbed_topk_rows(
-    rows: torch.Tensor, k: int, *, sigma: float = 1.0, n_samples: int = 100, noise: str = "gaussian",
+    rows: torch.Tensor,
+    k: int,
+    *,
+    sigma: float = 1.0,
+    n_samples: int = 100,
+    noise: str = "gaussian",
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Perturbed top-k mask ``(B, n)`` of rows ``(B, n)`` (in the compute dtype)."""

@@ -284,8 +284,9 @@ class _ColumnSweep(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, x, scale, key, params, mode, ranks):
         size = info.batch_size
-        outputs = _ColumnSweep.apply(_fold(x, in_dims[0], size), _fold(scale, in_dims[1], size), key, params,
-                                     mode, ranks)
+        outputs = _ColumnSweep.apply(
+            _fold(x, in_dims[0], size), _fold(scale, in_dims[1], size), key, params, mode, ranks
+        )
         return _unfold(outputs, size)
 
 
@@ -323,8 +324,14 @@ class _LabelSweep(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, x, position, scale, key, params, mode):
         size = info.batch_size
-        outputs = _LabelSweep.apply(_fold(x, in_dims[0], size), _fold(position, in_dims[1], size),
-                                    _fold(scale, in_dims[2], size), key, params, mode)
+        outputs = _LabelSweep.apply(
+            _fold(x, in_dims[0], size),
+            _fold(position, in_dims[1], size),
+            _fold(scale, in_dims[2], size),
+            key,
+            params,
+            mode,
+        )
         return _unfold(outputs, size)
 
 
@@ -370,9 +377,7 @@ def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Te
     return torch.where(full | short, closed, mask)
 
 
-def network_label_ranks(
-    x: torch.Tensor, position: torch.Tensor, k: int, *, network: str, **params
-) -> torch.Tensor:
+def network_label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` lands, in one sweep."""
     params, scale = _split_scale(params, x)
     mode = _infinities(x, params)

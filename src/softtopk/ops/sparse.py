@@ -143,7 +143,9 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     # answer is the hard k-hot mask (decided from the gap, not from sums that rounding blurs)
     if magnitude:
         nxt, last = s.gather(-1, n_sat.clamp_max(big - 1)), s.gather(-1, (n_sat - 1).clamp(0, big - 1))
-        flat = torch.where(n_sat < big, 0.5 * (nxt + torch.maximum(_saturation_knot(last, cast(float, lam), r), nxt)), s[:, -1:])
+        flat = torch.where(
+            n_sat < big, 0.5 * (nxt + torch.maximum(_saturation_knot(last, cast(float, lam), r), nxt)), s[:, -1:]
+        )
         following = s[:, k : k + 1]
         return torch.where(lower >= following, 0.5 * (lower + following), torch.where(solved, at + sk, flat))
     limit = torch.finfo(s.dtype).max ** 0.5
@@ -196,8 +198,17 @@ class _MaskFn(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: torch.Tensor, sk: torch.Tensor, a: torch.Tensor, scale: torch.Tensor, share: torch.Tensor,
-                lam: float | torch.Tensor, r: int, k: int, hard: bool):
+    def forward(
+        x: torch.Tensor,
+        sk: torch.Tensor,
+        a: torch.Tensor,
+        scale: torch.Tensor,
+        share: torch.Tensor,
+        lam: float | torch.Tensor,
+        r: int,
+        k: int,
+        hard: bool,
+    ):
         z = ((x - sk) / lam - a).clamp(0, 1)
         w = ((z > 0) & (z < 1)).to(z.dtype) if r == 1 else torch.where(z < 1, z.square(), 0.0)
         if hard:
@@ -321,8 +332,16 @@ def _extended_mag(x: torch.Tensor, k: int, kernel) -> torch.Tensor:
     return torch.where(full, x * torch.where(infinite, k / count.clamp_min(1), 0.0), body)
 
 
-def sparse_mask_rows(x: torch.Tensor, k: int, *, l: float | torch.Tensor, p: float, solver: str,  # noqa: E741
-                     n_iter: int, hard: bool = False) -> torch.Tensor:
+def sparse_mask_rows(
+    x: torch.Tensor,
+    k: int,
+    *,
+    l: float | torch.Tensor,
+    p: float,
+    solver: str,  # noqa: E741
+    n_iter: int,
+    hard: bool = False,
+) -> torch.Tensor:
     """Sparse soft top-k mask of rows ``x`` (B, n): exact (``'pav'``) or Dykstra (``'dykstra'``), on
     the extended reals (``±inf`` as in ``softtopk._extended``); ``hard`` forwards the k-hot mask of
     the ``k`` largest and backpropagates the exact mask's gradient. ``l`` is a positive float or a

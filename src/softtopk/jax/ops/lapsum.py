@@ -58,8 +58,9 @@ def _log_threshold(a, rest, k):
     one = jnp.ones_like(rho)
     nothing = jnp.zeros_like(edge)
     prefix = jnp.concatenate([nothing, lax.associative_scan(_compose, (rho[:-1], one[:-1]))[1]])
-    suffix = lax.associative_scan(_compose, (jnp.concatenate([rho[1:], nothing]),
-                                             jnp.concatenate([one[1:], 1 + rest])), reverse=True)[1]
+    suffix = lax.associative_scan(
+        _compose, (jnp.concatenate([rho[1:], nothing]), jnp.concatenate([one[1:], 1 + rest])), reverse=True
+    )[1]
     log_p, log_q = jnp.log(prefix), jnp.log(suffix)
     upper = jnp.concatenate([-edge, a[:-1]])  # a_{j-1}, +inf at j = 0
     c = k - jnp.arange(a.shape[0], dtype=a.dtype)[:, None]
@@ -118,8 +119,11 @@ def _int_forward(x, tau, k):
     tt, total = _threshold(vals, rest, ts, k, ref)
     mask = _mask_from(jnp.clip((rows - ref) / ts, -SATURATED, SATURATED) - tt)
     # the closed form: +inf entries counted over the row only when the candidates are all +inf
-    p = lax.cond(jnp.any(raw[:, -1] == jnp.inf), lambda: jnp.sum(xs == jnp.inf, -1, keepdims=True),
-                 lambda: jnp.sum(raw == jnp.inf, -1, keepdims=True))
+    p = lax.cond(
+        jnp.any(raw[:, -1] == jnp.inf),
+        lambda: jnp.sum(xs == jnp.inf, -1, keepdims=True),
+        lambda: jnp.sum(raw == jnp.inf, -1, keepdims=True),
+    )
     above = jnp.sum(raw > -jnp.inf, -1, keepdims=True)  # p + f, all among the candidates in the short rows
     return jnp.where(keep, mask, closed_form(xs, k, full, p, above).astype(x.dtype)), (ref, tt, total, keep)
 

@@ -165,8 +165,9 @@ def _polish(u, at, k, lam, r, magnitude, sk):
             z = (u - at) / scale
             inside = (z > 0) & (z < 1)
             value = jnp.sum(jnp.where(z >= 1, 1.0, jnp.clip(z, 0, 1) ** r), -1, keepdims=True)
-            slope = jnp.sum(jnp.where(inside, r * z ** (r - 1) * (1 + z * scale / (r * theta)) / scale, 0), -1,
-                            keepdims=True)
+            slope = jnp.sum(
+                jnp.where(inside, r * z ** (r - 1) * (1 + z * scale / (r * theta)) / scale, 0), -1, keepdims=True
+            )
         else:
             z = (u - at) / lam
             inside = (z > 0) & (z < 1)
@@ -178,7 +179,7 @@ def _polish(u, at, k, lam, r, magnitude, sk):
 
 def sorted_desc(scores, size):
     """The ``size`` largest entries per row, descending. Behind an optimisation barrier: XLA (CPU)
-    rewrites a sliced ``top_k`` into a full sort, ~130x slower at n = 1e5."""
+    rewrites a sliced ``top_k`` into a full sort, far slower for long rows."""
     n = scores.shape[-1]
     return lax.optimization_barrier(lax.top_k(scores, size)[0] if size < n else -jnp.sort(-scores, axis=-1))
 
