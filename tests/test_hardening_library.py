@@ -233,3 +233,14 @@ def test_svm_losses_near_the_largest_float32(name, params):
     representable = want.abs() < torch.finfo(torch.float32).max
     torch.testing.assert_close(got[representable].double(), want[representable], rtol=1e-4, atol=1e-6)
     assert (got[~representable] == INF).all()
+
+
+@pytest.mark.parametrize("name", ["SmoothTopKSVM", "SmoothTop1SVM", "TopKSVM", "Top1SVM"])
+def test_a_nan_logit_makes_its_own_svm_row_nan_even_with_k_classes_at_inf(name):
+    """A row with a NaN is NaN (not the ``inf`` of ``k`` other classes at ``+inf``), and no other row is."""
+    inf, nan = float("inf"), float("nan")
+    logits = torch.tensor([[0.0, inf, inf, nan, 1.0], [0.0, inf, inf, 2.0, 1.0], [nan, 0.0, 1.0, 2.0, 3.0]])
+    loss = getattr(softtopk, name)(reduction="none", **({} if "Top1" in name else {"k": 2}))(
+        logits, torch.tensor([0, 0, 1])
+    )
+    assert loss[0].isnan() and loss[2].isnan() and loss[1] == inf

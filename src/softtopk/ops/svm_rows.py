@@ -39,12 +39,14 @@ def extended_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, rows_fn
 
     ``+inf`` enters as the dtype's largest value (gradient 0 there): every kernel treats a score that
     far above the others as ``+inf`` (its differences are halved, or clamped at ``FAR``), and the
-    infinite scores tie, which gives all three limits but the ``inf`` of the second case, set here.
-    No value is read on the host."""
+    infinite scores tie, which gives all three limits but the ``inf`` of the second case, set here
+    (NaN where the row holds a NaN). No value is read on the host."""
     positive = torch.isposinf(logits)
     label_inf = positive.gather(-1, label.unsqueeze(-1)).squeeze(-1)
     beaten = (positive.sum(-1) >= k) > label_inf  # k others at +inf, label below (bool a > b: a and not b)
-    return rows_fn(logits.clamp_max(torch.finfo(logits.dtype).max), label).masked_fill(beaten, math.inf)
+    loss = rows_fn(logits.clamp_max(torch.finfo(logits.dtype).max), label)
+    loss = torch.where(beaten, loss.detach() + math.inf, loss)
+    return torch.where(logits.isnan().any(-1), math.nan, loss)  # a NaN stays NaN, in its own row
 
 
 def smooth_topk_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
