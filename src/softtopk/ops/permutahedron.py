@@ -82,10 +82,9 @@ def _nan_rows(grad: torch.Tensor, nan: torch.Tensor, plain: bool) -> torch.Tenso
     return grad if plain else torch.where(nan, torch.nan, grad)
 
 
-def _softmax_blocks(z: torch.Tensor, ids: torch.Tensor, first: torch.Tensor | None) -> torch.Tensor:
+def _softmax_blocks(z: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     """``softmax`` of ``z`` (decreasing within each block) over each point's block; ``first``: each
-    point's block start (given whenever the problem is kl)."""
-    assert first is not None
+    point's block start."""
     e = (z - z.gather(-1, first)).exp()
     return e / block_sum(e, ids)
 
@@ -188,13 +187,16 @@ class SoftSortFn(torch.autograd.Function):
         v, s, perm, nan, *eps = ctx.saved_tensors
         eps = eps[0].to(torch.float64) if eps else ctx.eps
         ids = block_ids(v)
-        first = block_starts(v) if ctx.kl else None
         g = grad.to(torch.float64)
         if not ctx.plain:
             finite = s.isfinite()
             g, s = torch.where(finite, g, 0.0), torch.where(finite, s, 0.0)
         total = block_sum(g, ids)
-        d_s = _softmax_blocks(s, ids, first) * total if ctx.kl else total / block_sum(torch.ones_like(g), ids)
+        if ctx.kl:
+            first = block_starts(v)
+            d_s = _softmax_blocks(s, ids, first) * total
+        else:
+            d_s = total / block_sum(torch.ones_like(g), ids)
         if not ctx.plain:
             d_s = torch.where(finite, d_s, 0.0)
         grad_x = torch.zeros_like(d_s).scatter(-1, perm, d_s)
