@@ -30,14 +30,14 @@ value is ``V`` either way.
 
 **CPU shortcut** (as in :mod:`softtopk.ops.sparse`, under :func:`softtopk.ops.compute.can_inspect`:
 a CPU tensor outside ``torch.compile`` and ``vmap``, where reading a value costs no
-synchronisation): rounds of pooling on the compacted list of blocks, each round pooling every
-maximal run of non-decreasing block values, until no violation is left (two reads per round).
-Pooling adjacent violators in any order ends at the same solution, so this is exact too; it is
-much cheaper than the level merges when cascades are short (typical soft-rank rows: a few rounds
-for l2). A cascade takes one round per block it absorbs, so after ``64 + 8 log2 n`` rounds the
-fixed-shape solver takes over (l2, on the row); for kl, whose cascades are long near the end of a
-soft-rank row, after ``8 + 8 log2 n`` rounds, on the remaining blocks (their log-sum-exps are a kl
-problem of their own).
+synchronisation): rounds of pooling on the compacted list of blocks, until no violation is left.
+Each round pools every maximal run of non-decreasing block values, then takes every remaining
+violation's whole left cascade at once (the cascade stops at the minimum of the pooled value
+over the blocks it could absorb). Pooling adjacent violators in any order ends at the same
+solution, so this is exact too; it is much cheaper than the level merges (a few rounds for
+typical soft-rank rows, each a few reads). Should a row need more than ``8 + 8 log2 n`` rounds,
+the fixed-shape solver takes over: for l2 on the row, for kl on the remaining blocks (their
+log-sum-exps are a kl problem of their own).
 
 Reference: M. Blondel, O. Teboul, Q. Berthet, J. Djolonga, "Fast Differentiable Sorting and
 Ranking", ICML 2020, arXiv:2002.08871 (the problems and PAV); the merge is the bridge of two
