@@ -82,15 +82,33 @@ def test_isotonic_solvers_are_exact(y, path):
     np.testing.assert_allclose(got, R.isotonic_kl(y, lw), rtol=1e-12, atol=1e-10)
 
 
-def test_cpu_rounds_fall_back_to_the_fixed_solver_on_long_cascades():
-    y = torch.cat([-1.5 * torch.arange(299.0), torch.tensor([1e6])]).double()[None]  # 299 rounds of pooling
-    assert isotonic._pooled_runs(y, None) is None
-    torch.testing.assert_close(isotonic_l2(y), torch.tensor(R.isotonic_l2(y[0].numpy()))[None])
+def test_cpu_rounds_absorb_long_cascades_and_fall_back_to_the_fixed_solver():
+    y = torch.cat([-1.5 * torch.arange(299.0), torch.tensor([1e6])]).double()[None]  # a cascade of 299 blocks
+    want = torch.tensor(R.isotonic_l2(y[0].numpy()))[None]
+    torch.testing.assert_close(isotonic._pooled_runs(y, None, rounds=1), want)  # one left-cascade step
+    assert isotonic._pooled_runs(y, None, rounds=0) is None  # l2: the caller runs the fixed-shape solver
     # kl: the blocks left after the rounds go to the fixed-shape solver as points of their own
     y = torch.cat([y, y.flip(-1) / 1e4, torch.randn(1, 300, dtype=torch.float64)])
     lw = torch.randn(3, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     want = np.stack([R.isotonic_kl(a, b) for a, b in zip(y.numpy(), lw.numpy(), strict=False)])
-    np.testing.assert_allclose(isotonic_kl(y, lw).numpy(), want, rtol=1e-12, atol=1e-9)
+    for rounds in (0, 1, None):
+        np.testing.assert_allclose(isotonic._pooled_runs(y, lw, rounds).numpy(), want, rtol=1e-12, atol=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), chain=st.integers(1, 60), spikes=st.integers(1, 30))
+def test_cpu_rounds_match_pav_on_many_cut_cascades(seed, chain, spikes):
+    """Decreasing chains broken by spikes: many left cascades in every row, windows cut short."""
+    rng = np.random.default_rng(seed)
+    y = -np.cumsum(rng.exponential(size=(3, chain * spikes)), -1)
+    y[:, chain - 1 :: chain] += rng.exponential(size=(3, spikes)) * chain * rng.choice([0.1, 1, 10])
+    lw = rng.normal(size=y.shape)
+    got = isotonic._pooled_runs(torch.tensor(y), None)
+    want = np.stack([R.isotonic_l2(a) for a in y])
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-9 * np.abs(y).max())
+    got = isotonic._pooled_runs(torch.tensor(y), torch.tensor(lw))
+    want = np.stack([R.isotonic_kl(a, b) for a, b in zip(y, lw, strict=True)])
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-9)
 
 
 @pytest.mark.parametrize("name", sorted(FNS))

@@ -30,14 +30,14 @@ value is ``V`` either way.
 
 **CPU shortcut** (as in :mod:`softtopk.ops.sparse`, under :func:`softtopk.ops.compute.can_inspect`:
 a CPU tensor outside ``torch.compile`` and ``vmap``, where reading a value costs no
-synchronisation): rounds of pooling on the compacted list of blocks, each round pooling every
-maximal run of non-decreasing block values, until no violation is left (two reads per round).
-Pooling adjacent violators in any order ends at the same solution, so this is exact too; it is
-much cheaper than the level merges when cascades are short (typical soft-rank rows: a few rounds
-for l2). A cascade takes one round per block it absorbs, so after ``64 + 8 log2 n`` rounds the
-fixed-shape solver takes over (l2, on the row); for kl, whose cascades are long near the end of a
-soft-rank row, after ``8 + 8 log2 n`` rounds, on the remaining blocks (their log-sum-exps are a kl
-problem of their own).
+synchronisation): rounds of pooling on the compacted list of blocks, until no violation is left.
+Each round pools every maximal run of non-decreasing block values, then takes every remaining
+violation's whole left cascade at once (the cascade stops at the minimum of the pooled value
+over the blocks it could absorb). Pooling adjacent violators in any order ends at the same
+solution, so this is exact too; it is much cheaper than the level merges (a few rounds for
+typical soft-rank rows, each a few reads). Should a row need more than ``8 + 8 log2 n`` rounds,
+the fixed-shape solver takes over: for l2 on the row, for kl on the remaining blocks (their
+log-sum-exps are a kl problem of their own).
 
 Reference: M. Blondel, O. Teboul, Q. Berthet, J. Djolonga, "Fast Differentiable Sorting and
 Ranking", ICML 2020, arXiv:2002.08871 (the problems and PAV); the merge is the bridge of two
@@ -55,22 +55,64 @@ def _segment_lse(values: torch.Tensor, group: torch.Tensor, keep: torch.Tensor, 
     """``logsumexp`` of ``values`` (K,) over the contiguous groups ``group`` (K,) that start where
     ``keep`` is set, ``size`` groups (flat), relative to each group's first value; where that
     overflows (a later value far above the first), relative to the group's maximum."""
-    top = values[keep]
-    total = values.new_zeros(size).index_add(0, group, (values - top[group]).exp())
+    top = values.masked_select(keep)
+    total = values.new_zeros(size).index_add(0, group, (values - top.index_select(0, group)).exp())
     if not bool(total.isfinite().all()):
         top = values.new_full((size,), -torch.inf).scatter_reduce(0, group, values, "amax")
         top = torch.where(top.isfinite(), top, 0.0)
-        total = values.new_zeros(size).index_add(0, group, (values - top[group]).exp())
+        total = values.new_zeros(size).index_add(0, group, (values - top.index_select(0, group)).exp())
     return top + total.log()
 
 
-def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None) -> torch.Tensor | None:
+def _window_lse(a: torch.Tensor) -> torch.Tensor:
+    """``logcumsumexp`` along the rows of ``a`` (J, W), relative to each row's maximum (its first
+    entry is finite)."""
+    top = a.amax(-1, keepdim=True)
+    return a.sub(top).exp_().cumsum(-1).log_().add_(top)
+
+
+def _absorbed(value: torch.Tensor, agg: tuple[torch.Tensor, ...], size: torch.Tensor, first: torch.Tensor):
+    """CPU shortcut (reads values): the blocks to keep after one step of left cascades. At every
+    violation (a block ``b`` above its left neighbour, in the same row) PAV's cascade pools ``b``
+    with the blocks before it while the pooled value lies above the next one; along a decreasing
+    chain the pooled value of ``i..b`` first falls, then rises, so the cascade stops at its
+    minimum over ``i``. The window of ``b`` looks back over its chain, at most ``K / J`` blocks
+    for ``J`` violations among ``K`` blocks (the step costs ``O(K)``; a cut cascade goes on in the
+    next round). Two windows share at most a chain's first block ``c``, itself the right side of a
+    violation; then the two groups pool into one, a PAV step too: the left group's value lies below
+    ``c``'s and the right group's above. ``None`` when no block violates."""
+    viol = torch.cat([first[:1], value[:-1] < value[1:]]) & ~first
+    right = torch.nonzero(viol).squeeze(-1)
+    if right.numel() == 0:
+        return None
+    pos = torch.arange(value.shape[0], device=value.device)
+    chain = torch.where(first | viol, pos, 0).cummax(0).values  # each block's chain start
+    lo = chain.index_select(0, right - 1)
+    width = max(2, min(value.shape[0], value.shape[0] // right.numel(), int((right - lo).max()) + 1))
+    back = right.unsqueeze(-1) - torch.arange(width, device=value.device)  # (J, W): b, b-1, ...
+    valid = back >= lo.unsqueeze(-1)
+    idx = back.clamp_min(0)
+    if len(agg) == 1:  # l2: the pooled mean of i..b
+        sums = torch.where(valid, agg[0].take(idx), 0.0).cumsum(-1)
+        pooled = sums / torch.where(valid, size.take(idx), 0.0).cumsum(-1)
+    else:  # kl: logsumexp(y) - logsumexp(lw) over i..b
+        tops, lows = (_window_lse(torch.where(valid, a.take(idx), -torch.inf)) for a in agg)
+        pooled = tops - lows
+    reach = torch.where(valid, pooled, torch.inf).argmin(-1)  # blocks b - reach .. b pool
+    one = torch.ones_like(right)
+    edges = torch.zeros(value.shape[0] + 1, dtype=torch.long, device=value.device)
+    edges = edges.index_add(0, right - reach + 1, one).index_add(0, right + 1, -one)
+    return edges.cumsum(0)[:-1] == 0  # not inside (b - reach, b]
+
+
+def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None, rounds: int | None = None) -> torch.Tensor | None:
     """CPU shortcut (reads values): PAV by rounds. Each round pools every maximal run of blocks
-    whose values do not decrease (a sequence of PAV's own pooling steps) and keeps the blocks
-    compacted, one flat list over all rows, with their exact aggregates (sum and count; or the
-    log-sum-exps of ``y`` and ``lw``) combined from the previous round's. A cascade takes one round
-    per block it absorbs: after a number of rounds, kl blocks (a kl problem of their own, with
-    their log-sum-exps as points) go to the fixed-shape solver, and l2 returns ``None``."""
+    whose values do not decrease (a sequence of PAV's own pooling steps), then runs the left
+    cascades of the blocks that still violate (:func:`_absorbed`), and keeps the blocks compacted,
+    one flat list over all rows, with their exact aggregates (sum and count; or the log-sum-exps of
+    ``y`` and ``lw``) combined from the previous step's. After ``rounds`` rounds (by default
+    ``8 + 8 log2 n``), kl blocks (a kl problem of their own, with their log-sum-exps as points) go
+    to the fixed-shape solver, and l2 returns ``None``."""
     rows, n = y.shape
     flat = y.reshape(-1)
     size = torch.ones_like(flat)
@@ -78,11 +120,20 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None) -> torch.Tensor | Non
     first[:, 0] = True
     first = first.reshape(-1)
     agg: tuple[torch.Tensor, ...] = (flat, lw.reshape(-1)) if lw is not None else (flat,)
-    for _ in range((8 if lw is not None else 64) + 8 * n.bit_length()):
-        value = agg[0] - agg[1] if lw is not None else agg[0] / size
-        keep = first | torch.cat([first[:1], value[:-1] > value[1:]])
-        if bool(keep.all()):
-            return value.repeat_interleave(size.long()).reshape(rows, n)
+
+    def values() -> torch.Tensor:
+        return agg[0] - agg[1] if lw is not None else agg[0] / size
+
+    for step in range(2 * (8 + 8 * n.bit_length() if rounds is None else rounds)):
+        value = values()
+        if step % 2:
+            keep = _absorbed(value, agg, size, first)
+            if keep is None:
+                return value.repeat_interleave(size.long()).reshape(rows, n)
+        else:
+            keep = first | torch.cat([first[:1], value[:-1] > value[1:]])
+            if bool(keep.all()):
+                return value.repeat_interleave(size.long()).reshape(rows, n)
         group = keep.long().cumsum(0) - 1
         count = int(group[-1]) + 1
         size = size.new_zeros(count).index_add(0, group, size)
@@ -90,14 +141,16 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None) -> torch.Tensor | Non
             agg = (agg[0].new_zeros(count).index_add(0, group, agg[0]),)
         else:
             agg = tuple(_segment_lse(a, group, keep, count) for a in agg)
-        first = first[keep]
+        first = first.masked_select(keep)
+    value = values()
+    if bool((first[1:] | (value[:-1] >= value[1:])).all()):
+        return value.repeat_interleave(size.long()).reshape(rows, n)
     if lw is None:
         return None
     # the remaining blocks, one padded row per row, padding below every block value
     row = first.long().cumsum(0) - 1
     pos = torch.arange(row.shape[0], device=y.device) - torch.nonzero(first).squeeze(-1)[row]
     width = int(pos.max()) + 1
-    value = agg[0] - agg[1]
     ys = value.new_full((rows, width), float(value.min()) - 1.0).index_put((row, pos), agg[0])
     lws = value.new_zeros((rows, width)).index_put((row, pos), agg[1])
     solved = levels_kl(ys, lws)[row, pos]
