@@ -286,8 +286,10 @@ _REGISTRY["perturbed"] = _Method(
 
 
 def _gumbel_rows(params: dict[str, Any]) -> Kernel:
-    # gumbel takes an int k only ("k" is not in its tensor_args), so the kernel's k is an int
-    return lambda rows, k: gumbel_ranks_rows(rows, cast(int, k), **params)
+    # gumbel takes an int k only ("k" is not in its tensor_args), so the kernel's k is an int; the
+    # relaxation is "subsets" here (the lapsum relaxation has no ranks)
+    tau, hard, noise, generator = params["tau"], params["hard"], params["noise"], params["generator"]
+    return lambda rows, k: gumbel_ranks_rows(rows, cast(int, k), tau=tau, hard=hard, noise=noise, generator=generator)
 
 
 def _gumbel_ranks(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:
