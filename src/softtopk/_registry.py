@@ -223,36 +223,44 @@ _REGISTRY["softsort"] = _permutation_method(
 )
 
 
-_REGISTRY["lapsum"] = _Method(
-    MethodInfo(
-        name="lapsum",
-        outputs=("mask",),
-        stochastic=False,
-        cost="O(n) time and memory per row plus a topk of 2k (a sort for a per-row tensor k)",
-        params={"tau": 1.0, "hard": False},
-        summary="closed-form Laplace-CDF mask F((x - t)/tau), t solved exactly so the mask sums to k; "
-        "smooth, dense, in (0, 1); tau and a per-row k may be tensors (with gradients)",
-    ),
-    None,
+def _mask_method(
+    name: str,
+    mask: Callable[..., torch.Tensor],
+    *,
+    stochastic: bool,
+    cost: str,
+    params: dict[str, Any],
+    summary: str,
+    **options: Any,
+) -> _Method:
+    """A method with a mask output only (no rank kernel); ``options``: the ``checks``, ``tensor_args``
+    and ``joint`` of its ``_Method``."""
+    info = MethodInfo(name, ("mask",), stochastic, cost, params, summary)
+    return _Method(info, None, mask, **options)
+
+
+_REGISTRY["lapsum"] = _mask_method(
+    "lapsum",
     # ±inf and hard=True inside the kernel: one topk and no value read
     lambda x, k, *, hard, tau: lapsum_mask(x, k, tau, hard=hard),
+    stochastic=False,
+    cost="O(n) time and memory per row plus a topk of 2k (a sort for a per-row tensor k)",
+    params={"tau": 1.0, "hard": False},
+    summary="closed-form Laplace-CDF mask F((x - t)/tau), t solved exactly so the mask sums to k; "
+    "smooth, dense, in (0, 1); tau and a per-row k may be tensors (with gradients)",
     checks={"tau": check_positive_or_tensor, "hard": check_bool},
     tensor_args=("k", "tau"),
 )
-_REGISTRY["sparse"] = _Method(
-    MethodInfo(
-        name="sparse",
-        outputs=("mask",),
-        stochastic=False,
-        cost="'pav': O(n) memory; a topk of a few more than k on CPU tensors (a sort when many entries "
-        "lie near the threshold), a sort of each row on accelerators; 'dykstra': O(n_iter n) after a sort",
-        params={"l": 0.1, "p": 4.0 / 3.0, "solver": "pav", "n_iter": 500, "hard": False},
-        summary="sparse soft top-k (Sander et al. 2023): p-norm regularised, exact zeros, in [0, 1], "
-        "sums to k; p = 2 piecewise linear, p = 4/3 smooth where entries leave 0; l may be a per-row "
-        "tensor (with gradients)",
-    ),
-    None,
+_REGISTRY["sparse"] = _mask_method(
+    "sparse",
     sparse_mask_rows,  # ±inf and ``hard`` inside the kernel (no value read)
+    stochastic=False,
+    cost="'pav': O(n) memory; a topk of a few more than k on CPU tensors (a sort when many entries "
+    "lie near the threshold), a sort of each row on accelerators; 'dykstra': O(n_iter n) after a sort",
+    params={"l": 0.1, "p": 4.0 / 3.0, "solver": "pav", "n_iter": 500, "hard": False},
+    summary="sparse soft top-k (Sander et al. 2023): p-norm regularised, exact zeros, in [0, 1], "
+    "sums to k; p = 2 piecewise linear, p = 4/3 smooth where entries leave 0; l may be a per-row "
+    "tensor (with gradients)",
     checks={
         "l": check_positive_or_tensor,
         "p": _choice(P_VALUES),
@@ -263,18 +271,14 @@ _REGISTRY["sparse"] = _Method(
     tensor_args=("l",),
     joint=_dykstra_solves_p2,
 )
-_REGISTRY["perturbed"] = _Method(
-    MethodInfo(
-        name="perturbed",
-        outputs=("mask",),
-        stochastic=True,
-        cost="O(n_samples n) time and memory per row",
-        params={"sigma": 1.0, "n_samples": 100, "noise": "gaussian", "generator": None, "hard": False},
-        summary="Monte-Carlo mean of hard k-hot masks of x + sigma Z (Berthet et al. 2020); sums to k, "
-        "values multiples of 1/n_samples; perturbed-optimiser gradient estimator",
-    ),
-    None,
+_REGISTRY["perturbed"] = _mask_method(
+    "perturbed",
     _exact_with_hard(perturbed_topk_rows, ranks=False),
+    stochastic=True,
+    cost="O(n_samples n) time and memory per row",
+    params={"sigma": 1.0, "n_samples": 100, "noise": "gaussian", "generator": None, "hard": False},
+    summary="Monte-Carlo mean of hard k-hot masks of x + sigma Z (Berthet et al. 2020); sums to k, "
+    "values multiples of 1/n_samples; perturbed-optimiser gradient estimator",
     checks={
         "sigma": _positive,
         "n_samples": _count,
@@ -286,8 +290,10 @@ _REGISTRY["perturbed"] = _Method(
 
 
 def _gumbel_rows(params: dict[str, Any]) -> Kernel:
-    # gumbel takes an int k only ("k" is not in its tensor_args), so the kernel's k is an int
-    return lambda rows, k: gumbel_ranks_rows(rows, cast(int, k), **params)
+    # gumbel takes an int k only ("k" is not in its tensor_args), so the kernel's k is an int; the
+    # relaxation is "subsets" here (the lapsum relaxation has no ranks)
+    tau, hard, noise, generator = params["tau"], params["hard"], params["noise"], params["generator"]
+    return lambda rows, k: gumbel_ranks_rows(rows, cast(int, k), tau=tau, hard=hard, noise=noise, generator=generator)
 
 
 def _gumbel_ranks(x: torch.Tensor, k: int, **params: Any) -> torch.Tensor:

@@ -130,20 +130,14 @@ def sparse_soft_topk_mag_dykstra(x, k: int, l: float = 1e-1, num_iter: int = 500
     """Relaxed top-k in magnitude (p = 2) along the last axis by Dykstra's projections.
 
     ``sign(x) * (s - v)/l * (1 + l)`` with ``v`` the (approximate) isotonic regression of
-    ``s / (1 + l w)`` weighted by ``1 + l w``, s = sorted |x|.
-
-    Args:
-        x: tensor (or array-like) of shape (..., n) (the original: 1-D only).
-        k: int, 0 <= k <= n.
-        l: regularisation strength lambda > 0 (default 0.1).
-        num_iter: number of single projections (default 500).
-
-    Returns:
-        Tensor of x's shape.
+    ``s / (1 + l w)`` weighted by ``1 + l w``, s = sorted |x|. The arguments are those of
+    :func:`sparse_soft_topk_mask_dykstra`; the result, of x's shape, approaches the exact
+    :func:`sparse_soft_topk_mag_pav` with ``p=2`` as ``num_iter`` grows.
 
     Example:
-        >>> out = sparse_soft_topk_mag_dykstra(torch.tensor([-5.0, -2.0, 3.0, 1.0]), k=2, l=1e-2)
-        >>> torch.allclose(out, torch.tensor([-5.0, 0.0, 3.0, 0.0]), atol=1e-4)
+        >>> x = torch.tensor([-5.0, -2.0, 3.0, 1.0])
+        >>> exact = sparse_soft_topk_mag_pav(x, k=2, l=1e-2, p=2)
+        >>> torch.allclose(sparse_soft_topk_mag_dykstra(x, k=2, l=1e-2), exact, atol=1e-4)
         True
     """
     return softtopk.sparse_topk_mag(_tensor(x), k, l=l, p=2.0, solver="dykstra", n_iter=num_iter)

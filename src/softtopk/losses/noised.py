@@ -69,11 +69,8 @@ def noised_params(
 def noised_hinge(
     input: torch.Tensor,
     target: torch.Tensor,
+    params: tuple[int, float, int, torch.Generator | None],
     *,
-    k: int,
-    epsilon: float,
-    n_samples: int,
-    generator: torch.Generator | None,
     noise: torch.Tensor | None,
     margins: torch.Tensor | float,
     scale: float | None,
@@ -82,7 +79,11 @@ def noised_hinge(
     reduction: str,
 ) -> torch.Tensor:
     """``max(0, scale * (margin_y + top_{k+1,eps}(s) - s_y))``, reduced; pytopk's operation order (so a
-    seeded call equals pytopk's bit for bit). The noise is drawn after every other check."""
+    seeded call equals pytopk's bit for bit). ``params`` are ``(k, epsilon, n_samples, generator)`` as
+    :func:`noised_params` returns them; the generator's device is checked here, and the noise is drawn
+    after every other check."""
+    k, epsilon, n_samples, generator = params
+    check_generator("generator", generator, input.device)
     check_scale("epsilon", epsilon, input.dtype, zero=True)
     if scale is not None:
         check_scale("scale", scale, input.dtype)
@@ -132,17 +133,11 @@ def bal_noised_topk(
         >>> softtopk.bal_noised_topk(scores, labels, k=1, epsilon=1.0, generator=torch.Generator().manual_seed(0))
         tensor(2.9793)
     """
-    k, epsilon, n_samples, generator = noised_params(
-        k, epsilon, n_samples, generator, check_class_input(input).shape[1]
-    )
-    check_generator("generator", generator, input.device)
+    params = noised_params(k, epsilon, n_samples, generator, check_class_input(input).shape[1])
     return noised_hinge(
         input,
         target,
-        k=k,
-        epsilon=epsilon,
-        n_samples=n_samples,
-        generator=generator,
+        params,
         noise=noise,
         margins=1.0,
         scale=None,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .._validation import check_class_counts, check_class_input, check_generator, check_real
+from .._validation import check_class_counts, check_class_input, check_real
 from ._base import ClassLoss
 from .noised import noised_hinge, noised_params
 
@@ -82,16 +82,12 @@ def imbal_noised_topk(
         tensor(142.4531)
     """
     classes = check_class_input(input).shape[1]
-    k, epsilon, n_samples, generator = noised_params(k, epsilon, n_samples, generator, classes)
+    params = noised_params(k, epsilon, n_samples, generator, classes)
     max_m, counts, scale = _ldam_params(max_m, cls_num_list, scale, classes)
-    check_generator("generator", generator, input.device)
     return noised_hinge(
         input,
         target,
-        k=k,
-        epsilon=epsilon,
-        n_samples=n_samples,
-        generator=generator,
+        params,
         noise=noise,
         margins=ldam_margins(counts, max_m),
         scale=scale,
@@ -177,19 +173,9 @@ class ImbalNoisedTopK(ClassLoss):
                 f"cls_num_list must have one count per class: the loss has {self.margins.shape[0]} "
                 f"margins, input has C = {classes} classes"
             )
-        k, epsilon, n_samples, generator = noised_params(self.k, self.epsilon, self.n_samples, self.generator, classes)
-        check_generator("generator", generator, input.device)
+        params = noised_params(self.k, self.epsilon, self.n_samples, self.generator, classes)
         return noised_hinge(
-            input,
-            target,
-            k=k,
-            epsilon=epsilon,
-            n_samples=n_samples,
-            generator=generator,
-            noise=noise,
-            margins=self.margins,
-            scale=self.scale,
-            **self._class_kwargs(),
+            input, target, params, noise=noise, margins=self.margins, scale=self.scale, **self._class_kwargs()
         )
 
     def extra_repr(self) -> str:

@@ -37,6 +37,7 @@ of a loss of that size).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -57,15 +58,41 @@ __all__ = [
 ]
 
 
-def _svm_params(k: Any, tau: Any, alpha: Any, classes: int | None = None) -> tuple[int, float, float]:
-    """The family's parameters, checked once for the functions and their Modules (``k < C`` when
-    ``C`` is known); ``tau=None`` for the hard losses."""
-    if classes is None:
+def _svm_params(k: Any, tau: Any, alpha: Any, input: torch.Tensor | None = None) -> tuple[int, float, float]:
+    """The family's parameters, checked once for the functions and their Modules; given the
+    ``input`` (the functions), also ``k < C`` and ``tau`` against its dtype. ``tau=None`` for the
+    hard losses."""
+    if input is None:
         k = check_int("k", k, low=1)
     else:
+        classes = check_class_input(input).shape[1]
         k = check_int("k", k, low=1, high=classes - 1, why=" (k < C, the number of classes)")
     tau = None if tau is None else check_real("tau", tau, positive=True)
-    return k, tau, check_real("alpha", alpha, low=0.0)
+    alpha = check_real("alpha", alpha, low=0.0)
+    if input is not None and tau is not None:
+        check_scale("tau", tau, input.dtype)
+    return k, tau, alpha
+
+
+def _svm_loss(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    k: int,
+    rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    weight: torch.Tensor | None,
+    ignore_index: int,
+    reduction: str,
+) -> torch.Tensor:
+    """The class loss of ``rows(logits, label)``, under the ``+inf`` rules of a top-``k`` SVM loss
+    (:func:`softtopk.ops.svm_rows.extended_svm_rows`)."""
+    return class_loss(
+        input,
+        target,
+        lambda s, y: extended_svm_rows(s, y, k, rows),
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+    )
 
 
 def smooth_topk_svm(
@@ -87,15 +114,9 @@ def smooth_topk_svm(
         >>> softtopk.smooth_topk_svm(logits, torch.tensor([0, 3]), k=2, reduction="none")
         tensor([0.4741, 1.5019])
     """
-    k, tau, alpha = _svm_params(k, tau, alpha, check_class_input(input).shape[1])
-    check_scale("tau", tau, input.dtype)
-    return class_loss(
-        input,
-        target,
-        lambda s, y: extended_svm_rows(s, y, k, lambda r, l: smooth_topk_svm_rows(r, l, k, tau, alpha)),
-        weight=weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
+    k, tau, alpha = _svm_params(k, tau, alpha, input)
+    return _svm_loss(
+        input, target, k, lambda r, l: smooth_topk_svm_rows(r, l, k, tau, alpha), weight, ignore_index, reduction
     )
 
 
@@ -110,15 +131,9 @@ def smooth_top1_svm(
     reduction: str = "mean",
 ) -> torch.Tensor:
     """Smooth top-1 SVM loss (one log-sum-exp). See :class:`SmoothTop1SVM` for details."""
-    _, tau, alpha = _svm_params(1, tau, alpha, check_class_input(input).shape[1])
-    check_scale("tau", tau, input.dtype)
-    return class_loss(
-        input,
-        target,
-        lambda s, y: extended_svm_rows(s, y, 1, lambda r, l: smooth_top1_svm_rows(r, l, tau, alpha)),
-        weight=weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
+    _, tau, alpha = _svm_params(1, tau, alpha, input)
+    return _svm_loss(
+        input, target, 1, lambda r, l: smooth_top1_svm_rows(r, l, tau, alpha), weight, ignore_index, reduction
     )
 
 
@@ -133,15 +148,8 @@ def topk_svm(
     reduction: str = "mean",
 ) -> torch.Tensor:
     """Hard top-k SVM loss, the limit ``tau -> 0`` of the smooth one. See :class:`TopKSVM` for details."""
-    k, _, alpha = _svm_params(k, None, alpha, check_class_input(input).shape[1])
-    return class_loss(
-        input,
-        target,
-        lambda s, y: extended_svm_rows(s, y, k, lambda r, l: hard_svm_rows(r, l, k, alpha)),
-        weight=weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
-    )
+    k, _, alpha = _svm_params(k, None, alpha, input)
+    return _svm_loss(input, target, k, lambda r, l: hard_svm_rows(r, l, k, alpha), weight, ignore_index, reduction)
 
 
 def top1_svm(

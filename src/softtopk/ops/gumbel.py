@@ -37,7 +37,6 @@ from __future__ import annotations
 import torch
 
 from ._straight_through import straight_through_ranks
-from .lapsum import lapsum_mask
 from .perturbed import draw_noise
 
 RELAXATIONS = ("lapsum", "subsets")
@@ -96,11 +95,6 @@ def gumbel_keys(rows: torch.Tensor, noise: bool | torch.Tensor, generator: torch
     return rows
 
 
-def _hard_mask(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """Exact k-hot of the ``k`` largest keys (rows)."""
-    return torch.zeros_like(keys).scatter_(-1, keys.topk(k, -1).indices, 1.0)
-
-
 # ---------------------------------------------------------------------------------- row functions
 
 
@@ -110,7 +104,6 @@ def gumbel_ranks_rows(
     *,
     tau: float = 1.0,
     hard: bool = False,
-    relaxation: str = "subsets",
     noise: bool | torch.Tensor = True,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
@@ -119,33 +112,9 @@ def gumbel_ranks_rows(
     Column ``j`` is the ``j``-th successive softmax (it sums to 1); the columns sum to the subsets
     ``khot``. ``hard=True``: forward the one-hot ranks of the keys' top-k (column ``j`` picks the
     ``j``-th largest key, i.e. the ``j``-th item drawn), backward the relaxed ranks' gradient. Only
-    ``relaxation="subsets"`` has per-step ranks (the registry refuses ``"lapsum"`` here).
-    ``noise`` may be a tensor of draws of the rows' shape.
+    ``relaxation="subsets"`` has per-step ranks (the registry refuses ``"lapsum"`` for them); its
+    mask is their sum. ``noise`` may be a tensor of draws of the rows' shape.
     """
     keys = gumbel_keys(rows, noise, generator)
     ranks = _subsets_steps(keys, k, tau)
     return straight_through_ranks(keys, ranks) if hard else ranks
-
-
-def gumbel_mask_rows(
-    rows: torch.Tensor,
-    k: int,
-    *,
-    tau: float = 1.0,
-    hard: bool = False,
-    relaxation: str = "lapsum",
-    noise: bool | torch.Tensor = True,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Relaxed (or straight-through hard) Gumbel top-k mask ``(B, n)`` of rows ``(B, n)`` (in the
-    compute dtype). ``noise`` may be a tensor of draws of the rows' shape."""
-    keys = gumbel_keys(rows, noise, generator)
-    if relaxation == "subsets":
-        ranks = _subsets_steps(keys, k, tau)
-        # the one-hot ranks of the keys' top-k sum to its exact k-hot
-        return (straight_through_ranks(keys, ranks) if hard else ranks).sum(-1)
-    mask = lapsum_mask(keys, k, tau)
-    if not hard:
-        return mask
-    # straight-through: mask + (hard - mask) is exactly 0 or 1 for mask in [0, 1]
-    return mask + (_hard_mask(keys, k) - mask).detach()

@@ -73,8 +73,9 @@ def _solve(y: torch.Tensor, lw: torch.Tensor | None, finite: torch.Tensor, top: 
     return isotonic_kl(v0 + lw, lw)
 
 
-def _weights(n: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(n, 0, -1, device=device, dtype=torch.float64)
+def _weights(rows: torch.Tensor) -> torch.Tensor:
+    """``w = (n, n-1, ..., 1)`` in float64 for rows ``(B, n)``, on their device."""
+    return torch.arange(rows.shape[-1], 0, -1, device=rows.device, dtype=torch.float64)
 
 
 def _nan_rows(grad: torch.Tensor, nan: torch.Tensor, plain: bool) -> torch.Tensor:
@@ -98,10 +99,9 @@ class SoftRankFn(torch.autograd.Function):
     @staticmethod
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
         s, perm, nan = _sorted(x, sign, plain)
-        n = s.shape[-1]
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
         theta = s / eps64
-        w = _weights(n, x.device)
+        w = _weights(s)
         if plain:
             v = isotonic_kl(theta, w.log().expand_as(theta)) if kl else isotonic_l2(theta - w)
             r = (theta - v).exp() if kl else theta - v
@@ -111,7 +111,7 @@ class SoftRankFn(torch.autograd.Function):
         # the infinite entries share their ranks: the mean of w over the top p (bottom q) positions
         p = (theta == torch.inf).sum(-1, keepdim=True)
         q = (theta == -torch.inf).sum(-1, keepdim=True)
-        shared = torch.where(top, n - (p - 1) / 2, (q + 1) / 2).to(torch.float64)
+        shared = torch.where(top, s.shape[-1] - (p - 1) / 2, (q + 1) / 2).to(torch.float64)
         if kl:
             v = _solve(theta, w.log().expand_as(theta), finite, top)
             r = torch.where(finite, (theta - v).exp(), shared)
@@ -138,7 +138,7 @@ class SoftRankFn(torch.autograd.Function):
         g = grad.to(torch.float64).gather(-1, perm)
         if ctx.kl:
             gr = g * r
-            d_theta = gr - r * block_sum(gr, ids) / block_sum(_weights(v.shape[-1], v.device).expand_as(v), ids)
+            d_theta = gr - r * block_sum(gr, ids) / block_sum(_weights(v).expand_as(v), ids)
         else:
             d_theta = g - block_sum(g, ids) / block_sum(torch.ones_like(g), ids)
         if not ctx.plain:
@@ -161,9 +161,8 @@ class SoftSortFn(torch.autograd.Function):
     @staticmethod
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
         s, perm, nan = _sorted(x, sign, plain)
-        n = s.shape[-1]
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
-        ws = (_weights(n, x.device) / eps64).expand_as(s)
+        ws = (_weights(s) / eps64).expand_as(s)
         if plain:
             v = isotonic_kl(ws, s) if kl else isotonic_l2(ws - s)
             return (ws - v) * sign, v, s, perm, nan
@@ -202,7 +201,7 @@ class SoftSortFn(torch.autograd.Function):
         grad_x = torch.zeros_like(d_s).scatter(-1, perm, d_s)
         grad_eps = None
         if ctx.needs_input_grad[1]:
-            w = _weights(v.shape[-1], v.device).expand_as(v)
+            w = _weights(v).expand_as(v)
             if ctx.kl:
                 centred = w - block_sum(_softmax_blocks(w / eps, ids, first) * w, ids)
                 inner = torch.linalg.vecdot(g, centred if ctx.plain else torch.where(finite, centred, 0.0))

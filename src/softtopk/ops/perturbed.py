@@ -90,12 +90,13 @@ def perturbed_topk_rows(
     rows: torch.Tensor,
     k: int,
     *,
-    sigma: float = 1.0,
-    n_samples: int = 100,
-    noise: str = "gaussian",
-    generator: torch.Generator | None = None,
+    sigma: float,
+    n_samples: int,
+    noise: str,
+    generator: torch.Generator | None,
 ) -> torch.Tensor:
-    """Perturbed top-k mask ``(B, n)`` of rows ``(B, n)`` (in the compute dtype)."""
+    """Perturbed top-k mask ``(B, n)`` of rows ``(B, n)`` (in the compute dtype); the registry passes
+    every parameter (the defaults live there and in :func:`softtopk.perturbed_topk`)."""
     draws = draw_noise((rows.shape[0], n_samples, rows.shape[1]), noise, generator, rows)
     return _PerturbedTopK.apply(rows, draws, k, sigma, noise)[0]
 

@@ -207,6 +207,13 @@ def _input_grads(grad_z: torch.Tensor, z: torch.Tensor, params: dict):
     return (grad_z * beta).T, ((grad_z * z).sum(0, keepdim=True) / beta).T
 
 
+def _sweep_grads(grad_z, grad_art, z, params: dict):
+    """A sweep's backward result, in its inputs' order ``(x, scale, key, params, mode, ...)``: the
+    gradient of ``x``, and of the per-row steepness (else ``grad_art``, that of the ART lambda)."""
+    grad_x, grad_scale = _input_grads(grad_z, z, params)
+    return grad_x, (grad_art if grad_scale is None else grad_scale), None, None, None, None
+
+
 def _fold(tensor, dim, size):
     """The vmapped axis ``dim`` (size ``size``) of ``tensor`` folded into its rows (axis 0)."""
     if tensor is None:
@@ -229,14 +236,32 @@ def _save(ctx, x, key, params, mode, saved):
     ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
 
 
+def _vmapped(sweep, size, in_dims, inputs):
+    """``sweep`` under ``vmap``: its tensor inputs with the vmapped axis folded into their rows, one
+    call, the outputs unfolded."""
+    folded = [_fold(a, dim, size) if isinstance(a, torch.Tensor) else a for a, dim in zip(inputs, in_dims, strict=True)]
+    return _unfold(sweep.apply(*folded), size)
+
+
 def _with_scale(params: dict, scale):
     """The sweeps' parameters: a per-row steepness ``scale`` (B, 1) as (1, B), along the wires."""
     return params if scale is None else {**params, "steepness": scale.T}
 
 
-class _ColumnSweep(torch.autograd.Function):
-    """``(x (B, n), scale)`` → columns ``(n, c, B)`` of ``P``: the top-k ranks' (``c = k``) or their
-    sum, the mask (``c = 1``). ``scale``: a per-row steepness (B, 1) or None (``params``' float)."""
+class _Sweep(torch.autograd.Function):
+    """What both sweeps share: the inputs ``(x (B, n), scale, key, params, mode, ...)``, with ``scale``
+    a per-row steepness (B, 1) or None (``params``' float), and the saving of every output but the
+    first (non-differentiable) for the backward."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, scale, key, params, mode, _ = inputs
+        _save(ctx, x, key, _with_scale(params, scale), mode, output[1:])
+
+
+class _ColumnSweep(_Sweep):
+    """``(x (B, n), scale, ..., ranks)`` → columns ``(n, c, B)`` of ``P``: the top-k ranks' (``c = k``)
+    or their sum, the mask (``c = 1``)."""
 
     @staticmethod
     def forward(x, scale, key, params, mode, ranks):
@@ -253,11 +278,6 @@ class _ColumnSweep(torch.autograd.Function):
             torch.lerp(c.index_select(0, partner[layer]), c, alphas[layer].unsqueeze(1), out=columns[layer - 1])
         c = columns[0]
         return torch.lerp(c.index_select(0, partner[0]), c, alphas[0].unsqueeze(1)), z, diffs, alphas, columns
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, scale, key, params, mode, _ = inputs
-        _save(ctx, x, key, _with_scale(params, scale), mode, output[1:])
 
     @staticmethod
     @once_differentiable
@@ -278,35 +298,25 @@ class _ColumnSweep(torch.autograd.Function):
         alpha_grads = torch.sub(stacked, stacked.index_select(0, flat)).view_as(columns) * torch.stack(sweep)
         alpha_grads = alpha_grads[:, :, 0] if alpha_grads.shape[2] == 1 else alpha_grads.sum(2)
         grad_z, grad_art = _value_backward(None, (z, diffs, alphas), plan, ctx.params, ctx.mode, alpha_grads)
-        grad_x, grad_scale = _input_grads(grad_z, z[:, 0], ctx.params)
-        return grad_x, (grad_art if grad_scale is None else grad_scale), None, None, None, None
+        return _sweep_grads(grad_z, grad_art, z[:, 0], ctx.params)
 
     @staticmethod
-    def vmap(info, in_dims, x, scale, key, params, mode, ranks):
-        size = info.batch_size
-        outputs = _ColumnSweep.apply(
-            _fold(x, in_dims[0], size), _fold(scale, in_dims[1], size), key, params, mode, ranks
-        )
-        return _unfold(outputs, size)
+    def vmap(info, in_dims, *inputs):
+        return _vmapped(_ColumnSweep, info.batch_size, in_dims, inputs)
 
 
-class _LabelSweep(torch.autograd.Function):
-    """``(x (B, n), position (B,), scale)`` → ``P[b, position[b], :]`` at the output wires (k, B):
-    the one-hot row of ``position`` rides along the value sweep."""
+class _LabelSweep(_Sweep):
+    """``(x (B, n), scale, ..., position (B,))`` → ``P[b, position[b], :]`` at the output wires
+    (k, B): the one-hot row of ``position`` rides along the value sweep."""
 
     @staticmethod
-    def forward(x, position, scale, key, params, mode):
+    def forward(x, scale, key, params, mode, position):
         params = _with_scale(params, scale)
         plan = _plan(*key, str(x.device), str(x.dtype))
         wires = _wires(x, params, 2)
         wires[:, 1].scatter_(0, position.unsqueeze(0), 1.0)
         final, diffs, alphas = _value_sweep(wires, plan, params, mode)
         return final[:, 1].index_select(0, plan[3]), wires, diffs, alphas
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, _, scale, key, params, mode = inputs
-        _save(ctx, x, key, _with_scale(params, scale), mode, output[1:])
 
     @staticmethod
     @once_differentiable
@@ -318,21 +328,11 @@ class _LabelSweep(torch.autograd.Function):
         row = torch.zeros_like(wires[:, 1]).index_copy(0, plan[3], grad)
         start = torch.stack([torch.zeros_like(row), row], 1)
         grad_z, grad_art = _value_backward(start, (wires, diffs, alphas), plan, ctx.params, ctx.mode)
-        grad_x, grad_scale = _input_grads(grad_z, wires[:, 0], ctx.params)
-        return grad_x, None, (grad_art if grad_scale is None else grad_scale), None, None, None
+        return _sweep_grads(grad_z, grad_art, wires[:, 0], ctx.params)
 
     @staticmethod
-    def vmap(info, in_dims, x, position, scale, key, params, mode):
-        size = info.batch_size
-        outputs = _LabelSweep.apply(
-            _fold(x, in_dims[0], size),
-            _fold(position, in_dims[1], size),
-            _fold(scale, in_dims[2], size),
-            key,
-            params,
-            mode,
-        )
-        return _unfold(outputs, size)
+    def vmap(info, in_dims, *inputs):
+        return _vmapped(_LabelSweep, info.batch_size, in_dims, inputs)
 
 
 def _split_scale(params: dict, x: torch.Tensor) -> tuple[dict, torch.Tensor | None]:
@@ -381,4 +381,4 @@ def network_label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, *, netw
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` lands, in one sweep."""
     params, scale = _split_scale(params, x)
     mode = _infinities(x, params)
-    return _LabelSweep.apply(x, position, scale, _key(network, x, k), params, mode)[0].T
+    return _LabelSweep.apply(x, scale, _key(network, x, k), params, mode, position)[0].T
