@@ -144,6 +144,9 @@ TWINS = [
     (softtopk.top1_svm, softtopk.Top1SVM),
     (softtopk.bal_noised_topk, softtopk.BalNoisedTopK),
     (softtopk.imbal_noised_topk, softtopk.ImbalNoisedTopK),
+    (softtopk.soft_rank, softtopk.SoftRank),
+    (softtopk.soft_sort, softtopk.SoftSort),
+    (softtopk.spearman_loss, softtopk.SpearmanLoss),
 ]
 
 

@@ -11,6 +11,7 @@ from .losses.spearman import SpearmanLoss
 from .losses.topk_ce import TopKCrossEntropyLoss
 from .operators import SoftTopK, SoftTopKRanks
 from .routing import Routing, TopKRouter
+from .sorting import SoftRank, SoftSort
 
 __all__ = [
     "BalNoisedTopK",
@@ -22,6 +23,8 @@ __all__ = [
     "SmoothTop1SVM",
     "SmoothTopKSVM",
     "SmoothTopkSVM",
+    "SoftRank",
+    "SoftSort",
     "SoftTopK",
     "SoftTopKRanks",
     "SpearmanLoss",

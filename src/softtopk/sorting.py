@@ -23,7 +23,9 @@ from typing import Any
 
 import torch
 
+from . import _checks as msg
 from ._layout import along_rows, per_row
+from ._registry import register_tensor_params
 from ._validation import (
     check_bool,
     check_choice,
@@ -34,7 +36,7 @@ from ._validation import (
 )
 from .ops.permutahedron import soft_rank_rows, soft_sort_rows
 
-__all__ = ["soft_rank", "soft_sort"]
+__all__ = ["SoftRank", "SoftSort", "soft_rank", "soft_sort"]
 
 REGULARIZATIONS = ("l2", "kl")
 
@@ -146,3 +148,81 @@ def soft_sort(
         (arXiv:2002.08871).
     """
     return _apply(soft_sort_rows, x, regularization, strength, dim, descending)
+
+
+class SoftRank(torch.nn.Module):
+    r"""Module twin of :func:`soft_rank`: soft ranks ``1..n`` along ``dim``, the projection of
+    ``x/ε`` onto the permutahedron (Blondel et al., ICML 2020).
+
+    .. math::
+        r = \mathrm{P}_{\mathcal{P}(w)}(x/\varepsilon), \qquad w = (n, n-1, \dots, 1)
+
+    Args:
+        regularization: ``'l2'`` (default) or ``'kl'``.
+        strength: ``ε > 0``, a float or a tensor of per-row values; an ``nn.Parameter`` is
+            registered as a learnable parameter, any other tensor as a buffer (both follow
+            ``.to()`` and ``state_dict``). Default 1.
+        dim: the axis to rank along. Default -1.
+        descending: rank 1 to the largest entry. Default ``False``.
+
+    Shape:
+        input ``(*)``, any floating dtype; output the same shape and dtype.
+
+    Example:
+        >>> import torch, softtopk
+        >>> layer = softtopk.SoftRank(strength=torch.nn.Parameter(torch.tensor(2.0)))
+        >>> layer(torch.tensor([3.0, 1.0, 2.0])).detach()
+        tensor([2.5000, 1.5000, 2.0000])
+        >>> [name for name, _ in layer.named_parameters()]
+        ['strength']
+
+    Reference:
+        Blondel, Teboul, Berthet, Djolonga. "Fast Differentiable Sorting and Ranking", ICML 2020
+        (arXiv:2002.08871).
+    """
+
+    _function = staticmethod(soft_rank)
+
+    def __init__(
+        self,
+        *,
+        regularization: str = "l2",
+        strength: float | torch.Tensor = 1.0,
+        dim: int = -1,
+        descending: bool = False,
+    ) -> None:
+        super().__init__()
+        self.regularization = check_choice("regularization", regularization, REGULARIZATIONS)
+        self.descending = check_bool("descending", descending)
+        self.params, self._tensors = register_tensor_params(
+            self, {"strength": check_positive_or_tensor("strength", strength)}
+        )
+        self.dim = msg.check_int("dim", dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        strength = getattr(self, "strength") if self._tensors else self.params["strength"]
+        return self._function(
+            x, regularization=self.regularization, strength=strength, dim=self.dim, descending=self.descending
+        )
+
+    def extra_repr(self) -> str:
+        strength = "<tensor>" if self._tensors else repr(self.params["strength"])
+        descending = ", descending=True" if self.descending else ""
+        return f"regularization={self.regularization!r}, strength={strength}, dim={self.dim}{descending}"
+
+
+class SoftSort(SoftRank):
+    r"""Module twin of :func:`soft_sort`: the soft sort along ``dim`` (increasing; ``descending``:
+    decreasing), the projection of ``w/ε`` onto the permutahedron of the values (Blondel et al.,
+    ICML 2020). Arguments as :class:`SoftRank`'s.
+
+    .. math::
+        s = \mathrm{P}_{\mathcal{P}(x)}(w/\varepsilon), \qquad w = (n, n-1, \dots, 1)
+
+    Example:
+        >>> import torch, softtopk
+        >>> softtopk.SoftSort(strength=0.1, descending=True)(torch.tensor([1.0, 3.0, 2.0]))
+        tensor([3., 2., 1.])
+    """
+
+    _function = staticmethod(soft_sort)
