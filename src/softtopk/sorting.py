@@ -200,9 +200,9 @@ class SoftRank(torch.nn.Module):
         self.dim = msg.check_int("dim", dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        strength = getattr(self, "strength") if self._tensors else self.params["strength"]
+        tensors = {name: getattr(self, name) for name in self._tensors}
         return self._function(
-            x, regularization=self.regularization, strength=strength, dim=self.dim, descending=self.descending
+            x, regularization=self.regularization, dim=self.dim, descending=self.descending, **self.params, **tensors
         )
 
     def extra_repr(self) -> str:

@@ -51,18 +51,22 @@ _FAR = 2.0**600  # M for float64 scores (float32 ones take their largest finite 
 
 
 class _NeuralSort(torch.autograd.Function):
-    """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` laid out (B, k, n)."""
+    """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` laid out (B, k, n).
+
+    Computed on the sorted row (the items in increasing order; a permutation of the softmax axis
+    changes nothing) and put back in the row's order once, forward and backward: ``ℓ`` and ``h``
+    are then ``searchsorted`` of sorted queries, and the prefix sums of ``α`` need no gather."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x, tau, k, reduce):
         n = x.shape[-1]
-        x = x.contiguous()  # contiguous rows for searchsorted
         ordered, order = x.sort(-1)
+        ordered = ordered.contiguous()  # for searchsorted (rows of a vmapped input may be strided)
         # the s_i factor: ±inf as ±M (-M/2 below, so that searchsorted counts the -inf entries)
         big = min(_FAR, torch.finfo(x.dtype).max)
-        far = x.nan_to_num(nan=float("nan"), posinf=big, neginf=-big / 2)
+        far = ordered.nan_to_num(nan=float("nan"), posinf=big, neginf=-big / 2)
         below = torch.searchsorted(ordered, far)  # ℓ_i (+inf: the entries below +inf)
         cleaned = ordered.nan_to_num(nan=float("nan"), posinf=0.0, neginf=0.0)
         sums = F.pad(cleaned, (1, 0)).cumsum(-1, dtype=_WIDE).gather(-1, below)  # C_i
@@ -76,53 +80,53 @@ class _NeuralSort(torch.autograd.Function):
             logits = logits.sub_(logits.amax(-1, keepdim=True))
         tensor_tau = isinstance(tau, torch.Tensor)
         logits = logits.mul_(2.0).div_(tau.unsqueeze(-1)) if tensor_tau else logits.mul_(2.0 / tau)
-        ranks = torch.softmax(logits, dim=-1)
+        ranks = torch.softmax(logits, dim=-1)  # the sorted items' columns
         if not reduce:
-            out = ranks.to(x.dtype)  # ranks itself for float64 (then returned once)
-            return out, None if out is ranks else ranks, ordered, order, below, far, shift, None
+            out = ranks.to(x.dtype)
+            out = out.scatter(-1, order.unsqueeze(-2).expand(-1, k, -1), out)  # the row's order
+            return out, ranks, ordered, order, below, far, shift, None
         # rows with at most k < n entries above -inf select them all, with gradient 0
         short = ordered[..., n - 1 - k : n - k] == float("-inf")
-        mask = ranks.sum(-2, dtype=x.dtype).masked_fill_((x > float("-inf")) & short, 1.0)
-        return mask, ranks, ordered, order, below, far, shift, short
+        mask = ranks.sum(-2, dtype=x.dtype).masked_fill_((ordered > float("-inf")) & short, 1.0)
+        return mask.scatter(-1, order, mask), ranks, ordered, order, below, far, shift, short
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, tau, _, ctx.reduce = inputs
-        ctx.dtype = x.dtype
+        _, tau, _, ctx.reduce = inputs
+        ctx.dtype = inputs[0].dtype
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*(t for t in output[1:] if t is not None))
         ctx.tau_tensor = isinstance(tau, torch.Tensor)
         ctx.tau = None if ctx.tau_tensor else tau
-        ranks = output[0] if output[1] is None else output[1]
-        ctx.save_for_backward(x, ranks, *output[2:], tau if ctx.tau_tensor else None)
+        ctx.save_for_backward(*output[1:], tau if ctx.tau_tensor else None)
 
     @staticmethod
     def backward(ctx, grad, *_):
         if grad is None:
             return None, None, None, None
-        x, ranks, ordered, order, below, far, shift, short, tau_t = ctx.saved_tensors
+        ranks, ordered, order, below, far, shift, short, tau_t = ctx.saved_tensors
         if ctx.reduce:
-            grad = grad.masked_fill(short, 0.0).to(_WIDE).unsqueeze(-2)  # (B, 1, n)
+            grad = grad.gather(-1, order).masked_fill_(short, 0.0).to(_WIDE).unsqueeze(-2)  # (B, 1, n)
             mean = torch.bmm(ranks, grad.transpose(-1, -2))  # (B, k, 1): Σ_i P g_i
         else:
-            grad = grad.to(_WIDE)
+            grad = grad.gather(-1, order.unsqueeze(-2).expand_as(grad)).to(_WIDE)
             mean = (ranks * grad).sum(-1, keepdim=True)
         centred = grad - mean
         gamma = ranks * centred  # γ τ, (B, k, n)
         alpha = gamma.sum(-2)
         beta = shift @ gamma
-        # Σ_{s_l < s_i} α_l + Σ_{s_l <= s_i} α_l, from the prefix sums of α in sorted order
-        cumulative = F.pad(alpha.gather(-1, order), (1, 0)).cumsum(-1)  # Σ_{l < j} in sorted order
+        # Σ_{s_l < s_i} α_l + Σ_{s_l <= s_i} α_l, from the prefix sums of α (in sorted order)
+        cumulative = F.pad(alpha, (1, 0)).cumsum(-1)  # Σ_{l < j}
         at_most = torch.searchsorted(ordered, far, right=True)
         signs = cumulative.gather(-1, below).add_(cumulative.gather(-1, at_most))
         grad_x = torch.addcmul(signs, below + at_most, alpha).sub_(beta, alpha=2.0)  # -τ ∂s
         scale = -tau_t if ctx.tau_tensor else -ctx.tau
-        grad_x = grad_x.div_(scale).masked_fill_(x.isinf(), 0.0).to(ctx.dtype)
+        grad_x = grad_x.div_(scale).masked_fill_(ordered.isinf(), 0.0).to(ctx.dtype)
         grad_tau = None
         if ctx.tau_tensor and ctx.needs_input_grad[1]:
             grad_tau = -(centred * torch.special.xlogy(ranks, ranks)).sum((-2, -1)).unsqueeze(-1) / tau_t
             grad_tau = grad_tau.to(tau_t.dtype)
-        return grad_x, grad_tau, None, None
+        return grad_x.scatter(-1, order, grad_x), grad_tau, None, None
 
 
 def neuralsort_ranks(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> torch.Tensor:
