@@ -93,6 +93,12 @@ def test_cpu_rounds_absorb_long_cascades_and_fall_back_to_the_fixed_solver():
     want = np.stack([R.isotonic_kl(a, b) for a, b in zip(y.numpy(), lw.numpy(), strict=False)])
     for rounds in (0, 1, None):
         np.testing.assert_allclose(isotonic._pooled_runs(y, lw, rounds).numpy(), want, rtol=1e-12, atol=1e-9)
+    # rows spanning less than 600 pool in linear sums (their ratio), and go back to log-sum-exps
+    y = y / 1e4
+    assert float((y.amax(-1) - y.amin(-1)).max()) < isotonic._RATIO_SPAN < float((y * 1e4).amax() - (y * 1e4).amin())
+    want = np.stack([R.isotonic_kl(a, b) for a, b in zip(y.numpy(), lw.numpy(), strict=False)])
+    for rounds in (0, 1, None):
+        np.testing.assert_allclose(isotonic._pooled_runs(y, lw, rounds).numpy(), want, rtol=1e-12, atol=1e-9)
 
 
 @settings(max_examples=40, deadline=None)
@@ -106,9 +112,10 @@ def test_cpu_rounds_match_pav_on_many_cut_cascades(seed, chain, spikes):
     got = isotonic._pooled_runs(torch.tensor(y), None)
     want = np.stack([R.isotonic_l2(a) for a in y])
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-9 * np.abs(y).max())
-    got = isotonic._pooled_runs(torch.tensor(y), torch.tensor(lw))
-    want = np.stack([R.isotonic_kl(a, b) for a, b in zip(y, lw, strict=True)])
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-9)
+    for span in (1e-3, 1.0):  # kl: linear sums (every row spans less than 600), log-sum-exps
+        got = isotonic._pooled_runs(torch.tensor(y * span), torch.tensor(lw))
+        want = np.stack([R.isotonic_kl(a, b) for a, b in zip(y * span, lw, strict=True)])
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-9)
 
 
 @pytest.mark.parametrize("name", sorted(FNS))

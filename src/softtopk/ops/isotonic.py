@@ -35,7 +35,9 @@ Each round pools every maximal run of non-decreasing block values, then takes ev
 violation's whole left cascade at once (the cascade stops at the minimum of the pooled value
 over the blocks it could absorb). Pooling adjacent violators in any order ends at the same
 solution, so this is exact too; it is much cheaper than the level merges (a few rounds for
-typical soft-rank rows, each a few reads). Should a row need more than ``8 + 8 log2 n`` rounds,
+typical soft-rank rows, each a few reads). A kl block's value is the log of a ratio of sums of
+exponentials, so where every row spans less than 600 the blocks carry those sums (relative to the
+row's maximum), as cheap as l2's, instead of log-sum-exps. Should a row need more than ``8 + 8 log2 n`` rounds,
 the fixed-shape solver takes over: for l2 on the row, for kl on the remaining blocks (their
 log-sum-exps are a kl problem of their own).
 
@@ -105,50 +107,73 @@ def _absorbed(value: torch.Tensor, agg: tuple[torch.Tensor, ...], size: torch.Te
     return edges.cumsum(0)[:-1] == 0  # not inside (b - reach, b]
 
 
+_RATIO_SPAN = 600.0  # rows of kl problems spanning less than this pool in linear sums: e^-600 is normal
+
+
 def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None, rounds: int | None = None) -> torch.Tensor | None:
     """CPU shortcut (reads values): PAV by rounds. Each round pools every maximal run of blocks
     whose values do not decrease (a sequence of PAV's own pooling steps), then runs the left
     cascades of the blocks that still violate (:func:`_absorbed`), and keeps the blocks compacted,
-    one flat list over all rows, with their exact aggregates (sum and count; or the log-sum-exps of
-    ``y`` and ``lw``) combined from the previous step's. After ``rounds`` rounds (by default
+    one flat list over all rows, with their exact aggregates combined from the previous step's:
+    l2, the sum and the count; kl, the log-sum-exps of ``y`` and ``lw``, or, where every row of
+    ``y`` and of ``lw`` spans less than ``_RATIO_SPAN``, the sums of ``exp`` of both relative to
+    the row's maximum, whose ratio orders the blocks as the kl values do (a block's value is the
+    log of that ratio) at the cost of the l2 sums. After ``rounds`` rounds (by default
     ``8 + 8 log2 n``), kl blocks (a kl problem of their own, with their log-sum-exps as points) go
     to the fixed-shape solver, and l2 returns ``None``."""
     rows, n = y.shape
-    flat = y.reshape(-1)
-    size = torch.ones_like(flat)
+    size = torch.ones_like(y.reshape(-1))
     first = torch.zeros(rows, n, dtype=torch.bool, device=y.device)
     first[:, 0] = True
     first = first.reshape(-1)
-    agg: tuple[torch.Tensor, ...] = (flat, lw.reshape(-1)) if lw is not None else (flat,)
+    tops: tuple[torch.Tensor, ...] = ()
+    if lw is None:
+        agg: tuple[torch.Tensor, ...] = (y.reshape(-1),)
+    elif bool(((y.amax(-1) - y.amin(-1)).amax() < _RATIO_SPAN) & ((lw.amax(-1) - lw.amin(-1)).amax() < _RATIO_SPAN)):
+        tops = (y.amax(-1, keepdim=True), lw.amax(-1, keepdim=True))
+        agg = tuple((a - top).exp().reshape(-1) for a, top in zip((y, lw), tops, strict=True))
+    else:
+        agg = (y.reshape(-1), lw.reshape(-1))
+    ratio = len(agg) == 2 and bool(tops)
 
     def values() -> torch.Tensor:
-        return agg[0] - agg[1] if lw is not None else agg[0] / size
+        if lw is None:
+            return agg[0] / size
+        return agg[0] / agg[1] if ratio else agg[0] - agg[1]
+
+    def solution(value: torch.Tensor) -> torch.Tensor:
+        if ratio:  # the kl values: log of the ratio, plus the rows' shifts
+            return value.log().repeat_interleave(size.long()).reshape(rows, n) + (tops[0] - tops[1])
+        return value.repeat_interleave(size.long()).reshape(rows, n)
 
     for step in range(2 * (8 + 8 * n.bit_length() if rounds is None else rounds)):
         value = values()
         if step % 2:
-            keep = _absorbed(value, agg, size, first)
+            keep = _absorbed(value, agg[:1] if ratio else agg, agg[1] if ratio else size, first)
             if keep is None:
-                return value.repeat_interleave(size.long()).reshape(rows, n)
+                return solution(value)
         else:
             keep = first | torch.cat([first[:1], value[:-1] > value[1:]])
             if bool(keep.all()):
-                return value.repeat_interleave(size.long()).reshape(rows, n)
+                return solution(value)
         group = keep.long().cumsum(0) - 1
         count = int(group[-1]) + 1
         size = size.new_zeros(count).index_add(0, group, size)
-        if lw is None:
-            agg = (agg[0].new_zeros(count).index_add(0, group, agg[0]),)
+        if lw is None or ratio:
+            agg = tuple(a.new_zeros(count).index_add(0, group, a) for a in agg)
         else:
             agg = tuple(_segment_lse(a, group, keep, count) for a in agg)
         first = first.masked_select(keep)
     value = values()
     if bool((first[1:] | (value[:-1] >= value[1:])).all()):
-        return value.repeat_interleave(size.long()).reshape(rows, n)
+        return solution(value)
     if lw is None:
         return None
     # the remaining blocks, one padded row per row, padding below every block value
     row = first.long().cumsum(0) - 1
+    if ratio:  # back to log-sum-exps
+        agg = tuple(a.log() + top.squeeze(-1).index_select(0, row) for a, top in zip(agg, tops, strict=True))
+        value = agg[0] - agg[1]
     pos = torch.arange(row.shape[0], device=y.device) - torch.nonzero(first).squeeze(-1)[row]
     width = int(pos.max()) + 1
     ys = value.new_full((rows, width), float(value.min()) - 1.0).index_put((row, pos), agg[0])
