@@ -5,8 +5,9 @@ Every aten op that computes something is a kernel launch on a GPU, and every
 The counts come from a ``TorchDispatchMode`` on the CPU (``tests/dispatch_counter.py``, the same
 counter the test suite's budgets use), so they need no GPU and do not depend on timing noise.
 
-"accelerator path" counts what a CUDA tensor runs: the CPU-only argument checks and the sparse
-solver's CPU candidate shortcut are switched off, as they are for every non-CPU tensor.
+"accelerator path" counts what a CUDA tensor runs: the CPU-only argument checks and the CPU
+shortcuts of the sparse and isotonic solvers are switched off, and the isotonic solver takes an
+accelerator's segment size, as they do for every non-CPU tensor.
 
 Run ``python benchmarks/count_launches.py``; writes ``benchmarks/results/launches.{json,md}``.
 """
@@ -81,6 +82,9 @@ def _cases(target: torch.Tensor) -> dict:
         )(x, target),
         "SmoothTopKSVM k=5": lambda x: losses.SmoothTopKSVM(k=5)(x, target),
         "BalNoisedTopK k=5": lambda x: losses.BalNoisedTopK(k=5, epsilon=1.0)(x, target),
+        "soft_rank l2": lambda x: softtopk.soft_rank(x),
+        "soft_rank kl": lambda x: softtopk.soft_rank(x, regularization="kl"),
+        "soft_sort l2": lambda x: softtopk.soft_sort(x),
         "softmax+topk router + aux loss (baseline)": plain_router,
         "TopKRouter hard (64 x 16 experts, k=2)": routed,
     }
@@ -92,6 +96,9 @@ def _accelerator_path():
     with (
         mock.patch("softtopk.ops.sparse.can_inspect", lambda value: False),
         mock.patch("softtopk._validation.can_inspect", lambda value: False),
+        mock.patch("softtopk.ops.isotonic.can_inspect", lambda value: False),
+        mock.patch("softtopk.ops.permutahedron.can_inspect", lambda value: False),
+        mock.patch("softtopk.ops.isotonic_small._cap", lambda device: 128),
     ):
         yield
 
@@ -128,8 +135,9 @@ def main() -> None:
         "`python benchmarks/count_launches.py`: aten ops dispatched by one forward + backward at",
         "x = randn(64, 1000), k = 10 (losses: 64 rows x 1000 classes), counted on the CPU with a",
         "`TorchDispatchMode`; on a GPU each launch is a kernel and each read a host synchronisation.",
-        "Counted on the accelerator path (the CPU-only argument checks and the sparse solver's CPU",
-        f"candidate shortcut off); torch {torch.__version__}. Budget: issue 21's target.",
+        "Counted on the accelerator path (the CPU-only argument checks and the CPU shortcuts of the",
+        "sparse and isotonic solvers off, the isotonic solver's accelerator segment size);",
+        f"torch {torch.__version__}. Budget: issue 21's target.",
         "",
         "| case | launches | views | host reads | reads on CPU tensors | budget |",
         "|---|---|---|---|---|---|",
