@@ -135,9 +135,10 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None, rounds: int | None = 
     elif bool(((y.amax(-1) - y.amin(-1)).amax() < _RATIO_SPAN) & ((lw.amax(-1) - lw.amin(-1)).amax() < _RATIO_SPAN)):
         tops = (y.amax(-1, keepdim=True), lw.amax(-1, keepdim=True))
         agg = tuple((a - top).exp().reshape(-1) for a, top in zip((y, lw), tops, strict=True))
+        base = y - lw  # a point's value alone, as the log-sum-exps give it
     else:
         agg = (y.reshape(-1), lw.reshape(-1))
-    ratio = len(agg) == 2 and bool(tops)
+    ratio = bool(tops)
 
     def values() -> torch.Tensor:
         if lw is None:
@@ -145,8 +146,10 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None, rounds: int | None = 
         return agg[0] / agg[1] if ratio else agg[0] - agg[1]
 
     def solution(value: torch.Tensor) -> torch.Tensor:
-        if ratio:  # the kl values: log of the ratio, plus the rows' shifts
-            return value.log().repeat_interleave(size.long()).reshape(rows, n) + (tops[0] - tops[1])
+        if ratio:  # log of the ratio plus the row's shift; a point alone keeps y - lw, bitwise
+            alone = (size == 1).repeat_interleave(size.long()).reshape(rows, n)
+            pooled = value.log().repeat_interleave(size.long()).reshape(rows, n) + (tops[0] - tops[1])
+            return torch.where(alone, base, pooled)
         return value.repeat_interleave(size.long()).reshape(rows, n)
 
     for step in range(2 * (8 + 8 * n.bit_length() if rounds is None else rounds)):

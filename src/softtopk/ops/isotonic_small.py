@@ -10,7 +10,8 @@ the majorant iff no block across it beats the blocks that end there,
 .. math:: \min_{a < j} M[a, j - 1] \ \ge\ \max_{i \ge j} M[j, i],
 
 and every point takes the value of the block between the breakpoints around it, read from ``M``
-itself: points of one block get bitwise equal values (the backward finds blocks by equality).
+itself: points of one block get bitwise equal values (the backward finds blocks by equality), and
+a point alone keeps its own value bitwise.
 ``O(m^2)`` memory and work per segment, in a fixed sequence of about 25 tensor operations with no
 value read: a handful of launches instead of ``log2 m`` levels of merges. A point within rounding
 of a chord may be taken for a breakpoint or not; either way its value is the block's within
@@ -72,6 +73,7 @@ def small_l2(v: torch.Tensor, m: int) -> torch.Tensor:
     pos = torch.arange(m, device=v.device, dtype=v.dtype)
     count = (pos + 1) - pos.unsqueeze(-1)  # i + 1 - a
     table = (sums[:, 1:].unsqueeze(-2) - sums[:, :-1].unsqueeze(-1)) / count + first.unsqueeze(-1)
+    table.diagonal(0, -2, -1).copy_(seg)  # a point alone keeps its value, bitwise
     return _solved(table, _outside(m, v.device), v.shape)
 
 
@@ -83,5 +85,7 @@ def small_kl(v: torch.Tensor, lw: torch.Tensor, m: int) -> torch.Tensor:
     def block_lse(values: torch.Tensor) -> torch.Tensor:  # logsumexp of values[a..i], (S, m, m)
         return values.reshape(-1, 1, m).expand(-1, m, m).masked_fill(outside, -torch.inf).logcumsumexp(-1)
 
-    seg_lw = lw.reshape(-1, m)
-    return _solved(block_lse(v.reshape(-1, m) + seg_lw) - block_lse(seg_lw), outside, v.shape)
+    seg, seg_lw = v.reshape(-1, m), lw.reshape(-1, m)
+    table = block_lse(seg + seg_lw) - block_lse(seg_lw)
+    table.diagonal(0, -2, -1).copy_(seg)  # a point alone keeps its value, bitwise
+    return _solved(table, outside, v.shape)

@@ -64,13 +64,16 @@ def _separated(v0: torch.Tensor, finite: torch.Tensor, top: torch.Tensor) -> tor
     return torch.where(finite, v0, torch.where(top, hi, lo))
 
 
-def _solve(y: torch.Tensor, lw: torch.Tensor | None, finite: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
-    """l2 (``lw`` None) or kl isotonic solution with the infinite positions kept apart."""
+def _solve(y, lw, finite, top) -> tuple[torch.Tensor, torch.Tensor]:
+    """l2 (``lw`` None) or kl isotonic solution with the infinite positions kept apart, and the
+    value each point has unpooled as the solver computes it (``y``; ``y - lw`` for kl): a
+    singleton block's value, bitwise, so that ``v - base`` is exactly 0 there."""
     if lw is None:
-        return isotonic_l2(_separated(y, finite, top))
+        y = _separated(y, finite, top)
+        return isotonic_l2(y), y
     lw = torch.where(finite, lw, 0.0)
-    v0 = _separated(torch.where(finite, y, 0.0) - lw, finite, top)
-    return isotonic_kl(v0 + lw, lw)
+    y = _separated(torch.where(finite, y, 0.0) - lw, finite, top) + lw
+    return isotonic_kl(y, lw), y - lw
 
 
 def _weights(rows: torch.Tensor) -> torch.Tensor:
@@ -102,9 +105,16 @@ class SoftRankFn(torch.autograd.Function):
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
         theta = s / eps64
         w = _weights(s)
+        # r = θ - v (l2) or exp(θ - v) (kl), written through v - base, exactly 0 on unpooled
+        # points (their ranks are then w exactly, whatever the magnitude of θ)
         if plain:
-            v = isotonic_kl(theta, w.log().expand_as(theta)) if kl else isotonic_l2(theta - w)
-            r = (theta - v).exp() if kl else theta - v
+            if kl:
+                lw = w.log().expand_as(theta)
+                v, base = isotonic_kl(theta, lw), theta - lw
+            else:
+                base = theta - w
+                v = isotonic_l2(base)
+            r = (base - v).exp_().mul_(w) if kl else w - (v - base)
             return torch.zeros_like(r).scatter(-1, perm, r), v, r, theta, perm, nan
         finite = theta.isfinite()
         top = theta > 0
@@ -113,11 +123,11 @@ class SoftRankFn(torch.autograd.Function):
         q = (theta == -torch.inf).sum(-1, keepdim=True)
         shared = torch.where(top, s.shape[-1] - (p - 1) / 2, (q + 1) / 2).to(torch.float64)
         if kl:
-            v = _solve(theta, w.log().expand_as(theta), finite, top)
-            r = torch.where(finite, (theta - v).exp(), shared)
+            v, base = _solve(theta, w.log().expand_as(theta), finite, top)
+            r = torch.where(finite, (base - v).exp() * w, shared)
         else:
-            v = _solve(theta - w, None, finite, top)
-            r = torch.where(finite, theta - v, shared)
+            v, base = _solve(theta - w, None, finite, top)
+            r = torch.where(finite, w - (v - base), shared)
         out = torch.zeros_like(r).scatter(-1, perm, r)
         return torch.where(nan, torch.nan, out), v, r, theta, perm, nan
 
@@ -163,13 +173,16 @@ class SoftSortFn(torch.autograd.Function):
         s, perm, nan = _sorted(x, sign, plain)
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
         ws = (_weights(s) / eps64).expand_as(s)
+        # h = w/ε - v, written s - (v - base): exactly s on unpooled points (the hard sort as
+        # ε -> 0), not the difference of two numbers of the size of w/ε
         if plain:
-            v = isotonic_kl(ws, s) if kl else isotonic_l2(ws - s)
-            return (ws - v) * sign, v, s, perm, nan
+            base = ws - s
+            v = isotonic_kl(ws, s) if kl else isotonic_l2(base)
+            return (s - (v - base)) * sign, v, s, perm, nan
         finite = s.isfinite()
         top = s > 0
-        v = _solve(ws, s, finite, top) if kl else _solve(ws - s, None, finite, top)
-        h = torch.where(finite, ws - v, s) * sign
+        v, base = _solve(ws, s, finite, top) if kl else _solve(ws - s, None, finite, top)
+        h = torch.where(finite, s - (v - base), s) * sign
         return torch.where(nan, torch.nan, h), v, s, perm, nan
 
     @staticmethod
