@@ -141,7 +141,7 @@ def soft_sort(
         >>> softtopk.soft_sort(x)
         tensor([[0.5556, 1.5556, 2.5556, 3.5556, 4.5556, 5.5556, 6.5556, 7.5556, 8.5556]])
         >>> softtopk.soft_sort(x, strength=0.1)
-        tensor([[-0., 1., 2., 3., 5., 6., 7., 8., 9.]])
+        tensor([[0., 1., 2., 3., 5., 6., 7., 8., 9.]])
 
     References:
         Blondel, Teboul, Berthet, Djolonga. "Fast Differentiable Sorting and Ranking", ICML 2020
