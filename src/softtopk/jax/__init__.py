@@ -30,5 +30,14 @@ except ImportError as error:  # pragma: no cover - the jax extra is missing
     raise ImportError('softtopk.jax needs JAX: pip install "softtopk[jax]"') from error
 
 from .operators import hard_topk_mag, hard_topk_mask, soft_topk, sparse_topk_mag, sparse_topk_mask
+from .sorting import soft_rank, soft_sort
 
-__all__ = ["hard_topk_mag", "hard_topk_mask", "soft_topk", "sparse_topk_mag", "sparse_topk_mask"]
+__all__ = [
+    "hard_topk_mag",
+    "hard_topk_mask",
+    "soft_rank",
+    "soft_sort",
+    "soft_topk",
+    "sparse_topk_mag",
+    "sparse_topk_mask",
+]
