@@ -108,14 +108,25 @@ def _log_part(a1: jax.Array, a2: jax.Array, t: jax.Array, below: bool) -> jax.Ar
     return jnp.where(empty, -jnp.inf, a1 + body)
 
 
+def _cum_lse(x: jax.Array, reverse: bool = False) -> jax.Array:
+    """Cumulative ``logsumexp`` along rows ``x`` (R, m) (from the end if ``reverse``): over all pairs
+    for short rows, else an ``associative_scan`` (``lax.cumlogsumexp`` lowers to a window over the
+    whole row on CPU and GPU, quadratic in its length)."""
+    m = x.shape[-1]
+    if m > SHORT:
+        return lax.associative_scan(jnp.logaddexp, x, reverse=reverse, axis=1)
+    upto = jnp.arange(m)[None, :] <= jnp.arange(m)[:, None]  # [i, k]: k <= i
+    return jax.nn.logsumexp(jnp.where(upto.T if reverse else upto, x[:, None, :], -jnp.inf), -1)
+
+
 def _prefix_lse(x: jax.Array) -> jax.Array:
     """``logsumexp`` of the first ``k`` entries, ``k = 0..m`` (R, m + 1)."""
-    return jnp.concatenate([jnp.full_like(x[:, :1], -jnp.inf), lax.cumlogsumexp(x, axis=1)], -1)
+    return jnp.concatenate([jnp.full_like(x[:, :1], -jnp.inf), _cum_lse(x)], -1)
 
 
 def _suffix_lse(x: jax.Array) -> jax.Array:
     """``logsumexp`` of the entries from ``k`` on, ``k = 0..m`` (R, m + 1)."""
-    return jnp.concatenate([lax.cumlogsumexp(x, axis=1, reverse=True), jnp.full_like(x[:, :1], -jnp.inf)], -1)
+    return jnp.concatenate([_cum_lse(x, reverse=True), jnp.full_like(x[:, :1], -jnp.inf)], -1)
 
 
 def _merge_kl(v: jax.Array, lw: jax.Array, m: int) -> jax.Array:
