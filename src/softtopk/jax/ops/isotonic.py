@@ -108,25 +108,32 @@ def _log_part(a1: jax.Array, a2: jax.Array, t: jax.Array, below: bool) -> jax.Ar
     return jnp.where(empty, -jnp.inf, a1 + body)
 
 
-def _cum_lse(x: jax.Array, reverse: bool = False) -> jax.Array:
-    """Cumulative ``logsumexp`` along rows ``x`` (R, m) (from the end if ``reverse``): over all pairs
-    for short rows, else an ``associative_scan`` (``lax.cumlogsumexp`` lowers to a window over the
-    whole row on CPU and GPU, quadratic in its length)."""
+def _cum_lse(x: jax.Array) -> jax.Array:
+    """Cumulative ``logsumexp`` along the last axis of ``x`` (..., m): over all pairs for short rows,
+    else by ``⌈log2 m⌉`` doublings in a loop (``acc_i ⊕= acc_{i-d}``, ``d = 1, 2, 4, ...``; one step
+    to compile). ``lax.cumlogsumexp`` lowers to a window over the whole row on CPU and GPU,
+    quadratic in its length."""
     m = x.shape[-1]
     if m > SHORT:
-        return lax.associative_scan(jnp.logaddexp, x, reverse=reverse, axis=1)
+
+        def double(k, acc):
+            d = jnp.left_shift(1, k)
+            return jnp.where(jnp.arange(m) >= d, jnp.logaddexp(acc, jnp.roll(acc, d, axis=-1)), acc)
+
+        return lax.fori_loop(0, (m - 1).bit_length(), double, x)
     upto = jnp.arange(m)[None, :] <= jnp.arange(m)[:, None]  # [i, k]: k <= i
-    return jax.nn.logsumexp(jnp.where(upto.T if reverse else upto, x[:, None, :], -jnp.inf), -1)
+    return jax.nn.logsumexp(jnp.where(upto, x[..., None, :], -jnp.inf), -1)
 
 
-def _prefix_lse(x: jax.Array) -> jax.Array:
-    """``logsumexp`` of the first ``k`` entries, ``k = 0..m`` (R, m + 1)."""
-    return jnp.concatenate([jnp.full_like(x[:, :1], -jnp.inf), _cum_lse(x)], -1)
-
-
-def _suffix_lse(x: jax.Array) -> jax.Array:
-    """``logsumexp`` of the entries from ``k`` on, ``k = 0..m`` (R, m + 1)."""
-    return jnp.concatenate([_cum_lse(x, reverse=True), jnp.full_like(x[:, :1], -jnp.inf)], -1)
+def _end_sums(l3: jax.Array, v3: jax.Array) -> tuple[jax.Array, ...]:
+    """``logsumexp`` of ``l`` and of ``l + v`` over ``L`` from point ``k`` on (``s1``, ``s2``) and
+    over the first ``k`` points of ``R`` (``p1``, ``p2``), ``k = 0..m``, each (R, m + 1); one scan,
+    ``L`` reversed (its suffixes are then prefixes)."""
+    left = jnp.stack([l3[:, 0], l3[:, 0] + v3[:, 0]])[..., ::-1]
+    right = jnp.stack([l3[:, 1], l3[:, 1] + v3[:, 1]])
+    cum = _cum_lse(jnp.concatenate([left, right]))
+    first = jnp.concatenate([jnp.full_like(cum[..., :1], -jnp.inf), cum], -1)  # the first k, k = 0..m
+    return first[0, :, ::-1], first[1, :, ::-1], first[2], first[3]
 
 
 def _merge_kl(v: jax.Array, lw: jax.Array, m: int) -> jax.Array:
@@ -134,8 +141,7 @@ def _merge_kl(v: jax.Array, lw: jax.Array, m: int) -> jax.Array:
     ``exp(l + v)`` over suffixes of ``L`` and prefixes of ``R`` are taken as log-sum-exps."""
     v3, l3 = v.reshape(-1, 2, m), lw.reshape(-1, 2, m)
     vl, vr = v3[:, 0], v3[:, 1]
-    s1, s2 = _suffix_lse(l3[:, 0]), _suffix_lse(l3[:, 0] + vl)  # L from point k on
-    p1, p2 = _prefix_lse(l3[:, 1]), _prefix_lse(l3[:, 1] + vr)  # R before point k
+    s1, s2, p1, p2 = _end_sums(l3, v3)  # L from point k on, R before point k
     pos = jnp.arange(m)
     c, d = _cross_counts(vl, vr)
     # G < 0 at t = vl_i: the part below t (after i in L) is smaller than the part above (R's
