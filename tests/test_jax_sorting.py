@@ -31,12 +31,13 @@ CASES = [
 
 
 def _rows() -> np.ndarray:
-    """Six rows of 9: random; a tie; integers (many ties); +inf and -inf; -inf padding; large."""
-    x = np.random.default_rng(0).standard_normal((6, 9)) * 2
+    """Six rows of 7 (padded to 8 by the solver): random; a tie; integers (many ties); +inf and
+    -inf; -inf padding; large."""
+    x = np.random.default_rng(0).standard_normal((6, 7)) * 2
     x[1, 2] = x[1, 6]
     x[2] = np.round(x[2])
-    x[3, [1, 4]], x[3, 7] = INF, -INF
-    x[4, 5:] = -INF
+    x[3, [1, 4]], x[3, 6] = INF, -INF
+    x[4, 4:] = -INF
     x[5] *= 50
     return x
 
@@ -83,17 +84,17 @@ def test_float64_values_and_gradients_agree_with_torch(name, reg, descending, ax
 
 @pytest.mark.parametrize("short", [isotonic.SHORT, 0], ids=["pairs", "searchsorted"])
 def test_pav_is_exact(short, monkeypatch):
-    """Rows of 15 (padded to 16): a trend with noise, ties, a cascade through every block, one
+    """Rows of 7 (padded to 8): a trend with noise, ties, a cascade through every block, one
     block, soft-rank rows; the counts across the junction from all pairs or from searches."""
     monkeypatch.setattr(isotonic, "SHORT", short)
     g = np.random.default_rng(0)
     y = np.stack(
         [
-            g.normal(size=15) * 3 + np.arange(15) * 0.3,
-            np.round(g.normal(size=15) * 2),
-            np.concatenate([-1.5 * np.arange(14.0), [1e3]]),
-            np.arange(15.0),
-            np.sort(g.normal(size=15))[::-1] / 0.05 - np.arange(15, 0, -1),
+            g.normal(size=7) * 3 + np.arange(7) * 0.3,
+            np.round(g.normal(size=7) * 2),
+            np.concatenate([-1.5 * np.arange(6.0), [1e3]]),
+            np.arange(7.0),
+            np.sort(g.normal(size=7))[::-1] / 0.05 - np.arange(7, 0, -1),
         ]
     )
     lw = g.normal(size=y.shape)
@@ -108,7 +109,7 @@ def test_pav_is_exact(short, monkeypatch):
 @jax.jit
 def _transformed(x, eps):
     """``grad`` of the ranks (in x and the strength) and ``vmap`` of the kl sort, in one program."""
-    grads = jax.grad(lambda a, e: (sj.soft_rank(a, strength=e) * jnp.arange(9.0)).sum(), (0, 1))(x, eps)
+    grads = jax.grad(lambda a, e: (sj.soft_rank(a, strength=e) * jnp.arange(7.0)).sum(), (0, 1))(x, eps)
     return *grads, jax.vmap(lambda row: sj.soft_sort(row, regularization="kl", descending=True))(x)
 
 
@@ -122,7 +123,7 @@ def test_jit_vmap_grad_and_nan_rows_in_float32():
         np.asarray(v) for v in _transformed(jnp.asarray(x, jnp.float32), jnp.asarray(eps, jnp.float32))
     )
     tx, te = torch.tensor(x, dtype=torch.float32, requires_grad=True), torch.tensor(eps, requires_grad=True)
-    (softtopk.soft_rank(tx, strength=te) * torch.arange(9.0)).sum().backward()
+    (softtopk.soft_rank(tx, strength=te) * torch.arange(7.0)).sum().backward()
     np.testing.assert_allclose(grad_x, tx.grad.numpy(), rtol=1e-5, atol=1e-5)  # NaN in row 1 on both sides
     np.testing.assert_allclose(grad_eps, te.grad.numpy(), rtol=1e-5, atol=1e-5)
     assert np.isnan(grad_x[1]).all() and np.isfinite(grad_x[[0, 2]]).all()
