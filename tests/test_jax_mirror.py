@@ -1,8 +1,9 @@
 """One table, two frameworks: every row calls the torch API and :mod:`softtopk.jax` with the same
-arguments. A good call gives the same values (1e-6 in float32, 1e-12 in float64); a bad call raises
-the same error type with the same message, up to the frameworks' own words (:data:`WORDS`). No
-message is written here: each side is the other's reference (both build theirs from
-:mod:`softtopk._checks`). The gradients' agreement is tests/test_jax_torch.py's.
+arguments. A good call gives the same values (1e-6 in float32, 1e-12 in float64, relative to the
+largest finite output where it exceeds 1: soft ranks reach n); a bad call raises the same error
+type with the same message, up to the frameworks' own words (:data:`WORDS`). No message is written
+here: each side is the other's reference (both build theirs from :mod:`softtopk._checks`). The
+gradients' agreement is tests/test_jax_torch.py's and tests/test_jax_sorting.py's.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ JAX = Side(sj, lambda v, dtype="float32": jnp.asarray(np.asarray(v, dtype)), "ax
 X = np.random.default_rng(0).standard_normal((3, 8))
 X_INF = np.where(np.arange(8) % 3 == 1, -np.inf, X)  # -inf padding: 5 finite entries per row
 ROWS = [0.05, 0.3, 2.0]
+AXIS0 = X[0] ** 2 + 0.1  # a strength per row of X along axis 0
 
 # (id, call of one side f, dtype); each runs on both sides and is compared
 GOOD = [
@@ -78,6 +80,13 @@ GOOD = [
     ("mag dykstra", lambda f, d: f("sparse_topk_mag", f.array(X, d), 3, l=0.5, p=2, solver="dykstra", n_iter=300)),
     ("hard mask", lambda f, d: f("hard_topk_mask", f.array(X, d), 3)),
     ("hard mag smallest", lambda f, d: f("hard_topk_mag", f.array(X_INF, d), 2, largest=False)),
+    (
+        "soft rank kl axis 0 descending per-row strength",
+        lambda f, d: f(
+            "soft_rank", f.array(X, d), axis=0, regularization="kl", descending=True, strength=f.array(AXIS0, d)
+        ),
+    ),
+    ("soft sort -inf", lambda f, d: f("soft_sort", f.array(X_INF, d), strength=0.5)),
 ]
 
 ONES, PAIR = np.ones(3), np.ones((2, 3))
@@ -112,6 +121,17 @@ BAD = [
     ("largest str", lambda f: f("hard_topk_mask", f.array(ONES), 1, largest="yes")),
     ("unknown parameter", lambda f: f("soft_topk", f.array(ONES), 1, method="sparse", tau=1.0)),
     ("bool p", lambda f: f("soft_topk", f.array(ONES), 1, method="sparse", p=True)),
+    ("rank x int", lambda f: f("soft_rank", f.array([1, 2, 3], "int32"))),
+    ("sort axis range", lambda f: f("soft_sort", f.array(ONES), axis=1)),
+    ("regularization", lambda f: f("soft_rank", f.array(ONES), regularization="l1")),
+    ("strength zero", lambda f: f("soft_sort", f.array(ONES), strength=0.0)),
+    ("strength bool", lambda f: f("soft_rank", f.array(ONES), strength=True)),
+    ("strength tiny", lambda f: f("soft_rank", f.array(ONES), strength=1e-300)),
+    ("strength int array", lambda f: f("soft_sort", f.array(PAIR), strength=f.array([1, 2], "int32"))),
+    ("strength negative array", lambda f: f("soft_rank", f.array(PAIR), strength=f.array([1.0, -2.0]))),
+    ("strength huge array", lambda f: f("soft_sort", f.array(PAIR), strength=f.array([1.0, 1e38]))),
+    ("strength shape", lambda f: f("soft_sort", f.array(PAIR), strength=f.array(ONES))),
+    ("descending int", lambda f: f("soft_rank", f.array(ONES), descending=1)),
 ]
 
 
@@ -126,7 +146,8 @@ def test_good_calls_agree(dtype, tol):
             theirs = _values(JAX, call, dtype)
         ours = call(TORCH, dtype).numpy()
         assert ours.dtype == theirs.dtype == np.dtype(dtype), name
-        np.testing.assert_allclose(theirs, ours, rtol=0, atol=tol, err_msg=name)
+        scale = max(1.0, float(np.abs(ours[np.isfinite(ours)]).max(initial=0.0)))
+        np.testing.assert_allclose(theirs, ours, rtol=0, atol=tol * scale, err_msg=name)
 
 
 def _error(side: Side, call: Callable[..., Any]) -> tuple[type, str]:
