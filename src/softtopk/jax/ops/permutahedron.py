@@ -7,6 +7,8 @@ decreasing order: rank ``r = s/ε - v`` (l2, ``v`` the isotonic fit of ``s/ε - 
 ``exp(s/ε - v)`` (kl, ``v`` the kl solution of ``(s/ε, log w)``), put back in the row's order;
 sort ``h = sign (w/ε - v)`` (``v`` the isotonic fit of ``w/ε - s``, or the kl solution of
 ``(w/ε, s)``). The isotonic problems are solved exactly by :mod:`softtopk.jax.ops.isotonic`.
+As in torch, the outputs are written through ``v - base`` (``base`` a point's unpooled value), so
+that an entry no block pools is returned exactly (``s``, or the rank ``w``).
 
 **Derivatives** are ``custom_jvp`` rules (linear in the tangents, so reverse mode is their
 transpose; O(n) beyond the forward's sort): the Jacobian of isotonic regression is block-wise,
@@ -50,12 +52,15 @@ def _separated(v0: jax.Array, finite: jax.Array, top: jax.Array) -> jax.Array:
     return jnp.where(finite, v0, jnp.where(top, bound, -bound))
 
 
-def _solve(y: jax.Array, lw: jax.Array | None, finite: jax.Array, top: jax.Array) -> jax.Array:
-    """l2 (``lw`` None) or kl isotonic solution with the infinite positions kept apart."""
+def _solve(y: jax.Array, lw: jax.Array | None, finite: jax.Array, top: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """l2 (``lw`` None) or kl isotonic solution with the infinite positions kept apart, and each
+    point's value unpooled as the solver computes it (``v - base`` is exactly 0 there)."""
     if lw is None:
-        return isotonic_l2(_separated(y, finite, top))
+        y = _separated(y, finite, top)
+        return isotonic_l2(y), y
     lw = jnp.where(finite, lw, 0.0)
-    return isotonic_kl(_separated(y - lw, finite, top) + lw, lw)
+    y = _separated(y - lw, finite, top) + lw
+    return isotonic_kl(y, lw), y - lw
 
 
 def _weights(n: int, dtype) -> jax.Array:
@@ -86,11 +91,11 @@ def _rank_parts(x: jax.Array, eps: jax.Array, sign: float, kl: bool):
     q = jnp.sum(theta == -jnp.inf, -1, keepdims=True)
     shared = jnp.where(top, n - (p - 1) / 2, (q + 1) / 2).astype(s.dtype)
     if kl:
-        v = _solve(theta, jnp.broadcast_to(jnp.log(w), theta.shape), finite, top)
-        r = jnp.where(finite, jnp.exp(theta - v), shared)
+        v, base = _solve(theta, jnp.broadcast_to(jnp.log(w), theta.shape), finite, top)
+        r = jnp.where(finite, jnp.exp(base - v) * w, shared)
     else:
-        v = _solve(theta - w, None, finite, top)
-        r = jnp.where(finite, theta - v, shared)
+        v, base = _solve(theta - w, None, finite, top)
+        r = jnp.where(finite, w - (v - base), shared)
     return r, v, jnp.where(finite, theta, 0.0), finite, perm, inverse, nan
 
 
@@ -126,8 +131,8 @@ def _sort_parts(x: jax.Array, eps: jax.Array, sign: float, kl: bool):
     ws = jnp.broadcast_to(_weights(s.shape[-1], s.dtype) / eps, s.shape)
     finite = jnp.isfinite(s)
     top = s > 0
-    v = _solve(ws, s, finite, top) if kl else _solve(ws - s, None, finite, top)
-    h = jnp.where(nan, jnp.nan, jnp.where(finite, ws - v, s) * sign)
+    v, base = _solve(ws, s, finite, top) if kl else _solve(ws - s, None, finite, top)
+    h = jnp.where(nan, jnp.nan, jnp.where(finite, s - (v - base), s) * sign)
     return h, v, jnp.where(finite, s, 0.0), finite, perm, nan
 
 
