@@ -19,6 +19,7 @@ from jax.test_util import check_grads  # noqa: E402
 
 import softtopk.jax as sj  # noqa: E402
 from pav_reference import pav_mag, pav_mask  # noqa: E402
+from softtopk.jax import operators as _operators  # noqa: E402
 from softtopk.jax.ops import sparse as _sparse  # noqa: E402
 
 P_VALUES = (2.0, 4.0 / 3.0)
@@ -344,6 +345,17 @@ def test_traced_l_and_tau_are_not_inspected_and_need_no_recompile():
         np.testing.assert_allclose(np.asarray(mask), np.asarray(sj.sparse_topk_mask(x, 3, l=value)), atol=1e-6)
         np.testing.assert_allclose(np.asarray(soft), np.asarray(sj.soft_topk(x, 3, tau=value)), atol=1e-6)
     assert len(traces) == 1
+
+
+@pytest.mark.parametrize("solver", ["pav", "dykstra"])
+def test_a_new_magnitude_l_compiles_nothing(solver):
+    """The magnitude's λ, a float checked on the host, is traced: one compile serves every λ."""
+    x = _x(ROWS, seed=15)
+    sizes = set()
+    for lam in (0.1, 0.5, 2.0):
+        sj.sparse_topk_mag(x, 3, l=lam, p=2, solver=solver)
+        sizes.add(_operators._sparse_topk_mag._cache_size())
+    assert len(sizes) == 1
 
 
 @pytest.mark.parametrize("fn", ["sparse_topk_mask", "sparse_topk_mag"])

@@ -9,11 +9,12 @@ scale. Values are compared relative to the scale of the output (1 for masks, the
 magnitude), gradients relative to their largest entry at that scale.
 
 Each call stacks the rows of the three scales (λ per row), so that each shape compiles once; the
-magnitude's λ is a float that JAX compiles in, so at p = 4/3 it runs one call per scale, and at the
-extreme scales on the sizes of :data:`EXTREME_SIZES`.
+magnitude's λ is a float, so at p = 4/3 it runs one call per scale (λ is traced: no new compile).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
@@ -107,32 +108,24 @@ def _compare_stacked(name: str, n: int, k: int, p: float, scales, dtype, tol: fl
 NAMES = ("mask", "mag", "laplace", "dykstra", "hard")
 # (n, k): every k of a short row, and a longer row's first, middle and last k
 SIZES = ((1, 1), (6, 1), (6, 2), (6, 3), (6, 5), (6, 6), (17, 1), (17, 8), (17, 16))
-# the magnitude at p = 4/3 compiles once per λ, so once per scale: at the extreme scales, a short
-# row's middle k and the longer row's first, middle and last k
-EXTREME_SIZES = ((6, 3), (17, 1), (17, 8), (17, 16))
 
 
 def _p_values(name: str) -> tuple[float, ...]:
     return P_VALUES if name in ("mask", "mag") else (2.0,)
 
 
-def _scale_groups(name: str, p: float, sizes):
-    """(scales, sizes) per call: every scale stacked in one call, except for the magnitude at
-    p = 4/3, whose λ (a compile-time float) differs per scale: its extreme scales take the sizes of
-    :data:`EXTREME_SIZES` only."""
-    if name == "mag" and p != 2.0:
-        extreme = tuple(size for size in sizes if size in EXTREME_SIZES)
-        return [((scale,), sizes if scale == 1.0 else extreme) for scale in SCALES]
-    return [(SCALES, sizes)]
+def _scale_groups(p: float, name: str) -> list[tuple[float, ...]]:
+    """The scales of each call: all in one call, except for the magnitude at p = 4/3, whose λ (a
+    float) differs per scale."""
+    return [(scale,) for scale in SCALES] if name == "mag" and p != 2.0 else [SCALES]
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_float64_agrees_to_1e_9(name):
     with jax.enable_x64(True):
         for p in _p_values(name):
-            for scales, sizes in _scale_groups(name, p, SIZES):
-                for n, k in sizes:
-                    _compare_stacked(name, n, k, p, scales, np.float64, 1e-9)
+            for scales, (n, k) in itertools.product(_scale_groups(p, name), SIZES):
+                _compare_stacked(name, n, k, p, scales, np.float64, 1e-9)
         if name in ("mask", "laplace"):  # the same λ at every scale: from near-hard to near-uniform
             for p in _p_values(name):
                 _compare_stacked(name, 17, 5, p, SCALES, np.float64, 1e-9, base=None)
@@ -141,9 +134,8 @@ def test_float64_agrees_to_1e_9(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_float32_agrees_to_1e_5(name):
     for p in _p_values(name):
-        for scales, sizes in _scale_groups(name, p, ((17, 1), (17, 8), (17, 16))):
-            for n, k in sizes:
-                _compare_stacked(name, n, k, p, scales, np.float32, 1e-5)
+        for scales, k in itertools.product(_scale_groups(p, name), (1, 8, 16)):
+            _compare_stacked(name, 17, k, p, scales, np.float32, 1e-5)
 
 
 def test_per_row_l_and_tau_and_k_agree():
