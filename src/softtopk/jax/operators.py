@@ -126,24 +126,24 @@ def sparse_topk_mag(
     check_scales(params, x.dtype)
     if k >= x.shape[axis]:
         return x
-    return _sparse_topk_mag(
-        x, axis=axis, k=k, l=params["l"], p=params["p"], solver=params["solver"], n_iter=params["n_iter"]
-    )
+    # λ traced, weakly typed as the float it is: a new λ compiles nothing
+    lam = jnp.asarray(params["l"])
+    return _sparse_topk_mag(x, lam, axis=axis, k=k, p=params["p"], solver=params["solver"], n_iter=params["n_iter"])
 
 
-@partial(jax.jit, static_argnames=("axis", "k", "l", "p", "solver", "n_iter"))
+@partial(jax.jit, static_argnames=("axis", "k", "p", "solver", "n_iter"))
 def _sparse_topk_mag(
     x: jax.Array,
+    l: jax.Array,
     *,
     axis: int,
     k: int,
-    l: float,
     p: float,
     solver: str,  # noqa: E741
     n_iter: int,
 ) -> jax.Array:
-    """:func:`sparse_topk_mag` on checked arguments, compiled once per shape, dtype and argument
-    (``l``, a float that the kernels' derivative rules hold fixed, included)."""
+    """:func:`sparse_topk_mag` on checked arguments, compiled once per shape, dtype and static
+    argument; ``l`` is traced (a 0-d array that the kernels' derivative rules hold fixed)."""
     if solver == "dykstra":
         return along_rows(x, axis, lambda rows: dykstra.mag_rows(rows, l, k, n_iter))
     return along_rows(x, axis, lambda rows: sparse.mag_rows(rows, l, k, sparse.exponent(p)))

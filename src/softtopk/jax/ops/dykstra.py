@@ -118,13 +118,13 @@ def mag_rows(x, lam, k, n_iter):
     return extended_mag(x, k, lambda rows: _mag_kernel(rows, lam, k, n_iter))
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+@partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _mag_kernel(x, lam, k, n_iter):
     """Dykstra's value; the exact problem's derivative."""
     return dykstra_mag(lax.stop_gradient(x), lam, k, n_iter)
 
 
 @_mag_kernel.defjvp
-def _mag_jvp(lam, k, n_iter, primals, tangents):
-    (x,), (dx,) = primals, tangents
+def _mag_jvp(k, n_iter, primals, tangents):
+    (x, lam), (dx, _) = primals, tangents
     return _mag_kernel(x, lam, k, n_iter), jax.jvp(lambda v: exact_mag_rows(v, lam, k, 1), (x,), (dx,))[1]

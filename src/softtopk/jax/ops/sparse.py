@@ -279,14 +279,14 @@ def mag_rows(x, lam, k, r):
     return extended_mag(x, k, lambda rows: _exact_mag_rows(rows, lam, k, r))
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3))
+@partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _exact_mag_rows(x, lam, k, r):
     return _mag_parts(x, lam, k, r)[0]
 
 
 @_exact_mag_rows.defjvp
-def _mag_jvp(lam, k, r, primals, tangents):
-    (x,), (dx,) = primals, tangents
+def _mag_jvp(k, r, primals, tangents):
+    (x, lam), (dx, _) = primals, tangents
     out, theta, z = _mag_parts(x, lam, k, r)
     sign = jnp.sign(x)
     ds = sign * dx
