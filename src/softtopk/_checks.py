@@ -21,6 +21,7 @@ FLOATS = "float16/bfloat16/float32/float64"
 P_VALUES = (2.0, 4.0 / 3.0)  # the sparse method's p
 SOLVERS = ("exact", "pav", "dykstra")  # the sparse method's solvers ("exact" and "pav" name one solver)
 SCALES = ("tau", "l", "steepness", "sigma")  # the methods' positive scale (temperature) parameters
+REGULARIZATIONS = ("l2", "kl")  # soft_sort and soft_rank's geometries
 HARD_NEEDS_INT_K = "hard=True needs an int k (its forward is the k-hot mask), got a tensor k"
 MAG_L_IS_FLOAT = "l must be a float for sparse_topk_mag (a per-row tensor l is the mask's), got a tensor"
 MAG_L_MAX = 1e30  # sparse_topk_mag with p = 4/3: θ ~ Σ|x|³/(k l³), whose gradient is NaN from ~1e36 on

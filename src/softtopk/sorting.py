@@ -38,14 +38,12 @@ from .ops.permutahedron import soft_rank_rows, soft_sort_rows
 
 __all__ = ["SoftRank", "SoftSort", "soft_rank", "soft_sort"]
 
-REGULARIZATIONS = ("l2", "kl")
-
 
 def _apply(rows_fn, x: Any, regularization: Any, strength: Any, dim: Any, descending: Any) -> torch.Tensor:
     """Check the arguments, then ``rows_fn`` on the rows of ``x`` along ``dim``."""
     x = check_scores("x", x)
     dim = check_dim(x, dim)
-    kl = check_choice("regularization", regularization, REGULARIZATIONS) == "kl"
+    kl = check_choice("regularization", regularization, msg.REGULARIZATIONS) == "kl"
     descending = check_bool("descending", descending)
     strength = check_scale("strength", check_positive_or_tensor("strength", strength), x.dtype)
     if isinstance(strength, torch.Tensor):
@@ -192,7 +190,7 @@ class SoftRank(torch.nn.Module):
         descending: bool = False,
     ) -> None:
         super().__init__()
-        self.regularization = check_choice("regularization", regularization, REGULARIZATIONS)
+        self.regularization = check_choice("regularization", regularization, msg.REGULARIZATIONS)
         self.descending = check_bool("descending", descending)
         self.params, self._tensors = register_tensor_params(
             self, {"strength": check_positive_or_tensor("strength", strength)}

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._checks import REGULARIZATIONS
 from ._layout import along_rows, per_row
 from ._validation import (
     check_axis,
@@ -39,8 +40,6 @@ from .ops.permutahedron import soft_rank_rows, soft_sort_rows
 from .ops.sparse import wide_dtype
 
 __all__ = ["soft_rank", "soft_sort"]
-
-REGULARIZATIONS = ("l2", "kl")
 
 
 def _apply(rank: bool, x: Any, regularization: Any, strength: Any, axis: Any, descending: Any) -> jax.Array:
