@@ -132,12 +132,14 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None, rounds: int | None = 
     tops: tuple[torch.Tensor, ...] = ()
     if lw is None:
         agg: tuple[torch.Tensor, ...] = (y.reshape(-1),)
-    elif bool(((y.amax(-1) - y.amin(-1)).amax() < _RATIO_SPAN) & ((lw.amax(-1) - lw.amin(-1)).amax() < _RATIO_SPAN)):
-        tops = (y.amax(-1, keepdim=True), lw.amax(-1, keepdim=True))
-        agg = tuple((a - top).exp().reshape(-1) for a, top in zip((y, lw), tops, strict=True))
-        base = y - lw  # a point's value alone, as the log-sum-exps give it
     else:
-        agg = (y.reshape(-1), lw.reshape(-1))
+        tops = (y.amax(-1, keepdim=True), lw.amax(-1, keepdim=True))
+        spans = [(top - a.amin(-1, keepdim=True)).amax() for a, top in zip((y, lw), tops, strict=True)]
+        if bool((spans[0] < _RATIO_SPAN) & (spans[1] < _RATIO_SPAN)):
+            agg = tuple((a - top).exp().reshape(-1) for a, top in zip((y, lw), tops, strict=True))
+            base = y - lw  # a point's value alone, as the log-sum-exps give it
+        else:
+            tops, agg = (), (y.reshape(-1), lw.reshape(-1))
     ratio = bool(tops)
 
     def values() -> torch.Tensor:
@@ -147,8 +149,9 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None, rounds: int | None = 
 
     def solution(value: torch.Tensor) -> torch.Tensor:
         if ratio:  # log of the ratio plus the row's shift; a point alone keeps y - lw, bitwise
-            alone = (size == 1).repeat_interleave(size.long()).reshape(rows, n)
-            pooled = value.log().repeat_interleave(size.long()).reshape(rows, n) + (tops[0] - tops[1])
+            counts = size.long()
+            alone = (counts == 1).repeat_interleave(counts).reshape(rows, n)
+            pooled = value.log().repeat_interleave(counts).reshape(rows, n) + (tops[0] - tops[1])
             return torch.where(alone, base, pooled)
         return value.repeat_interleave(size.long()).reshape(rows, n)
 

@@ -39,27 +39,27 @@ def small_size(shape: torch.Size, device: torch.device) -> int:
     """The segment size solved at once for rows of ``shape`` (``(..., N)``, ``N`` a power of two)
     on ``device``: up to :func:`_cap`, within :data:`_BUDGET` elements per table; 1 (nothing to
     solve) for large rows."""
-    total = shape.numel() if len(shape) else 1
     m = 1
-    while 2 * m <= min(_cap(device), shape[-1]) and total * 2 * m <= _BUDGET:
+    while 2 * m <= min(_cap(device), shape[-1]) and shape.numel() * 2 * m <= _BUDGET:
         m *= 2
     return m
 
 
-def _outside(m: int, device: torch.device) -> torch.Tensor:
-    """``a > i`` over ``[a, i]`` (m, m): the entries of a block table that hold no block."""
+def _grid(m: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions ``0..m-1`` and ``a > i`` over ``[a, i]`` (m, m): the entries of a block table
+    that hold no block."""
     pos = torch.arange(m, device=device)
-    return pos.unsqueeze(-1) > pos
+    return pos, pos.unsqueeze(-1) > pos
 
 
-def _solved(table: torch.Tensor, outside: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+def _solved(table: torch.Tensor, grid: tuple[torch.Tensor, torch.Tensor], shape: torch.Size) -> torch.Tensor:
     """The solution from the block values ``table`` (S, m, m) (``[a, i]``, ``a <= i``)."""
     m = table.shape[-1]
+    pos, outside = grid
     ending = table.masked_fill(outside, torch.inf).amin(-2)  # min over a of the blocks ending at i
     starting = table.masked_fill(outside, -torch.inf).amax(-1)  # max over i of the blocks from a
     breaks = ending[:, :-1] >= starting[:, 1:]  # between points j - 1 and j, j = 1..m-1
     yes = breaks.new_ones(breaks.shape[0], 1)
-    pos = torch.arange(m, device=table.device)
     start = (torch.cat([yes, breaks], -1) * pos).cummax(-1).values
     end = torch.where(torch.cat([breaks, yes], -1), pos, m - 1).flip(-1).cummin(-1).values.flip(-1)
     return table.flatten(1).gather(-1, start * m + end).reshape(shape)
@@ -74,13 +74,14 @@ def small_l2(v: torch.Tensor, m: int) -> torch.Tensor:
     count = (pos + 1) - pos.unsqueeze(-1)  # i + 1 - a
     table = (sums[:, 1:].unsqueeze(-2) - sums[:, :-1].unsqueeze(-1)) / count + first.unsqueeze(-1)
     table.diagonal(0, -2, -1).copy_(seg)  # a point alone keeps its value, bitwise
-    return _solved(table, _outside(m, v.device), v.shape)
+    return _solved(table, _grid(m, v.device), v.shape)
 
 
 def small_kl(v: torch.Tensor, lw: torch.Tensor, m: int) -> torch.Tensor:
     """Every segment of ``m`` points of ``v`` (B, N) solved (kl, log weights ``lw``; ``v`` holds
     ``y - lw``), ``N`` a multiple of ``m``."""
-    outside = _outside(m, v.device)
+    grid = _grid(m, v.device)
+    outside = grid[1]
 
     def block_lse(values: torch.Tensor) -> torch.Tensor:  # logsumexp of values[a..i], (S, m, m)
         return values.reshape(-1, 1, m).expand(-1, m, m).masked_fill(outside, -torch.inf).logcumsumexp(-1)
@@ -88,4 +89,4 @@ def small_kl(v: torch.Tensor, lw: torch.Tensor, m: int) -> torch.Tensor:
     seg, seg_lw = v.reshape(-1, m), lw.reshape(-1, m)
     table = block_lse(seg + seg_lw) - block_lse(seg_lw)
     table.diagonal(0, -2, -1).copy_(seg)  # a point alone keeps its value, bitwise
-    return _solved(table, outside, v.shape)
+    return _solved(table, grid, v.shape)
