@@ -72,7 +72,8 @@ def machine_info(*packages: str) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         **{name: dist_version(name) for name in ("softtopk", *packages)},
-        "git_commit": git("rev-parse", "--short", "HEAD"),
+        # a copy of the tree without .git (benchmarks/run_gpu.sh on a lent GPU) names it in SOFTTOPK_COMMIT
+        "git_commit": git("rev-parse", "--short", "HEAD") or os.environ.get("SOFTTOPK_COMMIT", ""),
         "git_src_dirty": bool(git("status", "--porcelain", "src")),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }

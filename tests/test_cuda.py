@@ -110,6 +110,12 @@ CASES = {
     "soft_topk_ranks softsort": _mask(lambda x: softtopk.soft_topk_ranks(x, K, method="softsort")),
     "soft_topk_ranks neuralsort": _mask(lambda x: softtopk.soft_topk_ranks(x, K, method="neuralsort")),
     "soft_permutation softsort": _mask(lambda x: softtopk.soft_permutation(x, method="softsort"), shape=(8, 64)),
+    "soft_rank l2": _mask(lambda x: softtopk.soft_rank(x)),
+    "soft_rank kl": _mask(lambda x: softtopk.soft_rank(x, regularization="kl")),
+    "soft_sort l2 descending": _mask(lambda x: softtopk.soft_sort(x, descending=True)),
+    "soft_sort kl, strength per row": _mask(
+        lambda x: softtopk.soft_sort(x, regularization="kl", strength=torch.linspace(0.1, 10.0, ROWS, device="cuda"))
+    ),
     "TopKCE splitter m=16": _loss(lambda: softtopk.TopKCrossEntropyLoss(P_K, method="splitter_selection", m=16)),
     "TopKCE neuralsort m=16": _loss(lambda: softtopk.TopKCrossEntropyLoss(P_K, method="neuralsort", m=16)),
     "SmoothTopKSVM": _loss(lambda: softtopk.SmoothTopKSVM(k=5)),
@@ -163,6 +169,63 @@ def test_forward_captured_in_a_cuda_graph_replays_eager(name):
     assert captured.shape == eager.shape and torch.isfinite(captured).all()
     if not stochastic:
         torch.testing.assert_close(captured, eager)
+
+
+SOLVED = {
+    "sparse p=4/3": lambda x: softtopk.soft_topk(x, K, method="sparse"),
+    "sparse p=2": lambda x: softtopk.soft_topk(x, K, method="sparse", p=2.0),
+    "sparse_topk_mag": lambda x: softtopk.sparse_topk_mag(x, K),
+    "soft_rank l2": softtopk.soft_rank,
+    "soft_rank kl": lambda x: softtopk.soft_rank(x, regularization="kl"),
+    "soft_sort l2": softtopk.soft_sort,
+    "soft_sort kl": lambda x: softtopk.soft_sort(x, regularization="kl", strength=0.1),
+}
+
+
+@pytest.mark.parametrize("n", [100, 5000])
+@pytest.mark.parametrize("name", list(SOLVED))
+def test_the_device_solver_equals_the_cpu_solver(name, n):
+    """The isotonic solvers differ by device (fixed-shape merges on the GPU, rounds of pooling on the
+    CPU); both are exact, so in float64 they agree: values with ties too (inputs rounded to a tenth),
+    gradients without (at a tie the map is not differentiable, and each solver returns a valid but
+    different one-sided derivative)."""
+    x = 3 * torch.randn(ROWS, n, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    g = torch.randn_like(x)
+    fn = SOLVED[name]
+    tied = x.round(decimals=1)
+    torch.testing.assert_close(fn(tied.cuda()).cpu(), fn(tied), rtol=1e-9, atol=1e-9)
+    results = []
+    for device in ("cuda", "cpu"):
+        leaf = x.to(device).requires_grad_()
+        out = fn(leaf)
+        (grad,) = torch.autograd.grad((out * g.to(device)).sum(), leaf)
+        results.append((out.cpu(), grad.cpu()))
+    (out_d, grad_d), (out_c, grad_c) = results
+    torch.testing.assert_close(out_d, out_c, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(grad_d, grad_c, rtol=1e-9, atol=1e-9)
+
+
+COMPILED = {
+    "lapsum": lambda x: softtopk.soft_topk(x, K, tau=1.0),
+    "sparse p=4/3": lambda x: softtopk.soft_topk(x, K, method="sparse"),
+    "soft_rank l2": softtopk.soft_rank,
+}
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize("name", list(COMPILED))
+def test_inductor_fullgraph_equals_eager_on_the_device(name):
+    """The default backend on the GPU at 64 x 1e5, the size where Inductor once failed (issue 21)."""
+    fn, x = COMPILED[name], _scores((ROWS, 100_000))
+    g = torch.randn_like(x)
+    results = []
+    for f in (torch.compile(fn, fullgraph=True), fn):
+        out = f(x)
+        (grad,) = torch.autograd.grad((out * g).sum(), x)
+        results.append((out, grad))
+    (out_c, grad_c), (out_e, grad_e) = results
+    torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad_c, grad_e, rtol=1e-4, atol=1e-4)
 
 
 def test_the_triton_kernels_equal_the_torch_path_on_the_device():
