@@ -480,49 +480,53 @@ def main(argv: list[str] | None = None) -> None:
     def log(message: str) -> None:
         print(f"[{time.perf_counter() - started:6.1f}s] {message}", flush=True)
 
-    records = []
+    args = argv if argv is not None else sys.argv[1:]
+    records: list[dict] = []
+
+    def save(group_records: list[dict]) -> None:
+        """Add one group's records and rewrite both files: an interrupted run keeps what it measured."""
+        records.extend(group_records)
+        machine = {
+            **machine_info("pytopk", "difftopk", "torchsort", "softtorch"),
+            "malloc": malloc,
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        }
+        result = {
+            "command": " ".join(["python benchmarks/bench_gpu.py", *args]),
+            "device": opts.device,
+            "device_name": device_name(device, machine),
+            "machine": machine,
+            "softtopk_path": _where(Path(softtopk.__file__).parent),
+            "settings": {
+                "quick": opts.quick,
+                "repeats": opts.repeats,
+                "warmup": opts.warmup,
+                "router": ROUTER,
+                "router_tokens": tokens,
+                "dense_limit": DENSE_LIMIT,
+                "timing": "CUDA events per call" if device.type == "cuda" else "time.perf_counter, 1 thread",
+            },
+            "records": records,
+            "wall_s": time.perf_counter() - started,
+        }
+        opts.out.parent.mkdir(parents=True, exist_ok=True)
+        opts.out.write_text(json.dumps(result, indent=1))
+        opts.out.with_suffix(".md").write_text(markdown(result))
+
     dtypes = (torch.float32, torch.bfloat16)
+    tokens = QUICK_TOKENS if opts.quick else ROUTER["tokens"]
     for shape, ks in QUICK_MASK_SHAPES if opts.quick else MASK_SHAPES:
         for dtype in dtypes if not opts.quick or shape == (64, 1000) else dtypes[:1]:
             for k in (k for k in ks if k < shape[-1]):
                 info = {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "k": k}
-                records += run_group("mask", info, mask_cases(), [shape, k, dtype], device, opts, log)
+                save(run_group("mask", info, mask_cases(), [shape, k, dtype], device, opts, log))
     for rows in QUICK_LOSS_ROWS if opts.quick else LOSS_ROWS:
         info = {"shape": [rows, CLASSES], "dtype": "float32"}
-        records += run_group("loss", info, loss_cases(), [rows], device, opts, log)
-    tokens = QUICK_TOKENS if opts.quick else ROUTER["tokens"]
+        save(run_group("loss", info, loss_cases(), [rows], device, opts, log))
     info = {"shape": [tokens, ROUTER["d_model"], ROUTER["experts"]], "dtype": "bfloat16", "k": ROUTER["k"]}
-    records += run_group("router", info, router_cases(), [tokens], device, opts, log)
-
-    machine = {
-        **machine_info("pytopk", "difftopk", "torchsort", "softtorch"),
-        "malloc": malloc,
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-    }
-    args = argv if argv is not None else sys.argv[1:]
-    result = {
-        "command": " ".join(["python benchmarks/bench_gpu.py", *args]),
-        "device": opts.device,
-        "device_name": device_name(device, machine),
-        "machine": machine,
-        "softtopk_path": _where(Path(softtopk.__file__).parent),
-        "settings": {
-            "quick": opts.quick,
-            "repeats": opts.repeats,
-            "warmup": opts.warmup,
-            "router": ROUTER,
-            "router_tokens": tokens,
-            "dense_limit": DENSE_LIMIT,
-            "timing": "CUDA events per call" if device.type == "cuda" else "time.perf_counter, 1 thread",
-        },
-        "records": records,
-        "wall_s": time.perf_counter() - started,
-    }
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text(json.dumps(result, indent=1))
-    opts.out.with_suffix(".md").write_text(markdown(result))
-    log(f"wrote {opts.out} and {opts.out.with_suffix('.md').name} ({result['wall_s']:.0f} s)")
+    save(run_group("router", info, router_cases(), [tokens], device, opts, log))
+    log(f"wrote {opts.out} and {opts.out.with_suffix('.md').name}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,6 @@ if [[ $phases == *" tests "* ]]; then
         2>&1 | tee "$out/tests.log"
 fi
 if [[ $phases == *" bench "* ]]; then
-    "$py" benchmarks/bench_gpu.py --device cuda --out "$out/gpu.json"
     "$py" benchmarks/bench_soft_sort.py --device cuda --sizes 100 1000 10000 100000 --out "$out/soft_sort_cuda.md"
+    "$py" benchmarks/bench_gpu.py --device cuda --out "$out/gpu.json"
 fi
