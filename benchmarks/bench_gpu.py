@@ -9,7 +9,7 @@ Usage::
 
 Cases (``--quick``: the smaller shapes, seven repeats):
 
-* masks: ``soft_topk`` lapsum (tau 1; also by the optional Triton kernels), ``sparse_topk_mask``
+* masks: ``soft_topk`` lapsum (tau 1; on CUDA by its Triton kernels, and by the torch path), ``sparse_topk_mask``
   (l 0.1, p 4/3), NeuralSort, SoftSort,
   gumbel (tau 1), and torchsort's soft-rank mask and SoftTorch where importable, at 64 x 1e3/1e4/1e5
   (k = 10 and 1000 where k < n), 16384 x 64 (k = 2, 8) and 65536 x 256 (k = 8), float32 and
@@ -108,19 +108,19 @@ def _topk_scatter(x, k):
     return torch.zeros_like(x).scatter(-1, top.indices, top.values)
 
 
-def _triton_kernels(fn: Callable) -> Callable:
-    """``fn`` with the optional Triton kernels of the Laplace mask switched on for its calls."""
+def _torch_path(fn: Callable) -> Callable:
+    """``fn`` with the Laplace mask's Triton kernels (its default on CUDA) switched off."""
 
     def call(x, k):
         from softtopk.ops import lapsum_triton
 
         if x.device.type != "cuda" or importlib.util.find_spec("triton") is None:
-            raise Skip("the Triton kernels run on CUDA with triton installed")
-        lapsum_triton.ENABLED = True
+            raise Skip("the same as lapsum here: the Triton kernels run on CUDA with triton installed")
+        enabled, lapsum_triton.ENABLED = lapsum_triton.ENABLED, False
         try:
             return fn(x, k)
         finally:
-            lapsum_triton.ENABLED = False
+            lapsum_triton.ENABLED = enabled
 
     return call
 
@@ -157,7 +157,7 @@ def mask_cases() -> dict[str, Callable]:
     return {
         "torch.topk+scatter": _mask_case(_topk_scatter),
         "lapsum": _mask_case(topk_method("lapsum", tau=1.0)),
-        "lapsum (Triton kernels)": _mask_case(_triton_kernels(topk_method("lapsum", tau=1.0))),
+        "lapsum (torch path)": _mask_case(_torch_path(topk_method("lapsum", tau=1.0))),
         "sparse p=4/3": _mask_case(lambda x, k: softtopk.sparse_topk_mask(x, k, l=0.1, p=4.0 / 3.0)),
         "neuralsort": _mask_case(_dense(topk_method("neuralsort", tau=1.0))),
         "softsort": _mask_case(_dense(topk_method("softsort", tau=1.0))),

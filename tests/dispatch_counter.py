@@ -4,7 +4,9 @@ On a GPU every dispatched op that computes something is a kernel launch, and eve
 ``aten._local_scalar_dense`` (``.item()``, ``bool(t)``, ``.tolist()``, ``nonzero``) is a host
 synchronisation; on the CPU the same counts are the per-operator overhead. Views (``slice``,
 ``expand``, ``permute``, ``detach``, ...) only change metadata and launch nothing: they are counted
-apart, so that the budget counts work, not bookkeeping.
+apart, so that the budget counts work, not bookkeeping. Uploads are tensors made from host data
+(``torch.tensor``, ``new_tensor``: ``aten.lift_fresh``): on a GPU each is a copy from pageable host
+memory, which waits for the host and cannot be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _READ = torch.ops.aten._local_scalar_dense.default
+_UPLOAD = torch.ops.aten.lift_fresh.default
 # no-copy ops that are not marked as views in their schema
 _METADATA = {torch.ops.aten._unsafe_view.default, torch.ops.aten.lift_fresh.default}
 
@@ -27,6 +30,7 @@ class Counts:
     launches: int = 0  # ops that compute (a kernel each on a GPU)
     views: int = 0
     reads: int = 0  # host reads of tensor values
+    uploads: int = 0  # tensors made from host data (counted among the views too)
     ops: collections.Counter = field(default_factory=collections.Counter)
 
     @property
@@ -41,6 +45,7 @@ class _Counter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         counts = self.counts
+        counts.uploads += func is _UPLOAD
         if func is _READ:
             counts.reads += 1
         elif func.is_view or func in _METADATA:

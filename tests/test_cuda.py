@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import softtopk
+from softtopk.ops import lapsum_triton
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -35,16 +36,13 @@ def _mask(fn: Callable, shape=(ROWS, N), stochastic: bool = False):
     return build
 
 
-def _triton_lapsum(x: torch.Tensor) -> torch.Tensor:
-    """The Laplace mask by the optional Triton kernels (skipped without triton)."""
-    from softtopk.ops import lapsum_triton
-
-    pytest.importorskip("triton", reason="the Triton kernels need triton")
-    lapsum_triton.ENABLED = True
+def _torch_lapsum(x: torch.Tensor) -> torch.Tensor:
+    """The Laplace mask by the torch path (where triton is installed, the default is its kernels)."""
+    enabled, lapsum_triton.ENABLED = lapsum_triton.ENABLED, False
     try:
         return softtopk.soft_topk(x, K, tau=1.0)
     finally:
-        lapsum_triton.ENABLED = False
+        lapsum_triton.ENABLED = enabled
 
 
 def _loss(make: Callable, stochastic: bool = False):
@@ -92,7 +90,7 @@ CASES = {
     "lapsum": _mask(_soft_topk("lapsum")),
     "lapsum hard": _mask(_soft_topk("lapsum", hard=True)),
     "lapsum largest=False": _mask(_soft_topk("lapsum", largest=False)),
-    "lapsum Triton kernels": _mask(_triton_lapsum),
+    "lapsum torch path": _mask(_torch_lapsum),
     "sparse p=4/3": _mask(_soft_topk("sparse")),
     "sparse p=2": _mask(_soft_topk("sparse", p=2.0)),
     "sparse dykstra": _mask(_soft_topk("sparse", p=2.0, solver="dykstra", n_iter=50)),
@@ -123,7 +121,7 @@ CASES = {
     "TopKSVM": _loss(lambda: softtopk.TopKSVM(k=5)),
     "BalNoisedTopK": _loss(lambda: softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5), stochastic=True),
     "ImbalNoisedTopK": _loss(
-        lambda: softtopk.ImbalNoisedTopK(5, epsilon=0.01, max_m=0.2, cls_num_list=[10.0] * N), stochastic=True
+        lambda: softtopk.ImbalNoisedTopK(5, epsilon=0.01, max_m=0.2, cls_num_list=[10.0] * N).cuda(), stochastic=True
     ),
     "router hard": _router("hard"),
     "router lapsum hard": _router("lapsum", hard=True),
@@ -229,11 +227,13 @@ def test_inductor_fullgraph_equals_eager_on_the_device(name):
 
 
 def test_the_triton_kernels_equal_the_torch_path_on_the_device():
+    pytest.importorskip("triton", reason="the Triton kernels need triton")
+    assert lapsum_triton.usable(_scores(), K, 1.0)  # the default on a GPU
     x = _scores()
     g = torch.randn_like(x)
-    torch_mask = softtopk.soft_topk(x, K, tau=1.0)
+    torch_mask = _torch_lapsum(x)
     (torch_grad,) = torch.autograd.grad((torch_mask * g).sum(), x)
-    triton_mask = _triton_lapsum(x)
+    triton_mask = softtopk.soft_topk(x, K, tau=1.0)
     (triton_grad,) = torch.autograd.grad((triton_mask * g).sum(), x)
     torch.testing.assert_close(triton_mask, torch_mask, rtol=0, atol=2e-6)
     torch.testing.assert_close(triton_grad, torch_grad, rtol=1e-5, atol=1e-4)

@@ -27,12 +27,21 @@ INF = float("inf")
 CONSTANTS = {"clamp": lapsum._C, "floor": lapsum._FLOOR}
 
 
+def torch_path(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with the kernels switched off (on a GPU they are the default)."""
+    enabled, lapsum_triton.ENABLED = lapsum_triton.ENABLED, False
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        lapsum_triton.ENABLED = enabled
+
+
 def _both(x: torch.Tensor, k: int, tau: float, hard: bool = False):
     """(mask, grad) of the torch path and of the kernels for one upstream gradient."""
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype).to(x.device)
     out = []
     for fn in (
-        lambda v: lapsum.lapsum_mask(v, k, tau, hard=hard),
+        lambda v: torch_path(lapsum.lapsum_mask, v, k, tau, hard=hard),
         lambda v: lapsum_triton.triton_mask(v, k, tau, hard=hard, **CONSTANTS),
     ):
         leaf = x.detach().clone().requires_grad_()
@@ -131,7 +140,7 @@ def kernel_launches(monkeypatch):
 def test_topk_weights_through_the_kernels_equal_the_torch_path(kernel_launches, monkeypatch):
     route = [True]
     monkeypatch.setattr(lapsum_triton, "usable", lambda x, k, tau: route[0] and isinstance(tau, float))
-    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(2), device=DEVICE)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     g = torch.randn(8, 4, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     for hard in (False, True):
         results = []
@@ -148,7 +157,10 @@ def test_topk_weights_through_the_kernels_equal_the_torch_path(kernel_launches, 
 BUDGETS = {  # issue 21's budgets for one forward + backward at 64 x 1000, k = 10
     "lapsum": (lambda v: softtopk.soft_topk(v, 10, tau=1.0), 16),
     "lapsum hard": (lambda v: softtopk.soft_topk(v, 10, tau=1.0, hard=True), 20),
-    "gumbel": (lambda v: softtopk.soft_topk(v, 10, method="gumbel", generator=torch.Generator().manual_seed(0)), 24),
+    "gumbel": (
+        lambda v: softtopk.soft_topk(v, 10, method="gumbel", generator=torch.Generator(v.device).manual_seed(0)),
+        24,
+    ),
 }
 
 
@@ -161,9 +173,13 @@ def test_the_kernels_meet_the_launch_budgets(kernel_launches, name):
     assert counts.launches + kernels <= budget, counts.ops
 
 
-def test_the_torch_path_runs_unless_enabled_on_cuda(monkeypatch):
+def test_the_kernels_are_on_unless_switched_off():
+    assert lapsum_triton.switched_on(None) and lapsum_triton.switched_on("1")
+    assert not lapsum_triton.switched_on("0")
+
+
+def test_the_torch_path_runs_off_cuda_and_for_tensor_arguments(monkeypatch):
     x = torch.randn(2, 8)
-    assert not lapsum_triton.usable(x, 2, 1.0)  # disabled by default
     monkeypatch.setattr(lapsum_triton, "ENABLED", True)
     assert not lapsum_triton.usable(x, 2, 1.0)  # a CPU tensor
     cuda_like = x.to("meta")

@@ -5,7 +5,9 @@ the CPU until the queued work is done and makes CUDA-graph capture impossible. E
 loss, router and kNN call is counted here with a ``TorchDispatchMode`` on the CPU, forward and
 backward, with rows holding ``±inf`` entries too: the computation reads nothing. The only reads
 allowed are the documented argument checks on CPU tensors (class targets in range, for example),
-which never run on an accelerator; the ``meta`` device, where no value exists, proves that.
+which never run on an accelerator; the ``meta`` device, where no value exists, proves that. No call
+makes a tensor from host data either (``torch.tensor``, ``new_tensor``): on a GPU that is a copy
+from pageable memory, which waits for the host just the same.
 """
 
 from __future__ import annotations
@@ -67,7 +69,10 @@ def _calls():
                 x, 3, method=m, **{s: torch.full((4,), 0.5, device=x.device)}
             ),
         )
-    yield "tensor-k", lambda x: softtopk.soft_topk(x, torch.tensor([1.0, 2.0, 2.5, 3.0], device=x.device))
+    yield "tensor-k", lambda x: softtopk.soft_topk(x, K_TENSOR.to(x.device))
+
+
+K_TENSOR = torch.tensor([1.0, 2.0, 2.5, 3.0])
 
 
 CALLS = dict(_calls())
@@ -79,6 +84,7 @@ CHECKED_READS = {name: 2 if name.startswith("tensor-") else 0 for name in CALLS}
 def test_operators_read_no_value(name):
     counts = count_call(CALLS[name], _rows())
     assert counts.reads <= CHECKED_READS[name], f"{name}: {counts.reads} host reads"
+    assert counts.uploads == 0, f"{name}: {counts.uploads} tensors made from host data"
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
@@ -110,6 +116,7 @@ def test_class_losses_read_only_the_target_check(name):
     target = torch.tensor([0, 3, 7, 11])
     counts = count_call(lambda x: LOSSES[name](x, target), logits)
     assert counts.reads <= 1, f"{name}: {counts.reads} host reads (the CPU target check is one)"
+    assert counts.uploads == 0, f"{name}: {counts.uploads} tensors made from host data"
 
 
 @pytest.mark.parametrize("name", ["smooth-svm", "smooth-svm-1", "svm", "topk-ce-smce"])
@@ -155,6 +162,7 @@ def test_applications_read_no_value(name, checked):
     x = torch.randn(12, 12, generator=torch.Generator().manual_seed(2))
     counts = count_call(_applications("cpu")[name], x)
     assert counts.reads <= checked, f"{name}: {counts.reads} host reads"
+    assert counts.uploads == 0, f"{name}: {counts.uploads} tensors made from host data"
 
 
 @pytest.mark.parametrize("name", ["router", "knn", "ndcg"])

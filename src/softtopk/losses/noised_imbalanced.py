@@ -106,8 +106,10 @@ class ImbalNoisedTopK(ClassLoss):
 
     with :math:`n_c` the training count of class ``c`` (the rarest class gets ``max_m``) and
     :math:`\operatorname{top}_{k+1,\epsilon}` as in :class:`BalNoisedTopK`. The margins are the
-    float64 buffer ``margins`` ``(C,)``, computed once. The functional form is
-    :func:`softtopk.imbal_noised_topk`.
+    float64 buffer ``margins`` ``(C,)``, computed once: move the loss to the scores' device
+    (``loss_fn.to(device)``, as any module with a buffer); left on the CPU, the margins are copied
+    to an accelerator at every call, a copy that waits for the host. The functional form
+    :func:`softtopk.imbal_noised_topk` makes and copies them at every call.
 
     Args:
         k: the loss targets top-k accuracy, ``1 <= k <= C - 1``.

@@ -29,6 +29,7 @@ import torch
 
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
+from ..ops.compute import constant
 from ._base import ClassLoss, class_loss
 
 __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
@@ -170,7 +171,7 @@ class _Head(torch.autograd.Function):
     @staticmethod
     def forward(scores, label_ranks, position, masked, weights, p1, smce):
         position = position.unsqueeze(-1)
-        mass = (label_ranks * scores.new_tensor(weights)).sum(-1)  # float32 under autocast (no matmul)
+        mass = (label_ranks * constant(weights, scores)).sum(-1)  # float32 under autocast (no matmul)
         log_q = torch.log_softmax(scores, -1) if smce else None
         q = torch.softmax(scores, -1) if log_q is None else log_q.exp()
         q_y = q.gather(-1, position).squeeze(-1)
@@ -202,7 +203,7 @@ class _Head(torch.autograd.Function):
             c, d = c.mul_(1 - p1), grad.mul(-p1)  # d: the cross-entropy's weight of (e_y - q)
         else:
             d = torch.mul(c, q_y).mul_(p1) if p1 else None
-        grad_ranks = c.unsqueeze(-1) * c.new_tensor(ctx.weights)
+        grad_ranks = c.unsqueeze(-1) * constant(ctx.weights, c)
         grad_scores = None
         if d is not None:
             grad_scores = q.mul(-d.unsqueeze(-1)).scatter_add_(-1, position, d.unsqueeze(-1))

@@ -3,6 +3,8 @@ may be read on the host for an argument check."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -23,3 +25,49 @@ def can_inspect(value: torch.Tensor) -> bool:
             return False
         value = functorch.get_unwrapped(value)
     return True
+
+
+_SCAN_TILE = 1024
+
+
+def scan_rows(x: torch.Tensor, op: str = "sum", dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x.cumsum(-1, dtype=dtype)`` (``op="sum"``) or ``x.logcumsumexp(-1)`` (``op="logsumexp"``).
+
+    Under ``torch.compile``, a row of 64-bit values longer than a tile (1024) is scanned as tiles,
+    then the running totals of the tiles are added: two short scans. Inductor splits a long scan
+    over few rows across thread blocks, and its split scan carries only 32-bit values (a 64-bit one
+    fails in its CUDA code generation). Eager calls take the one-line scan."""
+    n = x.shape[-1]
+    wide = (x.dtype if dtype is None else dtype).itemsize == 8
+    if not (torch.compiler.is_compiling() and wide and n > _SCAN_TILE):
+        return x.cumsum(-1, dtype=dtype) if op == "sum" else x.logcumsumexp(-1)
+    x = x if dtype is None else x.to(dtype)
+    tiles = -(-n // _SCAN_TILE)
+    empty = 0 if op == "sum" else -torch.inf
+    t = torch.nn.functional.pad(x, (0, tiles * _SCAN_TILE - n), value=empty).unflatten(-1, (tiles, _SCAN_TILE))
+    if op == "sum":
+        inner = t.cumsum(-1)
+        before = torch.nn.functional.pad(inner[..., :-1, -1].cumsum(-1), (1, 0))  # the tiles before
+        out = inner + before.unsqueeze(-1)
+    else:
+        inner = t.logcumsumexp(-1)
+        before = torch.nn.functional.pad(inner[..., :-1, -1].logcumsumexp(-1), (1, 0), value=-torch.inf)
+        out = torch.logaddexp(inner, before.unsqueeze(-1))
+    return out.flatten(-2)[..., :n]
+
+
+def constant(values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor:
+    """``values`` as a tensor ``(len(values),)`` in ``like``'s dtype, on its device.
+
+    Made once per ``(values, device, dtype)`` and kept: on an accelerator a copy from host memory at
+    every call would wait for the host and could not be captured in a CUDA graph. Under
+    ``torch.compile`` it is a constant of the graph, made at the call; on ``meta``, too."""
+    if like.device.type == "meta" or torch.compiler.is_compiling():
+        return like.new_tensor(values)
+    return _on_device(tuple(values), like.device, like.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _on_device(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    with torch.inference_mode(False):  # usable by later calls that record autograd
+        return torch.tensor(values, dtype=dtype).to(device)

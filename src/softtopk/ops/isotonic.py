@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import torch
 
-from .compute import can_inspect
+from .compute import can_inspect, scan_rows
 from .isotonic_small import small_kl, small_l2, small_size
 
 
@@ -213,7 +213,7 @@ def _cross_counts(vl: torch.Tensor, vr: torch.Tensor) -> tuple[torch.Tensor, tor
     c = torch.searchsorted(vr.neg().contiguous(), vl.neg().contiguous())
     hist = torch.zeros(c.shape[:-1] + (m + 1,), dtype=c.dtype, device=c.device)
     hist = hist.scatter_add(-1, c, torch.ones_like(c))
-    return c, m - hist.cumsum(-1)[..., :m]
+    return c, m - scan_rows(hist)[..., :m]
 
 
 def _merge_l2(v: torch.Tensor, m: int) -> torch.Tensor:
@@ -224,7 +224,7 @@ def _merge_l2(v: torch.Tensor, m: int) -> torch.Tensor:
     # values relative to L's last and R's first value: exactly 0 on those blocks, so that G is
     # exactly 0 there when nothing is pooled (G vanishes on a whole interval in that case)
     ul, ur = vl - vl[:, -1:], vr - vr[:, :1]
-    cl, cr = ul.cumsum(-1), ur.cumsum(-1)
+    cl, cr = scan_rows(ul), scan_rows(ur)
     total = cl[:, -1:]
     zero = cl.new_zeros(cl.shape[0], 1)
     clx, crx = torch.cat([zero, cl], -1), torch.cat([zero, cr], -1)  # sums of the first k points
@@ -257,12 +257,12 @@ def _log_part(a1: torch.Tensor, a2: torch.Tensor, t: torch.Tensor, below: bool) 
 
 def _prefix_lse(x: torch.Tensor) -> torch.Tensor:
     """``logsumexp`` of the first ``k`` entries, ``k = 0..m`` (R, m + 1)."""
-    return torch.cat([torch.full_like(x[:, :1], -torch.inf), x.logcumsumexp(-1)], -1)
+    return torch.cat([torch.full_like(x[:, :1], -torch.inf), scan_rows(x, "logsumexp")], -1)
 
 
 def _suffix_lse(x: torch.Tensor) -> torch.Tensor:
     """``logsumexp`` of the entries from ``k`` on, ``k = 0..m`` (R, m + 1)."""
-    return torch.cat([x.flip(-1).logcumsumexp(-1).flip(-1), torch.full_like(x[:, :1], -torch.inf)], -1)
+    return torch.cat([scan_rows(x.flip(-1), "logsumexp").flip(-1), torch.full_like(x[:, :1], -torch.inf)], -1)
 
 
 def _merge_kl(v: torch.Tensor, lw: torch.Tensor, m: int) -> torch.Tensor:

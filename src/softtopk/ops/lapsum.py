@@ -42,7 +42,7 @@ import math
 import torch
 
 from . import lapsum_triton
-from .compute import compute_dtype
+from .compute import compute_dtype, scan_rows
 
 _WIDE = torch.float64
 _C = 300.0  # |a| clamp: e^{±C} and the products of the sums stay normal float64 numbers
@@ -63,8 +63,8 @@ def _roots(a: torch.Tensor, e: torch.Tensor, rest: torch.Tensor, k: int | torch.
     """``t'`` (B, 1) and the segment index (B, 1) from the clamped scaled candidates ``a`` (B, K,
     descending, float64), ``e = e^a`` and the rest's ``Σ e^a`` (B, 1), positive."""
     big = a.shape[-1]
-    p = torch.nn.functional.pad(e.reciprocal(), (1, 0), value=_FLOOR).cumsum(-1)  # P_j, j = 0..K
-    q = torch.cat([e, rest], -1).flip(-1).cumsum(-1).flip(-1)  # Q_j, j = 0..K
+    p = scan_rows(torch.nn.functional.pad(e.reciprocal(), (1, 0), value=_FLOOR))  # P_j, j = 0..K
+    q = scan_rows(torch.cat([e, rest], -1).flip(-1)).flip(-1)  # Q_j, j = 0..K
     if isinstance(k, int):  # c = k - j
         c = torch.arange(k, k - big - 1, -1, device=a.device, dtype=_WIDE)
     else:

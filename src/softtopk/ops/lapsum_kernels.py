@@ -41,9 +41,9 @@ def mask_forward(
     n,
     big,
     k,
-    tau,
-    lo,
-    hi,
+    tau: tl.float64,  # a Python float would be passed as float32
+    lo: tl.float64,
+    hi: tl.float64,
     NEGATE: tl.constexpr,
     KB: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -94,7 +94,7 @@ def mask_forward(
 
 
 @triton.jit
-def mask_backward(d_ptr, g_ptr, out_ptr, n, tiny, BLOCK: tl.constexpr):
+def mask_backward(d_ptr, g_ptr, out_ptr, n, tiny: tl.float64, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     dot = tl.zeros([BLOCK], dtype=tl.float64)
     mass = tl.zeros([BLOCK], dtype=tl.float64)

@@ -16,10 +16,11 @@ degenerate rows solve as ties at its ends and get ``d = 0``.
 
 Scope: an int ``k`` and a float ``τ`` (the common case); :func:`lapsum_mask` keeps the torch
 path for a tensor ``k`` or ``τ``, under ``torch.compile`` (Inductor fuses that path itself) and
-under ``vmap``. Whether the kernels run is :data:`ENABLED` (environment variable
-``SOFTTOPK_TRITON=1``): they become the default only once ``benchmarks/bench_gpu.py`` has measured
-them faster on a GPU. The tests run them under ``TRITON_INTERPRET=1`` on the CPU against the torch
-path, values and gradients.
+under ``vmap``. They run by default wherever they can (:data:`ENABLED`; the environment variable
+``SOFTTOPK_TRITON=0`` turns them off): ``benchmarks/bench_gpu.py`` measured them faster than the
+torch path, forward and backward, at every mask shape it times (``benchmarks/results/gpu.md``).
+The tests run them under ``TRITON_INTERPRET=1`` on the CPU against the torch path, values and
+gradients, and compiled on a GPU where one is lent (``benchmarks/run_gpu.sh``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ import os
 
 import torch
 
-ENABLED = os.environ.get("SOFTTOPK_TRITON") == "1"
+
+def switched_on(setting: str | None) -> bool:
+    """Whether the kernels may run, from the value of ``SOFTTOPK_TRITON``: unless it is ``"0"``."""
+    return setting != "0"
+
+
+ENABLED = switched_on(os.environ.get("SOFTTOPK_TRITON"))
 _BLOCK = 1024  # entries per step of a row pass
 
 

@@ -46,6 +46,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .compute import scan_rows
+
 _WIDE = torch.float64
 _FAR = 2.0**600  # M for float64 scores (float32 ones take their largest finite value): M n / tau stays finite
 
@@ -69,7 +71,7 @@ class _NeuralSort(torch.autograd.Function):
         far = ordered.nan_to_num(nan=float("nan"), posinf=big, neginf=-big / 2)
         below = torch.searchsorted(ordered, far)  # ℓ_i (+inf: the entries below +inf)
         cleaned = ordered.nan_to_num(nan=float("nan"), posinf=0.0, neginf=0.0)
-        sums = F.pad(cleaned, (1, 0)).cumsum(-1, dtype=_WIDE).gather(-1, below)  # C_i
+        sums = scan_rows(F.pad(cleaned, (1, 0)), dtype=_WIDE).gather(-1, below)  # C_i
         shift = torch.arange(n - 0.5, n - 0.5 - k, -1.0, dtype=_WIDE, device=x.device)  # ρ + 1/2
         # C_i - (ℓ_i - 1/2 - ρ) s_i, in float64
         # laid out (B, k, n): each softmax runs along contiguous memory
@@ -116,7 +118,7 @@ class _NeuralSort(torch.autograd.Function):
         alpha = gamma.sum(-2)
         beta = shift @ gamma
         # Σ_{s_l < s_i} α_l + Σ_{s_l <= s_i} α_l, from the prefix sums of α (in sorted order)
-        cumulative = F.pad(alpha, (1, 0)).cumsum(-1)  # Σ_{l < j}
+        cumulative = scan_rows(F.pad(alpha, (1, 0)))  # Σ_{l < j}
         at_most = torch.searchsorted(ordered, far, right=True)
         signs = cumulative.gather(-1, below).add_(cumulative.gather(-1, at_most))
         grad_x = torch.addcmul(signs, below + at_most, alpha).sub_(beta, alpha=2.0)  # -τ ∂s

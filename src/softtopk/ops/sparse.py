@@ -43,7 +43,7 @@ from typing import cast
 
 import torch
 
-from .compute import can_inspect
+from .compute import can_inspect, scan_rows
 from .cubic import cubic_root
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
@@ -66,7 +66,7 @@ def _saturation_knot(s: torch.Tensor, lam: float, r: int) -> torch.Tensor:
 def _power_sums(u: torch.Tensor, r: int) -> list[torch.Tensor]:
     """Prefix sums (B, K+1) of ``u^m`` for m = 1..r (float64)."""
     zero = u.new_zeros(u.shape[0], 1)
-    return [torch.cat([zero, u.pow(m).cumsum(-1)], -1) for m in range(1, r + 1)]
+    return [torch.cat([zero, scan_rows(u.pow(m))], -1) for m in range(1, r + 1)]
 
 
 def _window_power(prefix: list[torch.Tensor], lo: torch.Tensor, hi: torch.Tensor, at: torch.Tensor, r: int):

@@ -45,7 +45,7 @@ ART_DELTA = 1e-3
 def swap_probability(d: torch.Tensor, distribution: str, steepness: float, art_lambda: float) -> torch.Tensor:
     """``alpha = f(d)`` for max-wire minus min-wire differences ``d`` (any shape)."""
     if distribution == "logistic_phi":  # (d² + δ²)^(1/2) as hypot: no overflow of d² for |d| ~ 1e20
-        return torch.sigmoid(steepness * d * torch.hypot(d, d.new_tensor(ART_DELTA)) ** (-art_lambda))
+        return torch.sigmoid(steepness * d * torch.hypot(d, d.new_full((), ART_DELTA)) ** (-art_lambda))
     v = steepness * d
     if distribution == "cauchy":
         return torch.atan(v) * (1.0 / math.pi) + 0.5
@@ -94,7 +94,7 @@ def swap_slope(
     """
     if distribution == "logistic_phi":
         # d/dd [d r^(-λ)] = r^(-λ) ((1 - λ) (d/r)² + (δ/r)²) with r = (d² + δ²)^(1/2): finite for any d
-        r = torch.hypot(d, d.new_tensor(ART_DELTA))
+        r = torch.hypot(d, d.new_full((), ART_DELTA))
         inner = r ** (-art_lambda) * ((1.0 - art_lambda) * (d / r).square() + (ART_DELTA / r).square())
         return steepness * alpha * (1.0 - alpha) * inner
     if distribution == "logistic":
