@@ -345,5 +345,11 @@ def block_starts(v: torch.Tensor) -> torch.Tensor:
 
 
 def block_sum(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The sum over each point's block (B, n), from block indices ``ids``."""
-    return torch.zeros_like(values).scatter_add(-1, ids, values).gather(-1, ids)
+    """The sum over each point's block (B, n), from block indices ``ids``. Under ``torch.compile``
+    the blocks, runs of equal ids, are summed as differences of running sums: Inductor fails to
+    generate CUDA code for the scatter-add over long rows."""
+    if not torch.compiler.is_compiling():
+        return torch.zeros_like(values).scatter_add(-1, ids, values).gather(-1, ids)
+    sums = torch.nn.functional.pad(scan_rows(values), (1, 0))
+    start, end = torch.searchsorted(ids, ids), torch.searchsorted(ids, ids, right=True)
+    return sums.gather(-1, end) - sums.gather(-1, start)
