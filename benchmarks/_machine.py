@@ -72,8 +72,9 @@ def machine_info(*packages: str) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         **{name: dist_version(name) for name in ("softtopk", *packages)},
-        # a copy of the tree without .git (benchmarks/run_gpu.sh on a lent GPU) names it in SOFTTOPK_COMMIT
-        "git_commit": git("rev-parse", "--short", "HEAD") or os.environ.get("SOFTTOPK_COMMIT", ""),
+        # a copied tree (benchmarks/run_gpu.sh on a lent GPU) names its commit in SOFTTOPK_COMMIT: its
+        # .git, if any, may be an older one's
+        "git_commit": os.environ.get("SOFTTOPK_COMMIT") or git("rev-parse", "--short", "HEAD"),
         "git_src_dirty": bool(git("status", "--porcelain", "src")),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }

@@ -5,7 +5,7 @@ capture and peak memory per call.
 Usage::
 
     python benchmarks/bench_gpu.py --device cuda            # -> benchmarks/results/gpu.{json,md}
-    python benchmarks/bench_gpu.py --device cpu --quick     # smoke run, < 1 min on 2 cores
+    python benchmarks/bench_gpu.py --device cpu --quick     # -> results/gpu_cpu.{json,md}, < 1 min on 2 cores
 
 Cases (``--quick``: the smaller shapes, seven repeats):
 
@@ -372,6 +372,7 @@ def run_group(group: str, shape: dict, cases: dict[str, Callable], args: list, d
     for name, build in cases.items():
         rec = {"group": group, "case": name, **shape, "status": "ok", "reason": None}
         records.append(rec)
+        log(f"  {group} {shape} {name}: building")
         try:
             forward, step, stochastic = build(*args, device)
             for _ in range(opts.warmup):
@@ -465,10 +466,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="the smaller shapes, seven repeats (< 1 min on a CPU)")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 30, quick 7)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed fwd+bwd calls (default 3, quick 2)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "gpu.json", help="JSON to write; the .md goes next to it")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON to write, the .md next to it (default: results/gpu.json; cpu: gpu_cpu.json)",
+    )
     opts = parser.parse_args(argv)
     if opts.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (use --device cpu)")
+    opts.out = opts.out or RESULTS / ("gpu.json" if opts.device == "cuda" else "gpu_cpu.json")
     opts.repeats = opts.repeats or (7 if opts.quick else 30)
     opts.warmup = opts.warmup if opts.warmup is not None else (2 if opts.quick else 3)
     device = torch.device(opts.device)

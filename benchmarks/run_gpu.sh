@@ -7,7 +7,8 @@
 # tests writes OUT/tests.log; bench writes OUT/gpu.{json,md} and OUT/soft_sort_cuda.md. A peer built
 # on the machine (torchsort compiles a CUDA extension) can be built between the two phases.
 # PYTHON picks the interpreter (default python3, the one that holds a CUDA torch); SOFTTOPK_COMMIT
-# names the commit when the tree was copied without .git. The code measured is this checkout's src/.
+# names the commit of a copied tree (its .git may be an older one's). The code measured is this
+# checkout's src/; bench_gpu.py logs each case as it starts, so a case that hangs shows in the log.
 set -u -o pipefail
 out=${1:?usage: benchmarks/run_gpu.sh OUT [tests] [bench]}
 phases=" ${*:2} "
