@@ -119,6 +119,14 @@ def test_faces_export_what_they_list(face):
         assert getattr(imported, name) is not None
 
 
+def test_the_package_lists_exactly_the_faces_names():
+    """``softtopk.__all__`` repeats the faces' lists (it must know them without importing torch, and
+    each list stays a literal that type checkers read): every function and Module, the kNN's result
+    type left to ``softtopk.nn``."""
+    faces = {*softtopk.functional.__all__, *softtopk.nn.__all__} - {"KNNOutput"}
+    assert set(softtopk.__all__) == faces | {"MethodInfo", "TopK", "functional", "losses", "nn"}
+
+
 @pytest.mark.parametrize("old,new", sorted(RENAMED.items()))
 def test_old_spellings_warn_and_keep_their_signature(old, new):
     x, y = torch.randn(4, 6, generator=torch.Generator().manual_seed(0)), torch.tensor([0, 1, 2, 3])

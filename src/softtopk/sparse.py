@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _checks as msg
 from ._layout import along_rows, oriented
 from ._registry import resolve
 from ._validation import check_scales, check_scores, check_topk_args
@@ -105,11 +106,10 @@ def sparse_topk_mag(
         tensor([-5., -0.,  3.,  0.])
     """
     if isinstance(l, torch.Tensor):
-        raise TypeError("l must be a float for sparse_topk_mag (a per-row tensor l is the mask's), got a tensor")
+        raise TypeError(msg.MAG_L_IS_FLOAT)
     _, params = resolve("sparse", {"l": l, "p": p, "solver": solver, "n_iter": n_iter}, "mask")
     del params["hard"]  # the magnitude has no k-hot forward
-    if params["p"] != 2 and params["l"] > 1e30:  # θ ~ Σ|x|³/(k l³): its gradient is NaN from ~1e36 on
-        raise ValueError(f"l must be at most 1e+30 for sparse_topk_mag with p=4/3, got {params['l']!r}")
+    msg.check_mag_l(params["l"], params["p"])
     x, dim, k = check_topk_args(x, k, dim)
     check_scales(params, x.dtype)
     return along_rows(x, dim, lambda rows: sparse_mag_rows(rows, k, **params), None)

@@ -55,9 +55,14 @@ def class_loss(
 
 class ClassLoss(torch.nn.Module):
     """Module base of the class losses: the ``weight`` buffer (moves with ``.to()``, saved in
-    ``state_dict``), ``ignore_index`` and ``reduction``, checked at construction."""
+    ``state_dict``), ``ignore_index`` and ``reduction``, checked at construction.
+
+    A family Module names its functional twin (``_function``) and the attributes it passes on as
+    keywords (``_param_names``, in ``extra_repr``'s order), and inherits ``forward`` and ``extra_repr``."""
 
     weight: torch.Tensor | None
+    _function: Callable[..., torch.Tensor]
+    _param_names: tuple[str, ...] = ()
 
     def __init__(
         self, *, weight: torch.Tensor | None = None, ignore_index: int = -100, reduction: str = "mean"
@@ -66,6 +71,15 @@ class ClassLoss(torch.nn.Module):
         self.register_buffer("weight", check_class_weight(weight, None))
         self.ignore_index = check_ignore_index(ignore_index)
         self.reduction = check_reduction(reduction)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self._function(input, target, **self._family_kwargs(), **self._class_kwargs())
+
+    def extra_repr(self) -> str:
+        return self._repr(**self._family_kwargs())
+
+    def _family_kwargs(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._param_names}
 
     def _class_kwargs(self) -> dict[str, Any]:
         return {"weight": self.weight, "ignore_index": self.ignore_index, "reduction": self.reduction}

@@ -191,6 +191,8 @@ class BalNoisedTopK(ClassLoss):
         hinge loss for deep imbalanced classification", ICML 2022.
     """
 
+    _param_names = ("k", "epsilon", "n_samples")  # and the generator, passed on but not in the repr
+
     def __init__(
         self,
         k: int,
@@ -206,16 +208,5 @@ class BalNoisedTopK(ClassLoss):
         self.k, self.epsilon, self.n_samples, self.generator = noised_params(k, epsilon, n_samples, generator)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
-        return bal_noised_topk(
-            input,
-            target,
-            k=self.k,
-            epsilon=self.epsilon,
-            n_samples=self.n_samples,
-            generator=self.generator,
-            noise=noise,
-            **self._class_kwargs(),
-        )
-
-    def extra_repr(self) -> str:
-        return self._repr(k=self.k, epsilon=self.epsilon, n_samples=self.n_samples)
+        kwargs = self._family_kwargs()
+        return bal_noised_topk(input, target, generator=self.generator, noise=noise, **kwargs, **self._class_kwargs())

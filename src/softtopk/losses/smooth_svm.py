@@ -204,6 +204,9 @@ class SmoothTopKSVM(ClassLoss):
         Classification", ICLR 2018.
     """
 
+    _function = staticmethod(smooth_topk_svm)
+    _param_names = ("k", "tau", "alpha")
+
     def __init__(
         self,
         *,
@@ -216,12 +219,6 @@ class SmoothTopKSVM(ClassLoss):
     ) -> None:
         super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
         self.k, self.tau, self.alpha = _svm_params(k, tau, alpha)
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return smooth_topk_svm(input, target, k=self.k, tau=self.tau, alpha=self.alpha, **self._class_kwargs())
-
-    def extra_repr(self) -> str:
-        return self._repr(k=self.k, tau=self.tau, alpha=self.alpha)
 
 
 class SmoothTop1SVM(ClassLoss):
@@ -252,6 +249,9 @@ class SmoothTop1SVM(ClassLoss):
         Berrada, Zisserman & Kumar, ICLR 2018.
     """
 
+    _function = staticmethod(smooth_top1_svm)
+    _param_names = ("tau", "alpha")
+
     def __init__(
         self,
         *,
@@ -263,12 +263,6 @@ class SmoothTop1SVM(ClassLoss):
     ) -> None:
         super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
         _, self.tau, self.alpha = _svm_params(1, tau, alpha)
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return smooth_top1_svm(input, target, tau=self.tau, alpha=self.alpha, **self._class_kwargs())
-
-    def extra_repr(self) -> str:
-        return self._repr(tau=self.tau, alpha=self.alpha)
 
 
 class TopKSVM(ClassLoss):
@@ -299,6 +293,9 @@ class TopKSVM(ClassLoss):
         Berrada, Zisserman & Kumar, ICLR 2018.
     """
 
+    _function = staticmethod(topk_svm)
+    _param_names = ("k", "alpha")
+
     def __init__(
         self,
         *,
@@ -310,12 +307,6 @@ class TopKSVM(ClassLoss):
     ) -> None:
         super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
         self.k, _, self.alpha = _svm_params(k, None, alpha)
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return topk_svm(input, target, k=self.k, alpha=self.alpha, **self._class_kwargs())
-
-    def extra_repr(self) -> str:
-        return self._repr(k=self.k, alpha=self.alpha)
 
 
 class Top1SVM(ClassLoss):
@@ -344,6 +335,9 @@ class Top1SVM(ClassLoss):
         Berrada, Zisserman & Kumar, ICLR 2018.
     """
 
+    _function = staticmethod(top1_svm)
+    _param_names = ("alpha",)
+
     def __init__(
         self,
         *,
@@ -354,9 +348,3 @@ class Top1SVM(ClassLoss):
     ) -> None:
         super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
         _, _, self.alpha = _svm_params(1, None, alpha)
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return top1_svm(input, target, alpha=self.alpha, **self._class_kwargs())
-
-    def extra_repr(self) -> str:
-        return self._repr(alpha=self.alpha)
