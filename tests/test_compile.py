@@ -98,3 +98,23 @@ def test_topk_svm_fullgraph(loss):
         return torch.randn(6, 12, generator=g), torch.randint(0, 12, (6,), generator=g)
 
     _check_compiled_matches_eager(loss, make_inputs)
+
+
+@pytest.mark.parametrize("n", [1000, 3000])
+def test_long_rows_compile_to_tiled_scans_and_running_block_sums(n):
+    """Past 1024 points, 64-bit scans run as tiles and block sums as differences of running sums
+    under compile (Inductor cannot generate CUDA code for the one-line forms): the same values."""
+    from softtopk.ops.compute import scan_rows
+    from softtopk.ops.isotonic import block_ids, block_sum
+
+    def fn(x, ids, counts):
+        return scan_rows(x), scan_rows(x, "logsumexp"), scan_rows(counts), block_sum(x, ids)
+
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(3, n, generator=g, dtype=torch.float64)
+    ids = block_ids((3 * torch.randn(3, n, generator=g)).round().sort(-1, descending=True).values)
+    counts = torch.randint(0, 5, (3, n), generator=g)
+    eager = fn(x, ids, counts)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(x, ids, counts)
+    for got, want in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-9)
