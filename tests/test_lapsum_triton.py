@@ -186,3 +186,13 @@ def test_the_torch_path_runs_off_cuda_and_for_tensor_arguments(monkeypatch):
     assert not lapsum_triton.usable(cuda_like, 2, 1.0)
     assert not lapsum_triton.usable(x, torch.tensor([[2.0]]), 1.0)  # a tensor k
     assert not lapsum_triton.usable(x, 2, torch.tensor(1.0))  # a tensor tau
+
+
+def test_the_kernels_need_an_nvidia_gpu_of_capability_8(monkeypatch):
+    check = lapsum_triton._supported.__wrapped__  # the cached check, uncached
+    monkeypatch.setattr(torch.version, "hip", None)
+    for capability, expected in (((7, 5), False), ((8, 0), True), ((9, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)
+        assert check(torch.device("cuda")) is expected
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert check(torch.device("cuda")) is False

@@ -1,5 +1,6 @@
-"""How the row kernels compute: the compute dtype of a score dtype, and whether a tensor's values
-may be read on the host for an argument check."""
+"""How the row kernels compute: the compute dtype of a score dtype, whether a tensor's values may
+be read on the host for an argument check, scans that compile on every backend, and constants
+kept on the device."""
 
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ degenerate rows solve as ties at its ends and get ``d = 0``.
 
 Scope: an int ``k`` and a float ``τ`` (the common case); :func:`lapsum_mask` keeps the torch
 path for a tensor ``k`` or ``τ``, under ``torch.compile`` (Inductor fuses that path itself) and
-under ``vmap``. They run by default wherever they can (:data:`ENABLED`; the environment variable
-``SOFTTOPK_TRITON=0`` turns them off): ``benchmarks/bench_gpu.py`` measured them faster than the
+under ``vmap``. They run by default wherever they can, on an NVIDIA GPU of compute capability 8.0
+or more with triton installed (:data:`ENABLED`; the environment variable ``SOFTTOPK_TRITON=0``
+turns them off): ``benchmarks/bench_gpu.py`` measured them faster than the
 torch path, forward and backward, at every mask shape it times (``benchmarks/results/gpu.md``).
 The tests run them under ``TRITON_INTERPRET=1`` on the CPU against the torch path, values and
 gradients, and compiled on a GPU where one is lent (``benchmarks/run_gpu.sh``).
@@ -46,14 +47,22 @@ def _has_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+@functools.cache
+def _supported(device: torch.device) -> bool:
+    """An NVIDIA GPU of compute capability 8.0 or more, the hardware Triton supports (the kernels
+    were run on Hopper only; ROCm builds keep the torch path)."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def usable(x: torch.Tensor, k: object, tau: object) -> bool:
     """Whether :func:`softtopk.ops.lapsum.lapsum_mask` hands rows ``x`` to the kernels: enabled,
-    triton installed, a CUDA tensor outside compile and vmap, an int ``k`` and a float ``τ``."""
+    triton installed, a CUDA tensor outside compile and vmap on a supported GPU, an int ``k`` and a
+    float ``τ``."""
     if not (ENABLED and x.is_cuda and isinstance(k, int) and isinstance(tau, float)):
         return False
     if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
         return False
-    return _has_triton()
+    return _has_triton() and _supported(x.device)
 
 
 class TritonLaplaceMask(torch.autograd.Function):
