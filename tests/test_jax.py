@@ -24,9 +24,8 @@ from softtopk.jax.ops import sparse as _sparse  # noqa: E402
 
 P_VALUES = (2.0, 4.0 / 3.0)
 PROPERTY = settings(max_examples=25, deadline=None)
-# The kernels compile once per shape, dtype and static argument (the sparse mask primitive by
-# primitive): the tests share a few shapes, float32 (2, 9) rows and (2, 3, 12) arrays, float64
-# (2, 8) rows, so that a new test adds few compiles.
+# The operators compile once per shape, dtype and static argument: the tests share a few shapes,
+# float32 (2, 9) rows and (2, 3, 12) arrays, float64 (2, 8) rows, so that a new test adds few compiles.
 ROWS = (2, 9)
 ARRAY = (2, 3, 12)
 
@@ -286,8 +285,9 @@ def test_candidate_fallback_equals_the_full_sort():
         for magnitude in (False, True):
             scores = jnp.abs(jnp.asarray(x)) if magnitude else jnp.asarray(x)
             lam = jnp.ones((2, 1))
-            found = _sparse.threshold(scores, 100, lam, 3, magnitude)
-            full = _sparse._solve(-jnp.sort(-scores, -1), 100, lam, 3, magnitude)
+            # compiled (op by op, each call would compile the lax.cond's branches anew)
+            found = jax.jit(lambda s, l, m=magnitude: _sparse.threshold(s, 100, l, 3, m))(scores, lam)
+            full = jax.jit(lambda s, l, m=magnitude: _sparse._solve(-jnp.sort(-s, -1), 100, l, 3, m))(scores, lam)
             for a, b in zip(jax.tree.leaves(found), jax.tree.leaves(full), strict=False):
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-12)
         mask = sj.sparse_topk_mask(jnp.asarray(x), 100, l=1.0)

@@ -207,11 +207,7 @@ def soft_topk(
         given["k"] = check_k_array(k, n)
     else:
         row_k = check_k(k, n, axis)
-    # the sparse mask runs op by op: its support (exact 0 and 1) comes from comparisons of rounded
-    # values, and XLA, compiling the whole mask, rounds an entry at a kink off 0 or 1, where the
-    # derivative jumps; op by op it rounds as the torch kernel does
-    run = _soft_topk_rows if method == "sparse" else _soft_topk
-    return run(
+    return _soft_topk(
         x,
         given,
         method=method,
@@ -222,7 +218,8 @@ def soft_topk(
     )
 
 
-def _soft_topk_rows(
+@partial(jax.jit, static_argnames=("method", "axis", "largest", "k", "static"))
+def _soft_topk(
     x: jax.Array,
     given: dict[str, Any],
     *,
@@ -232,8 +229,9 @@ def _soft_topk_rows(
     k: int | None,
     static: tuple[tuple[str, Any], ...],
 ) -> jax.Array:
-    """:func:`soft_topk` on checked arguments: ``given`` holds the arguments that may be arrays, ``k``
-    is the int ``k`` (``None``: ``given["k"]``), ``static`` the others."""
+    """:func:`soft_topk` on checked arguments, compiled once per shape, dtype and static argument:
+    ``given`` holds the arguments that may be arrays (traced: a new ``tau`` or ``l`` compiles
+    nothing), ``k`` is the int ``k`` (``None``: ``given["k"]``), ``static`` the others."""
     batch = x.shape[:axis] + x.shape[axis + 1 :]
 
     def mask(rows: jax.Array) -> jax.Array:
@@ -242,10 +240,6 @@ def _soft_topk_rows(
         return lookup(method).mask(rows, kk, **dict(static), **arrays)
 
     return along_rows(x, axis, mask if largest else lambda rows: mask(-rows))
-
-
-# compiled once per shape, dtype and static argument; ``given`` is traced, so a new ``tau`` compiles nothing
-_soft_topk = partial(jax.jit, static_argnames=("method", "axis", "largest", "k", "static"))(_soft_topk_rows)
 
 
 def hard_topk_mask(x: jax.Array, k: int, *, axis: int = -1, largest: bool = True) -> jax.Array:

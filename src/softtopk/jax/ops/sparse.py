@@ -57,6 +57,14 @@ def _saturation_knot(s, lam, r):
     return s / (1.0 + lam) if r == 1 else _cubic_root(jnp.broadcast_to(lam, s.shape), -s) ** 3
 
 
+def _divide(a, b):
+    """``a / b``, ``b`` broadcast along rows, correctly rounded (as the torch kernel divides): XLA
+    would multiply by the reciprocal of a broadcast divisor and fuse the product with the next
+    subtraction, which moves a mask entry at a kink off 0 or 1, where the derivative jumps. The
+    barrier hides the broadcast."""
+    return a / lax.optimization_barrier(jnp.broadcast_to(b, jnp.broadcast_shapes(a.shape, b.shape)))
+
+
 def _search(sorted_rows, queries, side):
     return jax.vmap(partial(jnp.searchsorted, side=side))(sorted_rows, queries)
 
@@ -220,7 +228,7 @@ def exact_mask(x, lam, k, r):
     """The exact mask of rows ``x`` (B, n) with per-row ``lam`` (B, 1) (no derivative rule)."""
     xs, ls = lax.stop_gradient(x), lax.stop_gradient(lam)
     sk, a = (v.astype(x.dtype) for v in threshold(xs, k, ls, r, False))
-    return jnp.clip((xs - sk) / ls - a, 0, 1) ** r
+    return jnp.clip(_divide(xs - sk, ls) - a, 0, 1) ** r
 
 
 def mask_tangent(x, lam, y, dx, dlam, r):
