@@ -24,9 +24,8 @@ from softtopk.jax.ops import sparse as _sparse  # noqa: E402
 
 P_VALUES = (2.0, 4.0 / 3.0)
 PROPERTY = settings(max_examples=25, deadline=None)
-# The kernels compile once per shape, dtype and static argument (the sparse mask primitive by
-# primitive): the tests share a few shapes, float32 (2, 9) rows and (2, 3, 12) arrays, float64
-# (2, 8) rows, so that a new test adds few compiles.
+# The operators compile once per shape, dtype and static argument: the tests share a few shapes,
+# float32 (2, 9) rows and (2, 3, 12) arrays, float64 (2, 8) rows, so that a new test adds few compiles.
 ROWS = (2, 9)
 ARRAY = (2, 3, 12)
 
@@ -283,11 +282,13 @@ def test_candidate_fallback_equals_the_full_sort():
         rng = np.random.default_rng(12)
         for row in range(2):
             x[row, rng.permutation(20000)[:5000]] = kth[row]
+        size = _sparse.candidates(20000, 100)
         for magnitude in (False, True):
             scores = jnp.abs(jnp.asarray(x)) if magnitude else jnp.asarray(x)
             lam = jnp.ones((2, 1))
-            found = _sparse.threshold(scores, 100, lam, 3, magnitude)
-            full = _sparse._solve(-jnp.sort(-scores, -1), 100, lam, 3, magnitude)
+            # compiled (op by op, each call would compile the lax.cond's branches anew)
+            found = jax.jit(lambda s, l, m=magnitude: _sparse.threshold(s, 100, l, 3, m, size))(scores, lam)
+            full = jax.jit(lambda s, l, m=magnitude: _sparse._solve(-jnp.sort(-s, -1), 100, l, 3, m))(scores, lam)
             for a, b in zip(jax.tree.leaves(found), jax.tree.leaves(full), strict=False):
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-12)
         mask = sj.sparse_topk_mask(jnp.asarray(x), 100, l=1.0)
@@ -348,14 +349,17 @@ def test_traced_l_and_tau_are_not_inspected_and_need_no_recompile():
 
 
 @pytest.mark.parametrize("solver", ["pav", "dykstra"])
-def test_a_new_magnitude_l_compiles_nothing(solver):
-    """The magnitude's λ, a float checked on the host, is traced: one compile serves every λ."""
+def test_a_new_l_or_k_compiles_nothing(solver):
+    """λ (the magnitude's: a float checked on the host) and k are traced: on rows of 9, where every
+    k solves on all 9 entries, one compile serves every λ and k."""
     x = _x(ROWS, seed=15)
-    sizes = set()
-    for lam in (0.1, 0.5, 2.0):
-        sj.sparse_topk_mag(x, 3, l=lam, p=2, solver=solver)
-        sizes.add(_operators._sparse_topk_mag._cache_size())
-    assert len(sizes) == 1
+    pairs = ((sj.sparse_topk_mag, _operators._sparse_topk_mag), (sj.sparse_topk_mask, _operators._soft_topk))
+    for fn, compiled in pairs:
+        sizes = set()
+        for lam, k in ((0.1, 3), (0.5, 1), (2.0, 8)):
+            fn(x, k, l=lam, p=2, solver=solver)
+            sizes.add(compiled._cache_size())
+        assert len(sizes) == 1, fn.__name__
 
 
 @pytest.mark.parametrize("fn", ["sparse_topk_mask", "sparse_topk_mag"])

@@ -35,6 +35,9 @@ class _Method:
     mask: Callable[..., jax.Array]
     checks: dict[str, Check]
     tensor_args: tuple[str, ...] = ()  # arguments that may be arrays, one value per row ("k", ...)
+    # an int k reaches the kernel traced, with the static ``size`` (its candidate count) among the
+    # parameters, except for ``hard=True`` and k >= n, which take k static
+    traced_k: bool = False
     joint: Callable[[dict[str, Any]], None] | None = None  # a check of several parameters
 
 
@@ -45,21 +48,24 @@ def _lapsum(rows: jax.Array, k: int | jax.Array, *, tau: jax.Array, hard: bool) 
 
 def _sparse(
     rows: jax.Array,
-    k: int,
+    k: int | jax.Array,
     *,
     l: jax.Array,
     p: float,
     solver: str,
     n_iter: int,  # noqa: E741
     hard: bool,
+    size: int | None = None,
 ) -> jax.Array:
-    if k >= rows.shape[-1]:
-        return jnp.ones_like(rows)
+    if size is None:  # k is a static int
+        if cast(int, k) >= rows.shape[-1]:
+            return jnp.ones_like(rows)
+        size = sparse.candidates(rows.shape[-1], cast(int, k))
     if solver == "dykstra":
-        soft = extended_mask(rows, k, lambda clean: dykstra.mask_rows(clean, l, k, n_iter))
+        soft = extended_mask(rows, k, lambda clean: dykstra.mask_rows(clean, l, k, n_iter, size))
     else:
-        soft = extended_mask(rows, k, lambda clean: sparse.mask_rows(clean, l, k, sparse.exponent(p)))
-    return straight_through_mask(rows, k, soft) if hard else soft
+        soft = extended_mask(rows, k, lambda clean: sparse.mask_rows(clean, l, k, sparse.exponent(p), size))
+    return straight_through_mask(rows, cast(int, k), soft) if hard else soft  # hard: a static k
 
 
 _REGISTRY: dict[str, _Method] = {
@@ -80,6 +86,7 @@ _REGISTRY: dict[str, _Method] = {
             "hard": check_bool,
         },
         tensor_args=("l",),
+        traced_k=True,
         joint=lambda params: msg.check_dykstra_p(params["solver"], params["p"]),
     ),
 }

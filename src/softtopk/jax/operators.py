@@ -126,27 +126,33 @@ def sparse_topk_mag(
     check_scales(params, x.dtype)
     if k >= x.shape[axis]:
         return x
-    # λ traced, weakly typed as the float it is: a new λ compiles nothing
-    lam = jnp.asarray(params["l"])
-    return _sparse_topk_mag(x, lam, axis=axis, k=k, p=params["p"], solver=params["solver"], n_iter=params["n_iter"])
+    # λ traced, weakly typed as the float it is, and k traced: a new λ, or a new k with the same
+    # candidate count, compiles nothing
+    lam, count = jnp.asarray(params["l"]), jnp.asarray(k, jnp.int32)
+    size = sparse.candidates(x.shape[axis], k)
+    return _sparse_topk_mag(
+        x, lam, count, axis=axis, size=size, p=params["p"], solver=params["solver"], n_iter=params["n_iter"]
+    )
 
 
-@partial(jax.jit, static_argnames=("axis", "k", "p", "solver", "n_iter"))
+@partial(jax.jit, static_argnames=("axis", "size", "p", "solver", "n_iter"))
 def _sparse_topk_mag(
     x: jax.Array,
     l: jax.Array,
+    k: jax.Array,
     *,
     axis: int,
-    k: int,
+    size: int,
     p: float,
     solver: str,  # noqa: E741
     n_iter: int,
 ) -> jax.Array:
-    """:func:`sparse_topk_mag` on checked arguments, compiled once per shape, dtype and static
-    argument; ``l`` is traced (a 0-d array that the kernels' derivative rules hold fixed)."""
+    """:func:`sparse_topk_mag` on checked arguments, compiled once per shape, dtype, candidate count
+    ``size`` and static argument; ``l`` and ``k`` are traced (0-d arrays that the kernels'
+    derivative rules hold fixed)."""
     if solver == "dykstra":
-        return along_rows(x, axis, lambda rows: dykstra.mag_rows(rows, l, k, n_iter))
-    return along_rows(x, axis, lambda rows: sparse.mag_rows(rows, l, k, sparse.exponent(p)))
+        return along_rows(x, axis, lambda rows: dykstra.mag_rows(rows, l, k, n_iter, size))
+    return along_rows(x, axis, lambda rows: sparse.mag_rows(rows, l, k, sparse.exponent(p), size))
 
 
 def soft_topk(
@@ -207,13 +213,15 @@ def soft_topk(
         given["k"] = check_k_array(k, n)
     else:
         row_k = check_k(k, n, axis)
-    # the sparse mask runs op by op: its support (exact 0 and 1) comes from comparisons of rounded
-    # values, and XLA, compiling the whole mask, rounds an entry at a kink off 0 or 1, where the
-    # derivative jumps; op by op it rounds as the torch kernel does
-    run = _soft_topk_rows if method == "sparse" else _soft_topk
-    return run(
+    count = None
+    if spec.traced_k and row_k is not None and row_k < n and not params.get("hard"):
+        # k traced: a new k with the same candidate count compiles nothing
+        params["size"] = sparse.candidates(n, row_k)
+        count, row_k = jnp.asarray(row_k, jnp.int32), None
+    return _soft_topk(
         x,
         given,
+        count,
         method=method,
         axis=axis,
         largest=check_bool("largest", largest),
@@ -222,9 +230,11 @@ def soft_topk(
     )
 
 
-def _soft_topk_rows(
+@partial(jax.jit, static_argnames=("method", "axis", "largest", "k", "static"))
+def _soft_topk(
     x: jax.Array,
     given: dict[str, Any],
+    count: jax.Array | None,
     *,
     method: str,
     axis: int,
@@ -232,20 +242,18 @@ def _soft_topk_rows(
     k: int | None,
     static: tuple[tuple[str, Any], ...],
 ) -> jax.Array:
-    """:func:`soft_topk` on checked arguments: ``given`` holds the arguments that may be arrays, ``k``
-    is the int ``k`` (``None``: ``given["k"]``), ``static`` the others."""
+    """:func:`soft_topk` on checked arguments, compiled once per shape, dtype and static argument:
+    ``given`` holds the arguments that may be arrays (traced: a new ``tau`` or ``l`` compiles
+    nothing), ``k`` is the static int ``k``, or ``count`` the traced one (a 0-d int array, for a
+    method with ``traced_k``), or else ``given["k"]`` per row; ``static`` the others."""
     batch = x.shape[:axis] + x.shape[axis + 1 :]
 
     def mask(rows: jax.Array) -> jax.Array:
         arrays = {name: per_row(name, jnp.asarray(value, rows.dtype), batch) for name, value in given.items()}
-        kk = arrays.pop("k") if k is None else k
+        kk = k if k is not None else count if count is not None else arrays.pop("k")
         return lookup(method).mask(rows, kk, **dict(static), **arrays)
 
     return along_rows(x, axis, mask if largest else lambda rows: mask(-rows))
-
-
-# compiled once per shape, dtype and static argument; ``given`` is traced, so a new ``tau`` compiles nothing
-_soft_topk = partial(jax.jit, static_argnames=("method", "axis", "largest", "k", "static"))(_soft_topk_rows)
 
 
 def hard_topk_mask(x: jax.Array, k: int, *, axis: int = -1, largest: bool = True) -> jax.Array:

@@ -86,18 +86,19 @@ def _stand_ins(x, lam):
     return jnp.where(x == -jnp.inf, low - span, jnp.where(x == jnp.inf, high + span, x))
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def mask_rows(x, lam, k, n_iter):
-    """Dykstra's value of the p = 2 mask; the exact problem's derivative."""
+@partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def mask_rows(x, lam, k, n_iter, size):
+    """Dykstra's value of the p = 2 mask; the exact problem's derivative (``k`` and ``size`` as in
+    :func:`.sparse.mask_rows`)."""
     return dykstra_mask(lax.stop_gradient(x), lax.stop_gradient(lam), k, n_iter)
 
 
 @partial(mask_rows.defjvp, symbolic_zeros=True)
-def _mask_jvp(k, n_iter, primals, tangents):
-    x, lam = primals
-    y = exact_mask(x, lam, k, 1)
-    dx, dlam = tangents
-    return mask_rows(x, lam, k, n_iter), mask_tangent(x, lam, y, dx, dlam, 1)
+def _mask_jvp(n_iter, size, primals, tangents):
+    x, lam, k = primals
+    y = exact_mask(x, lam, k, 1, size)
+    dx, dlam, _ = tangents
+    return mask_rows(x, lam, k, n_iter, size), mask_tangent(x, lam, y, dx, dlam, 1)
 
 
 def dykstra_mag(x, lam, k, n_iter):
@@ -113,18 +114,19 @@ def dykstra_mag(x, lam, k, n_iter):
     return jnp.where(infinite, x, jnp.sign(x) * _unsort((s - v) / lam, order) * (1 + lam))
 
 
-def mag_rows(x, lam, k, n_iter):
+def mag_rows(x, lam, k, n_iter, size):
     """Dykstra's value of the p = 2 magnitude, on the extended reals as the exact one."""
-    return extended_mag(x, k, lambda rows: _mag_kernel(rows, lam, k, n_iter))
+    return extended_mag(x, k, lambda rows: _mag_kernel(rows, lam, k, n_iter, size))
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _mag_kernel(x, lam, k, n_iter):
+@partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _mag_kernel(x, lam, k, n_iter, size):
     """Dykstra's value; the exact problem's derivative."""
     return dykstra_mag(lax.stop_gradient(x), lam, k, n_iter)
 
 
 @_mag_kernel.defjvp
-def _mag_jvp(k, n_iter, primals, tangents):
-    (x, lam), (dx, _) = primals, tangents
-    return _mag_kernel(x, lam, k, n_iter), jax.jvp(lambda v: exact_mag_rows(v, lam, k, 1), (x,), (dx,))[1]
+def _mag_jvp(n_iter, size, primals, tangents):
+    (x, lam, k), (dx, _, _) = primals, tangents
+    exact = jax.jvp(lambda v: exact_mag_rows(v, lam, k, 1, size), (x,), (dx,))[1]
+    return _mag_kernel(x, lam, k, n_iter, size), exact

@@ -57,6 +57,26 @@ def _saturation_knot(s, lam, r):
     return s / (1.0 + lam) if r == 1 else _cubic_root(jnp.broadcast_to(lam, s.shape), -s) ** 3
 
 
+def _divide(a, b):
+    """``a / b``, ``b`` broadcast along rows, correctly rounded (as the torch kernel divides): XLA
+    would multiply by the reciprocal of a broadcast divisor and fuse the product with the next
+    subtraction, which moves a mask entry at a kink off 0 or 1, where the derivative jumps. The
+    barrier hides the broadcast."""
+    return a / lax.optimization_barrier(jnp.broadcast_to(b, jnp.broadcast_shapes(a.shape, b.shape)))
+
+
+def candidates(n, k):
+    """How many of a row's largest scores the threshold is solved on: ``2k + 8``, at most ``n``.
+    The kernels take this count as a static argument and ``k`` itself traced, so that a new ``k``
+    with the same count (every ``k`` of a short row) compiles nothing."""
+    return min(n, 2 * k + 8)
+
+
+def _column(rows, index):
+    """Column ``index`` (an int or a traced int) of ``rows`` (B, K), as (B, 1)."""
+    return lax.dynamic_slice_in_dim(rows, index, 1, axis=1)
+
+
 def _search(sorted_rows, queries, side):
     return jax.vmap(partial(jnp.searchsorted, side=side))(sorted_rows, queries)
 
@@ -80,7 +100,7 @@ def _solve_sorted(s, k, lam, r, magnitude):
     ``θ`` (B, 1) for the magnitude, ``(s_k, (t - s_k)/λ)`` for the mask, which is solved in units of
     λ (moments of size 1: no ``λ⁶`` over- or underflow)."""
     big = s.shape[-1]
-    sk = s[:, k - 1 : k]
+    sk = _column(s, k - 1)
     if magnitude:
         lower, upper = _saturation_knot(sk, lam, r), sk + lam * sk ** (1.0 / r)
         lam_u = lam
@@ -107,10 +127,11 @@ def _solve_sorted(s, k, lam, r, magnitude):
         return sat.astype(at.dtype) + window / jnp.where(scale > 0, scale, 1.0)
 
     sat_knots = (_saturation_knot(u + sk, lam_u, r) - sk) if magnitude else u - 1.0
-    slack = 1e-9 * k if s.dtype == jnp.float64 else 1e-5 * k
-    n_above = jnp.sum(total(u) < k - slack, -1, keepdims=True)
-    n_sat = jnp.minimum(jnp.sum(total(sat_knots) <= k + slack, -1, keepdims=True), n_above)
-    deficit = k - n_sat.astype(s.dtype)
+    kf = k if isinstance(k, int) else k.astype(s.dtype)  # a traced k: the count in the scores' dtype
+    slack = 1e-9 * kf if s.dtype == jnp.float64 else 1e-5 * kf
+    n_above = jnp.sum(total(u) < kf - slack, -1, keepdims=True)
+    n_sat = jnp.minimum(jnp.sum(total(sat_knots) <= kf + slack, -1, keepdims=True), n_above)
+    deficit = kf - n_sat.astype(s.dtype)
     window_prefix = [_take(p, n_above) - _take(p, n_sat) for p in prefix]
     count = (n_above - n_sat).astype(s.dtype)
     safe = jnp.maximum(count, 1)
@@ -128,14 +149,14 @@ def _solve_sorted(s, k, lam, r, magnitude):
         else:
             at = mu + _cubic_root(3 * v2 / safe, (load - v3) / safe)
     if s.dtype != jnp.float64:  # float32 moments cancel: Newton on the candidates themselves
-        at = _polish(u, at, k, lam_u, r, magnitude, sk)
+        at = _polish(u, at, kf, lam_u, r, magnitude, sk)
     solved = (count > 0) & (deficit > 0)
     # otherwise the sum is flat at k: any threshold between the groups is exact (their middle); and
     # when the k largest saturate before the (k+1)-th starts, the mask is the hard k-hot one
     if magnitude:
         nxt, last = _take(s, jnp.minimum(n_sat, big - 1)), _take(s, jnp.clip(n_sat - 1, 0, big - 1))
         flat = jnp.where(n_sat < big, 0.5 * (nxt + jnp.maximum(_saturation_knot(last, lam, r), nxt)), s[:, -1:])
-        following = s[:, k : k + 1]
+        following = _column(s, k)
         return jnp.where(lower >= following, 0.5 * (lower + following), jnp.where(solved, at + sk, flat))
     # the mask's threshold as (s_k, a = (t - s_k)/λ), all in units of λ: the mask is then
     # clip((x - s_k)/λ - a, 0, 1)^r, exact where t itself would round to s_k (ties with a tiny λ)
@@ -143,10 +164,10 @@ def _solve_sorted(s, k, lam, r, magnitude):
     v = jnp.clip((s - sk) / lam, -limit, limit)
     nxt, last = _take(v, jnp.minimum(n_sat, big - 1)), _take(v, jnp.clip(n_sat - 1, 0, big - 1))
     flat = jnp.where(n_sat < big, 0.5 * (nxt + jnp.maximum(last - 1.0, nxt)), v[:, -1:] - 1.0)
-    following = v[:, k : k + 1]
+    following = _column(v, k)
     if s.dtype != jnp.float64:  # within the float32 slack, a segment can pass for flat when it is not
         # (a saturation knot where the sum exceeds k by less than the slack): keep the closer threshold
-        solved = solved | (_mask_residual(v, at, k, r) < _mask_residual(v, flat, k, r))
+        solved = solved | (_mask_residual(v, at, kf, r) < _mask_residual(v, flat, kf, r))
     hard = jnp.maximum(0.5 * (following - 1.0), -2.0)  # exact in [following, -1]; finite in x's dtype
     return sk, jnp.where(following <= -1.0, hard, jnp.where(solved, at, flat))
 
@@ -189,20 +210,20 @@ def _solve(vals, k, lam, r, magnitude):
     (``θ(c s, c^{1-1/r} λ) = c θ(s, λ)``), so that the cubic's coefficients stay of size 1 at any scale."""
     if not magnitude or vals.dtype == jnp.float64:  # float64: the torch kernel's arithmetic
         return _solve_sorted(vals, k, lam, r, magnitude)
-    sk = vals[:, k - 1 : k]
+    sk = _column(vals, k - 1)
     c = jnp.where((sk > 0) & jnp.isfinite(sk), sk, 1.0)
     theta = c * _solve_sorted(vals / c, k, lam * c ** (1.0 / r - 1.0), r, True)
     # a λ so large that λ³ leaves float32: θ underflows to its limit 0 (every entry kept)
     return jnp.where(jnp.isfinite(theta), theta, 0.0)
 
 
-def threshold(scores, k, lam, r, magnitude):
+def threshold(scores, k, lam, r, magnitude, size):
     """The exact threshold per row of ``scores`` (B, n) (``|x|`` for the magnitude) in the wide
-    dtype, as :func:`_solve_sorted` returns it."""
+    dtype, as :func:`_solve_sorted` returns it, solved on the ``size`` largest scores
+    (:func:`candidates`; all of them when the threshold lies below the last)."""
     n = scores.shape[-1]
     wide = wide_dtype()
     lam = lam.astype(wide)
-    size = min(n, 2 * k + 8)
     vals = sorted_desc(scores, size).astype(wide)
     found = _solve(vals, k, lam, r, magnitude)
     if size == n:
@@ -216,11 +237,11 @@ def threshold(scores, k, lam, r, magnitude):
     return lax.cond(fits, lambda: found, full)
 
 
-def exact_mask(x, lam, k, r):
+def exact_mask(x, lam, k, r, size):
     """The exact mask of rows ``x`` (B, n) with per-row ``lam`` (B, 1) (no derivative rule)."""
     xs, ls = lax.stop_gradient(x), lax.stop_gradient(lam)
-    sk, a = (v.astype(x.dtype) for v in threshold(xs, k, ls, r, False))
-    return jnp.clip((xs - sk) / ls - a, 0, 1) ** r
+    sk, a = (v.astype(x.dtype) for v in threshold(xs, k, ls, r, False, size))
+    return jnp.clip(_divide(xs - sk, ls) - a, 0, 1) ** r
 
 
 def mask_tangent(x, lam, y, dx, dlam, r):
@@ -239,23 +260,24 @@ def mask_tangent(x, lam, y, dx, dlam, r):
     return out
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def mask_rows(x, lam, k, r):
-    """Exact sparse mask of rows ``x`` (B, n), ``lam`` (B, 1), int ``k < n``, ``r`` in {1, 3}."""
-    return exact_mask(x, lam, k, r)
+@partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def mask_rows(x, lam, k, r, size):
+    """Exact sparse mask of rows ``x`` (B, n), ``lam`` (B, 1), ``k < n`` (an int, or a traced int
+    scalar), ``r`` in {1, 3}, ``size = candidates(n, k)``."""
+    return exact_mask(x, lam, k, r, size)
 
 
 @partial(mask_rows.defjvp, symbolic_zeros=True)
-def _mask_jvp(k, r, primals, tangents):
-    x, lam = primals
-    y = exact_mask(x, lam, k, r)
-    dx, dlam = tangents
+def _mask_jvp(r, size, primals, tangents):
+    x, lam, k = primals
+    y = exact_mask(x, lam, k, r, size)
+    dx, dlam, _ = tangents
     return y, mask_tangent(x, lam, y, dx, dlam, r)
 
 
-def _mag_parts(x, lam, k, r):
+def _mag_parts(x, lam, k, r, size):
     s = jnp.abs(x)
-    theta = threshold(lax.stop_gradient(s), k, jnp.full((x.shape[0], 1), lam), r, True).astype(x.dtype)
+    theta = threshold(lax.stop_gradient(s), k, jnp.full((x.shape[0], 1), lam), r, True, size).astype(x.dtype)
     positive = theta > 0
     scale = lam * jnp.maximum(theta, 0) ** (1.0 / r)
     z = jnp.where(positive, (s - theta) / jnp.where(positive, scale, 1.0), jnp.inf)
@@ -274,20 +296,21 @@ def extended_mag(x, k, kernel):
     return jnp.where(full, x * jnp.where(infinite, k / jnp.maximum(count, 1), 0.0), body)
 
 
-def mag_rows(x, lam, k, r):
-    """Exact sparse top-k in magnitude of rows ``x`` (B, n), float ``lam``, int ``k < n``."""
-    return extended_mag(x, k, lambda rows: _exact_mag_rows(rows, lam, k, r))
+def mag_rows(x, lam, k, r, size):
+    """Exact sparse top-k in magnitude of rows ``x`` (B, n), float ``lam``, ``k < n`` (an int or a
+    traced int scalar), ``size = candidates(n, k)``."""
+    return extended_mag(x, k, lambda rows: _exact_mag_rows(rows, lam, k, r, size))
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(2, 3))
-def _exact_mag_rows(x, lam, k, r):
-    return _mag_parts(x, lam, k, r)[0]
+@partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _exact_mag_rows(x, lam, k, r, size):
+    return _mag_parts(x, lam, k, r, size)[0]
 
 
 @_exact_mag_rows.defjvp
-def _mag_jvp(k, r, primals, tangents):
-    (x, lam), (dx, _) = primals, tangents
-    out, theta, z = _mag_parts(x, lam, k, r)
+def _mag_jvp(r, size, primals, tangents):
+    (x, lam, k), (dx, _, _) = primals, tangents
+    out, theta, z = _mag_parts(x, lam, k, r, size)
     sign = jnp.sign(x)
     ds = sign * dx
     inside = (z > 0) & (z < 1)
