@@ -72,7 +72,7 @@ def test_magnitude_infinite_rows_match_jax():
     upstream = np.linspace(-1.0, 1.0, x.size).reshape(x.shape)
     with jax.enable_x64(True):
         # k = 1, 3: the first row's 3 infinite entries are more than k and exactly k, the second's 1
-        # at most k (each k compiles the JAX kernel anew)
+        # at most k
         for (solver, p), k in itertools.product(SOLVERS, [1, 3]):
             t = torch.tensor(x, requires_grad=True)
             out = _mag(t, k, solver, p)
