@@ -1,6 +1,6 @@
 """How the row kernels compute: the compute dtype of a score dtype, whether a tensor's values may
-be read on the host for an argument check, scans that compile on every backend, and constants
-kept on the device."""
+be read on the host for an argument check, putting sorted rows back in order, scans that compile on
+every backend, and constants kept on the device."""
 
 from __future__ import annotations
 
@@ -26,6 +26,13 @@ def can_inspect(value: torch.Tensor) -> bool:
             return False
         value = functorch.get_unwrapped(value)
     return True
+
+
+def unsort(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """Put sorted ``values`` back at the positions ``perm`` they came from along the last dim
+    (``out[perm] = values``; ``perm`` a permutation per row, so every entry is written): one
+    scatter, with no zero-filled buffer to start from."""
+    return values.scatter(-1, perm, values)
 
 
 _SCAN_TILE = 1024

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from .compute import unsort
+
 __all__ = ["dykstra_isotonic", "dykstra_mag_rows", "dykstra_mask_rows"]
 
 
@@ -94,11 +96,6 @@ def _sorted_rows(x: torch.Tensor, k: int):
     return s, perm, w
 
 
-def _unsort(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """Put sorted ``values`` back at the positions ``perm`` they came from (out[perm] = values)."""
-    return torch.zeros_like(values).scatter(-1, perm, values)
-
-
 def dykstra_mask_rows(x: torch.Tensor, k: int, l, n_iter: int) -> torch.Tensor:
     """Relaxed top-k mask (p = 2) of each row by Dykstra's algorithm.
 
@@ -122,7 +119,7 @@ def dykstra_mask_rows(x: torch.Tensor, k: int, l, n_iter: int) -> torch.Tensor:
     """
     s, perm, w = _sorted_rows(_stand_ins(x, l), k)
     v = dykstra_isotonic(s - l * w, n_iter)
-    return torch.where(x.isinf(), (x > 0).to(x.dtype), _unsort((s - v) / l, perm))
+    return torch.where(x.isinf(), (x > 0).to(x.dtype), unsort((s - v) / l, perm))
 
 
 def _stand_ins(x: torch.Tensor, l) -> torch.Tensor:
@@ -161,7 +158,7 @@ def dykstra_mag_rows(x: torch.Tensor, k: int, l, n_iter: int) -> torch.Tensor:
     s, perm, w = _sorted_rows(torch.where(infinite, _saturating(x, l), x.abs()), k)
     u = 1 + l * w
     v = dykstra_isotonic(s / u, n_iter, weights=u)
-    return torch.where(infinite, x, torch.sign(x) * _unsort((s - v) / l, perm) * (1 + l))
+    return torch.where(infinite, x, torch.sign(x) * unsort((s - v) / l, perm) * (1 + l))
 
 
 def _saturating(x: torch.Tensor, l) -> torch.Tensor:

@@ -149,9 +149,9 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None, rounds: int | None = 
 
     def solution(value: torch.Tensor) -> torch.Tensor:
         if ratio:  # log of the ratio plus the row's shift; a point alone keeps y - lw, bitwise
-            counts = size.long()
-            alone = (counts == 1).repeat_interleave(counts).reshape(rows, n)
-            pooled = value.log().repeat_interleave(counts).reshape(rows, n) + (tops[0] - tops[1])
+            block = torch.repeat_interleave(size.long())  # each point's block
+            alone = (size == 1).index_select(0, block).reshape(rows, n)
+            pooled = value.log().index_select(0, block).reshape(rows, n) + (tops[0] - tops[1])
             return torch.where(alone, base, pooled)
         return value.repeat_interleave(size.long()).reshape(rows, n)
 

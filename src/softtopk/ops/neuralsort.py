@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .compute import scan_rows
+from .compute import scan_rows, unsort
 
 _WIDE = torch.float64
 _FAR = 2.0**600  # M for float64 scores (float32 ones take their largest finite value): M n / tau stays finite
@@ -85,12 +85,12 @@ class _NeuralSort(torch.autograd.Function):
         ranks = torch.softmax(logits, dim=-1)  # the sorted items' columns
         if not reduce:
             out = ranks.to(x.dtype)
-            out = out.scatter(-1, order.unsqueeze(-2).expand(-1, k, -1), out)  # the row's order
+            out = unsort(out, order.unsqueeze(-2).expand(-1, k, -1))  # the row's order
             return out, ranks, ordered, order, below, far, shift, None
         # rows with at most k < n entries above -inf select them all, with gradient 0
         short = ordered[..., n - 1 - k : n - k] == float("-inf")
         mask = ranks.sum(-2, dtype=x.dtype).masked_fill_((ordered > float("-inf")) & short, 1.0)
-        return mask.scatter(-1, order, mask), ranks, ordered, order, below, far, shift, short
+        return unsort(mask, order), ranks, ordered, order, below, far, shift, short
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -128,7 +128,7 @@ class _NeuralSort(torch.autograd.Function):
         if ctx.tau_tensor and ctx.needs_input_grad[1]:
             grad_tau = -(centred * torch.special.xlogy(ranks, ranks)).sum((-2, -1)).unsqueeze(-1) / tau_t
             grad_tau = grad_tau.to(tau_t.dtype)
-        return grad_x.scatter(-1, order, grad_x), grad_tau, None, None
+        return unsort(grad_x, order), grad_tau, None, None
 
 
 def neuralsort_ranks(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from .compute import can_inspect
+from .compute import can_inspect, unsort
 from .isotonic import block_ids, block_starts, block_sum, isotonic_kl, isotonic_l2
 
 
@@ -115,7 +115,7 @@ class SoftRankFn(torch.autograd.Function):
                 base = theta - w
                 v = isotonic_l2(base)
             r = (base - v).exp_().mul_(w) if kl else w - (v - base)
-            return torch.zeros_like(r).scatter(-1, perm, r), v, r, theta, perm, nan
+            return unsort(r, perm), v, r, theta, perm, nan
         finite = theta.isfinite()
         top = theta > 0
         # the infinite entries share their ranks: the mean of w over the top p (bottom q) positions
@@ -128,7 +128,7 @@ class SoftRankFn(torch.autograd.Function):
         else:
             v, base = _solve(theta - w, None, finite, top)
             r = torch.where(finite, w - (v - base), shared)
-        out = torch.zeros_like(r).scatter(-1, perm, r)
+        out = unsort(r, perm)
         return torch.where(nan, torch.nan, out), v, r, theta, perm, nan
 
     @staticmethod
@@ -154,7 +154,7 @@ class SoftRankFn(torch.autograd.Function):
         if not ctx.plain:
             finite = theta.isfinite()
             d_theta, theta = torch.where(finite, d_theta, 0.0), torch.where(finite, theta, 0.0)
-        grad_x = torch.zeros_like(d_theta).scatter(-1, perm, d_theta) * (ctx.sign / eps)
+        grad_x = unsort(d_theta, perm) * (ctx.sign / eps)
         grad_eps = None
         if ctx.needs_input_grad[1]:
             inner = torch.linalg.vecdot(d_theta, theta).unsqueeze(-1)
@@ -211,7 +211,7 @@ class SoftSortFn(torch.autograd.Function):
             d_s = total / block_sum(torch.ones_like(g), ids)
         if not ctx.plain:
             d_s = torch.where(finite, d_s, 0.0)
-        grad_x = torch.zeros_like(d_s).scatter(-1, perm, d_s)
+        grad_x = unsort(d_s, perm)
         grad_eps = None
         if ctx.needs_input_grad[1]:
             w = _weights(v).expand_as(v)
