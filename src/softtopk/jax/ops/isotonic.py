@@ -29,20 +29,11 @@ Ranking", ICML 2020, arXiv:2002.08871.
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-
-def _search(sorted_rows: jax.Array, queries: jax.Array, side: str) -> jax.Array:
-    """``searchsorted`` of each row of ``queries`` into the same row of ``sorted_rows`` (increasing)."""
-    return jax.vmap(partial(jnp.searchsorted, side=side))(sorted_rows, queries)
-
-
-def _take(rows: jax.Array, index: jax.Array) -> jax.Array:
-    return jnp.take_along_axis(rows, index, -1)
+from .compute import search_rows, take_rows
 
 
 def _pad(v: jax.Array) -> jax.Array:
@@ -67,7 +58,7 @@ def _cross_counts(vl: jax.Array, vr: jax.Array) -> tuple[jax.Array, jax.Array]:
     (R, m): from all pairs for short halves, else by ``searchsorted``."""
     if vl.shape[-1] <= SHORT:
         return jnp.sum(vr[:, None, :] > vl[:, :, None], -1), jnp.sum(vl[:, None, :] < vr[:, :, None], -1)
-    return _search(-vr, -vl, "left"), vl.shape[-1] - _search(-vl, -vr, "right")
+    return search_rows(-vr, -vl, "left"), vl.shape[-1] - search_rows(-vl, -vr, "right")
 
 
 def _merge_l2(v: jax.Array, m: int) -> jax.Array:
@@ -86,12 +77,12 @@ def _merge_l2(v: jax.Array, m: int) -> jax.Array:
     # G at each point of L (t = vl_i): the points after it in L, the first c_i points of R; at
     # each point of R (t = vr_j): the last d_j points of L, the points before it in R
     shift = vr[:, :1] - vl[:, -1:]
-    g_left = (m - 1 - pos) * ul - (total - cl) + c * (ul - shift) - _take(crx, c)
-    g_right = d * (ur + shift) - (total - _take(clx, m - d)) + pos * ur - (cr - ur)
+    g_left = (m - 1 - pos) * ul - (total - cl) + c * (ul - shift) - take_rows(crx, c)
+    g_right = d * (ur + shift) - (total - take_rows(clx, m - d)) + pos * ur - (cr - ur)
     p = jnp.sum(g_left < 0, -1, keepdims=True)
     q = jnp.sum(g_right > 0, -1, keepdims=True)
-    sum_l = total - _take(clx, m - p) + p * vl[:, -1:]
-    sum_r = _take(crx, q) + q * vr[:, :1]
+    sum_l = total - take_rows(clx, m - p) + p * vl[:, -1:]
+    sum_r = take_rows(crx, q) + q * vr[:, :1]
     pooled = (sum_l + sum_r) / jnp.maximum(p + q, 1)
     new_l = jnp.where(pos >= m - p, pooled, vl)
     new_r = jnp.where(pos < q, pooled, vr)
@@ -148,12 +139,14 @@ def _merge_kl(v: jax.Array, lw: jax.Array, m: int) -> jax.Array:
     # first c_i points); G > 0 at t = vr_j: the part below (L's last d_j points) is larger than
     # the part above (before j in R). Where nothing is pooled one side is empty: -inf, exactly
     start = m - d
-    g_left = _log_part(s1[:, 1:], s2[:, 1:], vl, True) < _log_part(_take(p1, c), _take(p2, c), vl, False)
-    g_right = _log_part(_take(s1, start), _take(s2, start), vr, True) > _log_part(p1[:, :-1], p2[:, :-1], vr, False)
+    g_left = _log_part(s1[:, 1:], s2[:, 1:], vl, True) < _log_part(take_rows(p1, c), take_rows(p2, c), vl, False)
+    g_right = _log_part(take_rows(s1, start), take_rows(s2, start), vr, True) > _log_part(
+        p1[:, :-1], p2[:, :-1], vr, False
+    )
     p = jnp.sum(g_left, -1, keepdims=True)
     q = jnp.sum(g_right, -1, keepdims=True)
-    top = jnp.logaddexp(_take(s2, m - p), _take(p2, q))
-    bottom = jnp.logaddexp(_take(s1, m - p), _take(p1, q))
+    top = jnp.logaddexp(take_rows(s2, m - p), take_rows(p2, q))
+    bottom = jnp.logaddexp(take_rows(s1, m - p), take_rows(p1, q))
     pooled = jnp.where(p + q > 0, top - bottom, 0.0)
     new_l = jnp.where(pos >= m - p, pooled, vl)
     new_r = jnp.where(pos < q, pooled, vr)

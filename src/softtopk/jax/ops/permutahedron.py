@@ -27,12 +27,9 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
+from .compute import take_rows
 from .isotonic import block_ids, block_starts, block_sum, isotonic_kl, isotonic_l2
 from .sparse import wide_dtype
-
-
-def _take(rows: jax.Array, index: jax.Array) -> jax.Array:
-    return jnp.take_along_axis(rows, index, -1)
 
 
 def _sorted(rows: jax.Array, sign: float) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -42,7 +39,7 @@ def _sorted(rows: jax.Array, sign: float) -> tuple[jax.Array, jax.Array, jax.Arr
     y = jnp.where(nan, 0.0, rows * sign)
     perm = jnp.argsort(y, axis=-1, stable=True, descending=True)
     inverse = jnp.zeros_like(perm).at[jnp.arange(rows.shape[0])[:, None], perm].set(jnp.arange(rows.shape[-1]))
-    return _take(y, perm), perm, inverse, jnp.any(nan, -1, keepdims=True)
+    return take_rows(y, perm), perm, inverse, jnp.any(nan, -1, keepdims=True)
 
 
 def _separated(v0: jax.Array, finite: jax.Array, top: jax.Array) -> jax.Array:
@@ -75,7 +72,7 @@ def _nan_factor(nan: jax.Array, dtype) -> jax.Array:
 def _softmax_blocks(z: jax.Array, ids: jax.Array, first: jax.Array) -> jax.Array:
     """``softmax`` of ``z`` (decreasing within each block) over each point's block; ``first``: each
     point's block start."""
-    e = jnp.exp(z - _take(z, first))
+    e = jnp.exp(z - take_rows(z, first))
     return e / block_sum(e, ids)
 
 
@@ -102,7 +99,7 @@ def _rank_parts(x: jax.Array, eps: jax.Array, sign: float, kl: bool):
 @partial(jax.custom_jvp, nondiff_argnums=(2, 3))
 def _rank(x: jax.Array, eps: jax.Array, sign: float, kl: bool) -> jax.Array:
     r, *_, inverse, nan = _rank_parts(x, eps, sign, kl)
-    return jnp.where(nan, jnp.nan, _take(r, inverse))
+    return jnp.where(nan, jnp.nan, take_rows(r, inverse))
 
 
 @partial(_rank.defjvp, symbolic_zeros=True)
@@ -112,7 +109,7 @@ def _rank_jvp(sign, kl, primals, tangents):
     r, v, theta, finite, perm, inverse, nan = _rank_parts(x, eps, sign, kl)
     d_theta = jnp.zeros_like(theta)
     if not isinstance(dx, SymbolicZero):
-        d_theta = d_theta + _take(dx, perm) * (sign / eps)
+        d_theta = d_theta + take_rows(dx, perm) * (sign / eps)
     if not isinstance(deps, SymbolicZero):
         d_theta = d_theta - theta * deps / eps
     d_theta = jnp.where(finite, d_theta, 0.0)
@@ -122,8 +119,8 @@ def _rank_jvp(sign, kl, primals, tangents):
         dr = rd - r * block_sum(rd, ids) / block_sum(jnp.broadcast_to(_weights(v.shape[-1], v.dtype), v.shape), ids)
     else:
         dr = d_theta - block_sum(d_theta, ids) / block_sum(jnp.ones_like(v), ids)
-    out = jnp.where(nan, jnp.nan, _take(r, inverse))
-    return out, _take(dr, inverse) * _nan_factor(nan, dr.dtype)
+    out = jnp.where(nan, jnp.nan, take_rows(r, inverse))
+    return out, take_rows(dr, inverse) * _nan_factor(nan, dr.dtype)
 
 
 def _sort_parts(x: jax.Array, eps: jax.Array, sign: float, kl: bool):
@@ -151,7 +148,7 @@ def _sort_jvp(sign, kl, primals, tangents):
     count = block_sum(jnp.ones_like(v), ids)
     dh = jnp.zeros_like(v)
     if not isinstance(dx, SymbolicZero):
-        ds = jnp.where(finite, _take(dx, perm) * sign, 0.0)
+        ds = jnp.where(finite, take_rows(dx, perm) * sign, 0.0)
         dh = dh + (block_sum(_softmax_blocks(s, ids, first) * ds, ids) if kl else block_sum(ds, ids) / count)
     if not isinstance(deps, SymbolicZero):
         w = _weights(v.shape[-1], v.dtype)

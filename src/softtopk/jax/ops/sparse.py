@@ -24,6 +24,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from .compute import search_rows, take_rows
+
 
 def exponent(p: float) -> int:
     """``r = 1/(p-1)``: 1 for p = 2, 3 for p = 4/3."""
@@ -77,18 +79,10 @@ def _column(rows, index):
     return lax.dynamic_slice_in_dim(rows, index, 1, axis=1)
 
 
-def _search(sorted_rows, queries, side):
-    return jax.vmap(partial(jnp.searchsorted, side=side))(sorted_rows, queries)
-
-
-def _take(rows, index):
-    return jnp.take_along_axis(rows, index, -1)
-
-
 def _window_power(prefix, lo, hi, at, r):
     """``Σ_{lo < i <= hi} (u_i - at)^r`` from the prefix sums of ``u^m``."""
     count = (hi - lo).astype(at.dtype)
-    moments = [_take(p, hi) - _take(p, lo) for p in prefix]
+    moments = [take_rows(p, hi) - take_rows(p, lo) for p in prefix]
     if r == 1:
         return moments[0] - at * count
     m1, m2, m3 = moments
@@ -118,11 +112,11 @@ def _solve_sorted(s, k, lam, r, magnitude):
     def total(at):  # Σ_i h(.) at centred thresholds ``at`` (B, M); entries before ``sat`` saturate
         if magnitude:
             theta = at + sk
-            sat = _search(neg, -lam * jnp.maximum(theta, 0) ** (1.0 / r) - at, "right")
+            sat = search_rows(neg, -lam * jnp.maximum(theta, 0) ** (1.0 / r) - at, "right")
             scale = lam_r * theta
         else:
-            sat, scale = _search(neg, -at - 1.0, "right"), jnp.ones_like(at)
-        above = jnp.maximum(_search(neg, -at, "left"), sat)
+            sat, scale = search_rows(neg, -at - 1.0, "right"), jnp.ones_like(at)
+        above = jnp.maximum(search_rows(neg, -at, "left"), sat)
         window = _window_power(prefix, sat, above, at, r)
         return sat.astype(at.dtype) + window / jnp.where(scale > 0, scale, 1.0)
 
@@ -132,7 +126,7 @@ def _solve_sorted(s, k, lam, r, magnitude):
     n_above = jnp.sum(total(u) < kf - slack, -1, keepdims=True)
     n_sat = jnp.minimum(jnp.sum(total(sat_knots) <= kf + slack, -1, keepdims=True), n_above)
     deficit = kf - n_sat.astype(s.dtype)
-    window_prefix = [_take(p, n_above) - _take(p, n_sat) for p in prefix]
+    window_prefix = [take_rows(p, n_above) - take_rows(p, n_sat) for p in prefix]
     count = (n_above - n_sat).astype(s.dtype)
     safe = jnp.maximum(count, 1)
     if r == 1:
@@ -154,7 +148,7 @@ def _solve_sorted(s, k, lam, r, magnitude):
     # otherwise the sum is flat at k: any threshold between the groups is exact (their middle); and
     # when the k largest saturate before the (k+1)-th starts, the mask is the hard k-hot one
     if magnitude:
-        nxt, last = _take(s, jnp.minimum(n_sat, big - 1)), _take(s, jnp.clip(n_sat - 1, 0, big - 1))
+        nxt, last = take_rows(s, jnp.minimum(n_sat, big - 1)), take_rows(s, jnp.clip(n_sat - 1, 0, big - 1))
         flat = jnp.where(n_sat < big, 0.5 * (nxt + jnp.maximum(_saturation_knot(last, lam, r), nxt)), s[:, -1:])
         following = _column(s, k)
         return jnp.where(lower >= following, 0.5 * (lower + following), jnp.where(solved, at + sk, flat))
@@ -162,7 +156,7 @@ def _solve_sorted(s, k, lam, r, magnitude):
     # clip((x - s_k)/λ - a, 0, 1)^r, exact where t itself would round to s_k (ties with a tiny λ)
     limit = float(jnp.finfo(s.dtype).max) ** 0.5
     v = jnp.clip((s - sk) / lam, -limit, limit)
-    nxt, last = _take(v, jnp.minimum(n_sat, big - 1)), _take(v, jnp.clip(n_sat - 1, 0, big - 1))
+    nxt, last = take_rows(v, jnp.minimum(n_sat, big - 1)), take_rows(v, jnp.clip(n_sat - 1, 0, big - 1))
     flat = jnp.where(n_sat < big, 0.5 * (nxt + jnp.maximum(last - 1.0, nxt)), v[:, -1:] - 1.0)
     following = _column(v, k)
     if s.dtype != jnp.float64:  # within the float32 slack, a segment can pass for flat when it is not
