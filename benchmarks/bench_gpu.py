@@ -120,11 +120,8 @@ def _torch_path(fn: Callable) -> Callable:
 
         if x.device.type != "cuda" or importlib.util.find_spec("triton") is None:
             raise Skip("the same as lapsum here: the Triton kernels run on CUDA with triton installed")
-        enabled, lapsum_triton.ENABLED = lapsum_triton.ENABLED, False
-        try:
+        with lapsum_triton.torch_path():
             return fn(x, k)
-        finally:
-            lapsum_triton.ENABLED = enabled
 
     return call
 

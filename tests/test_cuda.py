@@ -38,11 +38,8 @@ def _mask(fn: Callable, shape=(ROWS, N), stochastic: bool = False):
 
 def _torch_lapsum(x: torch.Tensor) -> torch.Tensor:
     """The Laplace mask by the torch path (where triton is installed, the default is its kernels)."""
-    enabled, lapsum_triton.ENABLED = lapsum_triton.ENABLED, False
-    try:
+    with lapsum_triton.torch_path():
         return softtopk.soft_topk(x, K, tau=1.0)
-    finally:
-        lapsum_triton.ENABLED = enabled
 
 
 def _loss(make: Callable, stochastic: bool = False):

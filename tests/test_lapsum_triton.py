@@ -27,13 +27,9 @@ INF = float("inf")
 CONSTANTS = {"clamp": lapsum._C, "floor": lapsum._FLOOR}
 
 
-def torch_path(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with the kernels switched off (on a GPU they are the default)."""
-    enabled, lapsum_triton.ENABLED = lapsum_triton.ENABLED, False
-    try:
+def _on_the_torch_path(fn, *args, **kwargs):
+    with lapsum_triton.torch_path():  # on a GPU the kernels are the default
         return fn(*args, **kwargs)
-    finally:
-        lapsum_triton.ENABLED = enabled
 
 
 def _both(x: torch.Tensor, k: int, tau: float, hard: bool = False):
@@ -41,7 +37,7 @@ def _both(x: torch.Tensor, k: int, tau: float, hard: bool = False):
     g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype).to(x.device)
     out = []
     for fn in (
-        lambda v: torch_path(lapsum.lapsum_mask, v, k, tau, hard=hard),
+        lambda v: _on_the_torch_path(lapsum.lapsum_mask, v, k, tau, hard=hard),
         lambda v: lapsum_triton.triton_mask(v, k, tau, hard=hard, **CONSTANTS),
     ):
         leaf = x.detach().clone().requires_grad_()

@@ -26,9 +26,11 @@ gradients, and compiled on a GPU where one is lent (``benchmarks/run_gpu.sh``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -39,6 +41,19 @@ def switched_on(setting: str | None) -> bool:
 
 
 ENABLED = switched_on(os.environ.get("SOFTTOPK_TRITON"))
+
+
+@contextlib.contextmanager
+def torch_path() -> Iterator[None]:
+    """Within the block the Laplace mask takes the torch path (to compare it with the kernels)."""
+    global ENABLED
+    enabled, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = enabled
+
+
 _BLOCK = 1024  # entries per step of a row pass
 
 
