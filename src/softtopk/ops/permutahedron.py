@@ -64,7 +64,9 @@ def _separated(v0: torch.Tensor, finite: torch.Tensor, top: torch.Tensor) -> tor
     return torch.where(finite, v0, torch.where(top, hi, lo))
 
 
-def _solve(y, lw, finite, top) -> tuple[torch.Tensor, torch.Tensor]:
+def _solve(
+    y: torch.Tensor, lw: torch.Tensor | None, finite: torch.Tensor, top: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """l2 (``lw`` None) or kl isotonic solution with the infinite positions kept apart, and the
     value each point has unpooled as the solver computes it (``y``; ``y - lw`` for kl): a
     singleton block's value, bitwise, so that ``v - base`` is exactly 0 there."""
