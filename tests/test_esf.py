@@ -127,3 +127,37 @@ def test_float32_gradient_matches_float64(case):
         (log_esf(leaf, 10) * weights.to(dtype)).sum().backward()
         grads.append(leaf.grad.double())
     assert (grads[0] - grads[1]).abs().max() <= 5e-5 * weights.abs().sum()
+
+
+def _tails() -> dict[str, torch.Tensor]:
+    """Tails in [0, 1] of 1000 entries where Newton's identities cancel most: a few ties with the
+    k-th largest over tiny or zero values, all ties, values spread over 30 orders of magnitude."""
+    g = torch.Generator().manual_seed(0)
+    few = torch.full((1000,), 1e-6, dtype=torch.float64)
+    few[:7] = 1.0
+    spread = 10 ** (-30 * torch.rand(1000, generator=g, dtype=torch.float64))
+    return {
+        "seven ties over 1e-6": few,
+        "seven ties over zeros": torch.cat([torch.ones(7), torch.zeros(993)]).double(),
+        "all ties": torch.ones(1000, dtype=torch.float64),
+        "spread": spread,
+        "uniform": torch.rand(1000, generator=g, dtype=torch.float64),
+        "one": torch.cat([torch.ones(1), torch.rand(999, generator=g, dtype=torch.float64) * 1e-3]),
+    }
+
+
+@pytest.mark.parametrize("name", list(_tails()))
+def test_power_sum_polynomials_have_a_small_absolute_error(name):
+    """``_newton_esf`` against the float64 scans: each ``e_b`` within a few float64 roundings of
+    ``sum_{c<=b} e_c`` (the scale that :class:`_SmoothTopKRows` gives its error, module doc)."""
+    y = _tails()[name]
+    for degree in (1, 2, 5, esf.SUBSET_K):
+        want = esf._tail_esf(y, degree)
+        got = esf._newton_esf(y, degree)
+        assert got.dtype == torch.float64 and got[0] == 1
+        assert ((got - want).abs() <= 1e-13 * want.cumsum(-1)).all(), (degree, got, want)
+    # float32 values: the sums still run in float64
+    got = esf._newton_esf(y.float(), 5)
+    want = esf._tail_esf(y.float().double(), 5)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=2e-7, atol=1e-13 * float(want.sum()))

@@ -37,6 +37,7 @@ of a loss of that size).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -115,9 +116,8 @@ def smooth_topk_svm(
         tensor([0.4741, 1.5019])
     """
     k, tau, alpha = _svm_params(k, tau, alpha, input)
-    return _svm_loss(
-        input, target, k, lambda r, l: smooth_topk_svm_rows(r, l, k, tau, alpha), weight, ignore_index, reduction
-    )
+    rows = functools.partial(smooth_topk_svm_rows, k=k, tau=tau, alpha=alpha)  # the +inf limits included
+    return class_loss(input, target, rows, weight=weight, ignore_index=ignore_index, reduction=reduction)
 
 
 def smooth_top1_svm(

@@ -50,8 +50,14 @@ def extended_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, rows_fn
 
 
 def smooth_topk_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
+    """The smooth top-k SVM's rows with the limits at ``±inf`` and NaN rows of :func:`extended_svm_rows`
+    (the subset kernel takes them in its own pass)."""
     if fits_subset_path(logits.shape[-1] - 1, k, logits.dtype):
         return smooth_topk_rows(logits, label, k, tau, alpha)
+    return extended_svm_rows(logits, label, k, lambda s, y: _log_space_svm_rows(s, y, k, tau, alpha))
+
+
+def _log_space_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
     # one topk of the other scores gives the ESF's top part, the shift (the k-th largest) and whether
     # k of them are above -inf; the special rows are fixed on (R, k) and (R,) tensors, never (R, C)
     label_score, others, masked = split_label(logits, label)
