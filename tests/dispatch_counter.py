@@ -12,12 +12,15 @@ memory, which waits for the host and cannot be captured in a CUDA graph.
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from softtopk.ops import compute
 
 _READ = torch.ops.aten._local_scalar_dense.default
 _UPLOAD = torch.ops.aten.lift_fresh.default
@@ -56,15 +59,31 @@ class _Counter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_call(fn: Callable[..., Any], *inputs: torch.Tensor, backward: bool = True) -> Counts:
+def count_call(
+    fn: Callable[..., Any], *inputs: torch.Tensor, backward: bool = True, accelerator: bool = True
+) -> Counts:
     """Counts of ``fn(*inputs)`` and, with ``backward``, of the backward of its output against a
-    gradient made before counting starts (floating inputs require grad)."""
-    leaves = [t.detach().clone().requires_grad_(t.is_floating_point() and backward) for t in inputs]
-    out = fn(*leaves)  # a warm-up call: caches (e.g. network layouts) are filled outside the count
-    grad = torch.ones_like(out) if backward else None
-    leaves = [t.detach().clone().requires_grad_(t.is_floating_point() and backward) for t in inputs]
-    with _Counter() as counter:
-        out = fn(*leaves)
-        if backward:
-            out.backward(grad)
+    gradient made before counting starts (floating inputs require grad). With ``accelerator`` the
+    kernels take the steps they take off the CPU (``softtopk.ops.compute.on_cpu`` false: the same
+    values by other calls), so that the launches counted are a GPU's."""
+    with _steps(accelerator):
+        leaves = [t.detach().clone().requires_grad_(t.is_floating_point() and backward) for t in inputs]
+        out = fn(*leaves)  # a warm-up call: caches (e.g. network layouts) are filled outside the count
+        grad = torch.ones_like(out) if backward else None
+        leaves = [t.detach().clone().requires_grad_(t.is_floating_point() and backward) for t in inputs]
+        with _Counter() as counter:
+            out = fn(*leaves)
+            if backward:
+                out.backward(grad)
     return counter.counts
+
+
+@contextlib.contextmanager
+def _steps(accelerator: bool):
+    saved = compute.on_cpu
+    if accelerator:
+        compute.on_cpu = lambda x: False
+    try:
+        yield
+    finally:
+        compute.on_cpu = saved

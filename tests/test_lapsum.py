@@ -10,6 +10,7 @@ properties (hypothesis), exact float64 gradients for ``x``, a tensor ``tau`` and
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -20,7 +21,8 @@ from hypothesis import strategies as st
 
 import softtopk
 from conftest import assert_same_values_and_grads
-from softtopk.ops.lapsum import _LaplaceMask, lapsum_mask
+from softtopk.ops import compute
+from softtopk.ops.lapsum import lapsum_mask
 
 PROPERTY = settings(max_examples=30, deadline=None, derandomize=True)
 F64 = torch.float64
@@ -375,26 +377,13 @@ def test_gradient_finite_at_extremes_float32(dtype):
 
 
 # --------------------------------------------------------------------------------------------
-# Fast path (few candidates) vs the 2k-candidate path
+# Near ties at the k-th value: the threshold deep among the 2k candidates
 # --------------------------------------------------------------------------------------------
-
-
-def _two_k(x: torch.Tensor, k: int, tau: float) -> torch.Tensor:
-    """The mask computed with all 2k candidates (the fallback), bypassing the fast path."""
-    return _LaplaceMask.apply(x, torch.tensor(tau, dtype=x.dtype), torch.tensor(float(k), dtype=x.dtype), 2 * k)[0]
-
-
-def _few(x: torch.Tensor, k: int, tau: float) -> tuple[torch.Tensor, bool]:
-    """The fast path's mask from ``k + 3 + k // 8`` candidates and whether it claims to be valid."""
-    few = k + 3 + k // 8
-    out = _LaplaceMask.apply(x, torch.tensor(tau, dtype=x.dtype), torch.tensor(float(k), dtype=x.dtype), few)
-    return out[0], bool(out[-1].all())
 
 
 def _near_tie_rows(k: int, cluster: int, tau: float, offset: float, seed: int, n: int = 2000) -> torch.Tensor:
     """Rows whose ``cluster`` largest entries tie to within 1e-3 tau at the k-th value, far above
-    the rest (so about k/cluster > 1/2 each: more than k + 3 + k/8 entries lie above t).
-    n = 2000, k = 20 is where ``lapsum_mask`` tries the fast path (64 (k + 3 + k/8) <= n < 128 k)."""
+    the rest (so about k/cluster > 1/2 each: close to 2k entries lie above t)."""
     g = _gen(seed)
     x = torch.full((3, n), -10.0 * tau, dtype=F64) - torch.rand(3, n, generator=g, dtype=F64) * tau
     x[:, :cluster] = torch.rand(3, cluster, generator=g, dtype=F64) * 1e-3 * tau
@@ -404,44 +393,45 @@ def _near_tie_rows(k: int, cluster: int, tau: float, offset: float, seed: int, n
 
 @pytest.mark.parametrize("offset", [0.0, 1.0, 1e2, 1e4])
 @pytest.mark.parametrize("tau", [1e-2, 1.0])
-def test_fast_path_falls_back_when_the_threshold_is_below_its_candidates(tau, offset):
-    """38 near-ties at the top, k = 20: t lies below the 25 fast-path candidates. The fast path must
-    say so (or be right), and the public result (values and gradients) is the 2k path's."""
+def test_threshold_deep_among_the_candidates(tau, offset):
+    """38 near-ties at the top, k = 20: 38 of the 40 candidates lie above t. The mask sums to k,
+    equals the oracle, and its gradient is the CPU's two-half candidate search's and one topk's."""
     k = 20
     x = _near_tie_rows(k, 38, tau, offset, seed=0)
-    few_mask, valid = _few(x, k, tau)
-    assert not valid or (few_mask - _two_k(x, k, tau)).abs().max() < 1e-10
     leaf = x.clone().requires_grad_()
-    leaf2 = x.clone().requires_grad_()
-    got, want = lapsum_mask(leaf, k, tau), _two_k(leaf2, k, tau)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    got = lapsum_mask(leaf, k, tau)
     torch.testing.assert_close(got.sum(-1), torch.full((3,), float(k), dtype=F64), rtol=0, atol=1e-9)
     if offset == 0.0:
         torch.testing.assert_close(got, oracle_rows(x, k, tau), rtol=0, atol=1e-10)
     upstream = torch.randn(3, x.shape[-1], generator=_gen(1), dtype=F64)
     (got * upstream).sum().backward()
-    (want * upstream).sum().backward()
-    torch.testing.assert_close(leaf.grad, leaf2.grad, rtol=0, atol=1e-9)
+    with _one_topk():
+        leaf2 = x.clone().requires_grad_()
+        want = lapsum_mask(leaf2, k, tau)
+        (want * upstream).sum().backward()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(leaf.grad, leaf2.grad, rtol=0, atol=1e-12)
 
 
-def test_tied_cluster_matches_oracle():
-    """38 entries at 100, 22 at 99.9, k = 20, tau = 0.01 (float64): about 20/38 each on top."""
-    x = torch.tensor([100.0] * 38 + [99.9] * 22, dtype=F64)
-    m = softtopk.soft_topk(x, 20, tau=0.01)
-    assert abs(m.sum().item() - 20) < 1e-9, m.sum().item()
-    torch.testing.assert_close(m, oracle_rows(x[None], 20, 0.01)[0], rtol=0, atol=1e-9)
+@contextlib.contextmanager
+def _one_topk():
+    """The candidates from one ``torch.topk`` (as off the CPU) instead of two halves."""
+    saved = compute._PARTIAL_SORT
+    compute._PARTIAL_SORT = 2**40
+    try:
+        yield
+    finally:
+        compute._PARTIAL_SORT = saved
 
 
 @PROPERTY
-@given(st.integers(4, 40), st.integers(0, 2**16), st.sampled_from([1e-3, 1e-1, 1.0]), st.sampled_from([0.0, 1e2, 1e4]))
-def test_fast_path_is_right_whenever_it_claims_to_be(k, seed, tau, offset):
-    """Random rows, some with a clump of near-ties at the k-th value, one entry far above the rest,
-    shifted by ``offset``: when the few-candidate solve reports valid it equals the 2k path, and
-    the public result always does."""
+@given(st.integers(4, 40), st.integers(0, 2**16), st.sampled_from([1e-3, 1e-1, 1.0]))
+def test_clumps_at_the_kth_value_match_the_oracle(k, seed, tau):
+    """Random rows, some with a clump of near-ties at the k-th value, one entry far above the rest;
+    half of them as long as where the CPU searches the candidates in two halves (32 k <= n < 64 k)."""
     g = _gen(seed)
-    few = k + 3 + k // 8
-    if seed % 2:  # where lapsum_mask itself tries the fast path: 64 few <= n < 128 k
-        n = 64 * few + int(torch.randint(0, 128 * k - 64 * few, (1,), generator=g))
+    if seed % 2:
+        n = 32 * k + int(torch.randint(0, 32 * k, (1,), generator=g))
     else:
         n = 2 * k + int(torch.randint(0, 200, (1,), generator=g))
     x = torch.randn(4, n, generator=g, dtype=F64)
@@ -449,12 +439,7 @@ def test_fast_path_is_right_whenever_it_claims_to_be(k, seed, tau, offset):
     clump = torch.rand(4, n, generator=g) < min(0.4, 3 * k / n)
     x = torch.where(clump, kth + 1e-3 * tau * torch.randn(4, n, generator=g, dtype=F64), x)
     x[:, 0] += 1e3 * tau
-    x = x + offset
-    want = _two_k(x, k, tau)
-    few_mask, valid = _few(x, k, tau)
-    if valid:
-        torch.testing.assert_close(few_mask, want, rtol=0, atol=1e-9)
-    torch.testing.assert_close(lapsum_mask(x, k, tau), want, rtol=0, atol=1e-9)
+    torch.testing.assert_close(lapsum_mask(x, k, tau), oracle_rows(x, k, tau), rtol=0, atol=1e-9)
 
 
 # --------------------------------------------------------------------------------------------

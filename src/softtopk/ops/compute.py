@@ -1,6 +1,6 @@
 """How the row kernels compute: the compute dtype of a score dtype, whether a tensor's values may
-be read on the host for an argument check, putting sorted rows back in order, scans that compile on
-every backend, and constants kept on the device."""
+be read on the host for an argument check, the largest entries of rows, putting sorted rows back in
+order, scans that compile on every backend, and constants kept on the device."""
 
 from __future__ import annotations
 
@@ -26,6 +26,42 @@ def can_inspect(value: torch.Tensor) -> bool:
             return False
         value = functorch.get_unwrapped(value)
     return True
+
+
+def on_cpu(x: torch.Tensor) -> bool:
+    """Whether a step takes its CPU variant: the same values by other ATen calls, faster on a CPU
+    and more launches on an accelerator (:func:`topk_rows`, :func:`row_dot`)."""
+    return x.device.type == "cpu"
+
+
+# ATen's CPU topk sorts partially while k * 64 <= n; above, it selects with nth_element and sorts
+# the k it keeps, several times slower per row
+_PARTIAL_SORT = 64
+
+
+def topk_rows(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.topk(k, -1, largest)``'s ``(values, indices)``, sorted; on the CPU, where ``k`` is past
+    the partial sort but half of it is not, as two halves: the first ``ceil(k/2)``, then the next
+    among the others, the first ones set to NaN (which ranks last among the smallest). The same
+    values, ties in either order (``2 k <= n`` keeps the halves apart); in a row with NaN the first
+    half holds one, as ``topk``'s, the second half may hold fewer."""
+    n = x.shape[-1]
+    first = -(-k // 2)
+    if not (on_cpu(x) and first * _PARTIAL_SORT <= n < k * _PARTIAL_SORT and 2 * k <= n):
+        values, index = x.topk(k, -1, largest=largest)
+        return values, index
+    top = x.topk(first, -1, largest=largest)
+    rest = (x if not largest else x.neg()).scatter(-1, top.indices, torch.nan).topk(k - first, -1, largest=False)
+    after = rest.values if not largest else rest.values.neg()
+    return torch.cat([top.values, after], -1), torch.cat([top.indices, rest.indices], -1)
+
+
+def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``Σ_i a_i b_i`` over the last dim of ``(B, n)`` rows, as ``(B, 1)``: one batched product off
+    the CPU, a product and a sum on it (its batched BLAS is slow for one-row products)."""
+    if on_cpu(a):
+        return torch.linalg.vecdot(a, b).unsqueeze(-1)
+    return torch.bmm(a.unsqueeze(-2), b.unsqueeze(-1)).squeeze(-1)
 
 
 def unsort(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
