@@ -48,9 +48,6 @@ from .compute import can_inspect, scan_rows
 from .cubic import cubic_root
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
-P_VALUES = (2.0, 4.0 / 3.0)
-SOLVERS = ("exact", "pav", "dykstra")  # "exact" and "pav" name one solver (softtopk.jax says "exact")
-
 
 def exponent(p: float) -> int:
     """``r = 1/(p-1)``: 1 for p = 2, 3 for p = 4/3."""
