@@ -1,7 +1,8 @@
 """The import rule (README, "Architecture"): shared -> ops -> conventions -> families -> faces -> compat
 -> lab, where "shared" is the framework-free ``softtopk._checks`` (the Python-value checks and the
-messages, the standard library only); the JAX front-end ``softtopk.jax`` stands apart: jax and
-numpy, and of the rest of softtopk the shared module only (so ``import softtopk.jax`` loads no torch).
+messages) and ``softtopk._window`` (the sparse kernels' closed forms, in Python arithmetic), the
+standard library only; the JAX front-end ``softtopk.jax`` stands apart: jax and
+numpy, and of the rest of softtopk the shared modules only (so ``import softtopk.jax`` loads no torch).
 Inside, it mirrors the torch tree and its rule: ``softtopk.jax.X`` sits in the layer of ``softtopk.X``,
 except ``softtopk.jax._extended``, which sits with the kernels (the JAX lapsum kernel reads its
 ``±inf`` rows off its own candidates with the closed form there).
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-SHARED = {"softtopk._checks"}
+SHARED = {"softtopk._checks", "softtopk._window"}
 CONVENTIONS = {"softtopk._validation", "softtopk._layout", "softtopk._extended", "softtopk._registry"}
 FACES = {"softtopk", "softtopk.functional", "softtopk.nn", "softtopk.losses"}
 LAYERS = ("shared", "ops", "conventions", "families", "faces", "compat", "lab")

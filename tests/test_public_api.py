@@ -120,9 +120,8 @@ def test_faces_export_what_they_list(face):
 
 
 def test_the_package_lists_exactly_the_faces_names():
-    """``softtopk.__all__`` repeats the faces' lists (it must know them without importing torch, and
-    each list stays a literal that type checkers read): every function and Module, the kNN's result
-    type left to ``softtopk.nn``."""
+    """``softtopk.__all__`` repeats the names the faces import (it must know them without importing
+    torch): every function and Module, the kNN's result type left to ``softtopk.nn``."""
     faces = {*softtopk.functional.__all__, *softtopk.nn.__all__} - {"KNNOutput"}
     assert set(softtopk.__all__) == faces | {"MethodInfo", "TopK", "functional", "losses", "nn"}
 

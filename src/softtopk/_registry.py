@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import torch
 
+from ._checks import P_VALUES, SOLVERS
 from ._extended import Kernel, extended_mask, extended_ranks, mask_from_ranks
 from ._validation import (
     check_bool,
@@ -31,7 +32,7 @@ from .ops.neuralsort import neuralsort_mask, neuralsort_ranks
 from .ops.perturbed import NOISE_KINDS, perturbed_topk_rows
 from .ops.softsort import softsort_mask, softsort_ranks
 from .ops.sorting_networks import network_label_ranks, network_mask, network_ranks
-from .ops.sparse import P_VALUES, SOLVERS, sparse_mask_rows
+from .ops.sparse import sparse_mask_rows
 from .ops.swaps import DISTRIBUTIONS
 
 

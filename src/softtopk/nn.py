@@ -1,36 +1,28 @@
 """Module face: every operator and loss as an ``nn.Module`` (re-exported; defined in the family files
-next to the function each one twins)."""
+next to the function each one twins).
 
-from ._deprecated import SmoothTopkSVM, TopkSVM
-from .knn import DifferentiableKNN, KNNOutput
-from .losses.ndcg import NDCGLoss
-from .losses.noised import BalNoisedTopK
-from .losses.noised_imbalanced import ImbalNoisedTopK
-from .losses.smooth_svm import SmoothTop1SVM, SmoothTopKSVM, Top1SVM, TopKSVM
-from .losses.spearman import SpearmanLoss
-from .losses.topk_ce import TopKCrossEntropyLoss
-from .operators import SoftTopK, SoftTopKRanks
-from .routing import Routing, TopKRouter
-from .sorting import SoftRank, SoftSort
+Each name is imported as ``X as X`` (the explicit re-export that type checkers read) and ``__all__``
+is what this file imports, so a Module is listed once here; the package's ``__all__`` repeats these
+names because it must know them without importing torch."""
 
-__all__ = [
-    "BalNoisedTopK",
-    "DifferentiableKNN",
-    "ImbalNoisedTopK",
-    "KNNOutput",
-    "NDCGLoss",
-    "Routing",
-    "SmoothTop1SVM",
-    "SmoothTopKSVM",
-    "SmoothTopkSVM",
-    "SoftRank",
-    "SoftSort",
-    "SoftTopK",
-    "SoftTopKRanks",
-    "SpearmanLoss",
-    "Top1SVM",
-    "TopKCrossEntropyLoss",
-    "TopKRouter",
-    "TopKSVM",
-    "TopkSVM",
-]
+from ._deprecated import SmoothTopkSVM as SmoothTopkSVM
+from ._deprecated import TopkSVM as TopkSVM
+from .knn import DifferentiableKNN as DifferentiableKNN
+from .knn import KNNOutput as KNNOutput
+from .losses.ndcg import NDCGLoss as NDCGLoss
+from .losses.noised import BalNoisedTopK as BalNoisedTopK
+from .losses.noised_imbalanced import ImbalNoisedTopK as ImbalNoisedTopK
+from .losses.smooth_svm import SmoothTop1SVM as SmoothTop1SVM
+from .losses.smooth_svm import SmoothTopKSVM as SmoothTopKSVM
+from .losses.smooth_svm import Top1SVM as Top1SVM
+from .losses.smooth_svm import TopKSVM as TopKSVM
+from .losses.spearman import SpearmanLoss as SpearmanLoss
+from .losses.topk_ce import TopKCrossEntropyLoss as TopKCrossEntropyLoss
+from .operators import SoftTopK as SoftTopK
+from .operators import SoftTopKRanks as SoftTopKRanks
+from .routing import Routing as Routing
+from .routing import TopKRouter as TopKRouter
+from .sorting import SoftRank as SoftRank
+from .sorting import SoftSort as SoftSort
+
+__all__ = sorted(name for name in dir() if not name.startswith("_"))

@@ -43,17 +43,19 @@ from typing import cast
 
 import torch
 
+from .._window import window_power, window_root
 from .compute import can_inspect, scan_rows
 from .cubic import cubic_root
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
-
-P_VALUES = (2.0, 4.0 / 3.0)
-SOLVERS = ("exact", "pav", "dykstra")  # "exact" and "pav" name one solver (softtopk.jax says "exact")
 
 
 def exponent(p: float) -> int:
     """``r = 1/(p-1)``: 1 for p = 2, 3 for p = 4/3."""
     return 1 if abs(p - 2.0) < 1e-9 else 3
+
+
+def _nonnegative(v: torch.Tensor) -> torch.Tensor:
+    return v.clamp_min(0)
 
 
 def _saturation_knot(s: torch.Tensor, lam: float, r: int) -> torch.Tensor:
@@ -71,12 +73,7 @@ def _power_sums(u: torch.Tensor, r: int) -> list[torch.Tensor]:
 
 def _window_power(prefix: list[torch.Tensor], lo: torch.Tensor, hi: torch.Tensor, at: torch.Tensor, r: int):
     """``Σ_{lo < i <= hi} (u_i - at)^r`` from prefix sums (all (B, M))."""
-    count = (hi - lo).to(at.dtype)
-    moments = [p.gather(-1, hi) - p.gather(-1, lo) for p in prefix]
-    if r == 1:
-        return moments[0] - at * count
-    m1, m2, m3 = moments
-    return m3 - 3 * at * m2 + 3 * at * at * m1 - at * at * at * count
+    return window_power([p.gather(-1, hi) - p.gather(-1, lo) for p in prefix], (hi - lo).to(at.dtype), at, r)
 
 
 def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnitude: bool):
@@ -123,19 +120,9 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     window_prefix = [p.gather(-1, n_above) - p.gather(-1, n_sat) for p in prefix]
     count = (n_above - n_sat).to(s.dtype)
     safe = count.clamp_min(1)
-    if r == 1:
-        m1 = window_prefix[0]
-        at = (m1 - deficit) / safe if not magnitude else (m1 + count * sk) / (count + lam * deficit) - sk
-    else:
-        m1, m2, m3 = window_prefix
-        mu = m1 / safe
-        v2 = (m2 - m1 * mu).clamp_min(0)
-        v3 = m3 - 3 * mu * m2 + 3 * mu * mu * m1 - mu * mu * mu * count
-        load = lam_u**3 * deficit
-        if magnitude:
-            at = mu + cubic_root((3 * v2 + load) / safe, (load * (mu + sk) - v3) / safe)
-        else:
-            at = mu + cubic_root(3 * v2 / safe, (load - v3) / safe)
+    at = window_root(
+        window_prefix, count, safe, deficit, sk, lam_u, r, magnitude, nonnegative=_nonnegative, cubic_root=cubic_root
+    )
     solved = (count > 0) & (deficit > 0)
     # otherwise nothing is strictly inside (or only entries at the zero edge, deficit 0): the sum is
     # flat at k there and any threshold between the groups is exact (their middle; solving the

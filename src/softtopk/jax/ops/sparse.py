@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from ..._window import window_power, window_root
 from .compute import search_rows, take_rows
 
 
@@ -35,6 +36,10 @@ def exponent(p: float) -> int:
 def wide_dtype():
     """The threshold's dtype: float64 when ``jax_enable_x64`` is on, else float32."""
     return jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
+
+
+def _nonnegative(v):
+    return jnp.maximum(v, 0)
 
 
 def _cubic_root(p, q):
@@ -81,12 +86,7 @@ def _column(rows, index):
 
 def _window_power(prefix, lo, hi, at, r):
     """``Σ_{lo < i <= hi} (u_i - at)^r`` from the prefix sums of ``u^m``."""
-    count = (hi - lo).astype(at.dtype)
-    moments = [take_rows(p, hi) - take_rows(p, lo) for p in prefix]
-    if r == 1:
-        return moments[0] - at * count
-    m1, m2, m3 = moments
-    return m3 - 3 * at * m2 + 3 * at * at * m1 - at * at * at * count
+    return window_power([take_rows(p, hi) - take_rows(p, lo) for p in prefix], (hi - lo).astype(at.dtype), at, r)
 
 
 def _solve_sorted(s, k, lam, r, magnitude):
@@ -129,19 +129,9 @@ def _solve_sorted(s, k, lam, r, magnitude):
     window_prefix = [take_rows(p, n_above) - take_rows(p, n_sat) for p in prefix]
     count = (n_above - n_sat).astype(s.dtype)
     safe = jnp.maximum(count, 1)
-    if r == 1:
-        m1 = window_prefix[0]
-        at = (m1 - deficit) / safe if not magnitude else (m1 + count * sk) / (count + lam_u * deficit) - sk
-    else:
-        m1, m2, m3 = window_prefix
-        mu = m1 / safe
-        v2 = jnp.maximum(m2 - m1 * mu, 0)
-        v3 = m3 - 3 * mu * m2 + 3 * mu * mu * m1 - mu * mu * mu * count
-        load = lam_r * deficit
-        if magnitude:
-            at = mu + _cubic_root((3 * v2 + load) / safe, (load * (mu + sk) - v3) / safe)
-        else:
-            at = mu + _cubic_root(3 * v2 / safe, (load - v3) / safe)
+    at = window_root(
+        window_prefix, count, safe, deficit, sk, lam_u, r, magnitude, nonnegative=_nonnegative, cubic_root=_cubic_root
+    )
     if s.dtype != jnp.float64:  # float32 moments cancel: Newton on the candidates themselves
         at = _polish(u, at, kf, lam_u, r, magnitude, sk)
     solved = (count > 0) & (deficit > 0)
