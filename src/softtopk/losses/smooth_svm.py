@@ -20,7 +20,7 @@ Its limit :math:`\\tau \\to 0` is the hard top-k hinge
 k-th largest score other than the label's (for ``k = 1``: the Crammer–Singer multi-class hinge).
 
 Numerics. For ``k <= 8`` the loss and its gradient are one autograd Function
-(``softtopk.ops.esf.smooth_topk_rows``): scores relative to the k-th largest other score,
+(``softtopk.ops.svm_subsets.smooth_topk_rows``): scores relative to the k-th largest other score,
 polynomials normalised by the top k's products, the gradient as inclusion probabilities, ``O(C k)``
 fused steps. Larger ``k`` shifts every row by the (detached) k-th largest non-label score and takes
 :math:`\\log e_{k-1}, \\log e_k` from the log-space ESF kernel ``softtopk.ops.esf.log_esf`` (exact

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from .esf import FAR, fits_subset_path, log_esf_of_split, smooth_topk_rows
+from .esf import log_esf_of_split
+from .svm_subsets import FAR, fits_subset_path, smooth_topk_rows
 
 
 def split_label(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
