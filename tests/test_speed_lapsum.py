@@ -105,22 +105,3 @@ def test_compile_fullgraph_matches_eager(n):
     x[0, 0] = -INF
     upstream = _scores(2, n, seed=1)
     assert_same_values_and_grads((compiled, fn), x, upstream, 0.7)
-
-
-@pytest.mark.parametrize("largest", [True, False])
-@pytest.mark.parametrize(("n", "k"), [(1000, 20), (1000, 30), (640, 20), (639, 20), (5000, 100)])
-def test_candidates_in_two_halves_are_topk(n, k, largest):
-    """``topk_rows`` on the CPU (two halves where 32 k <= n < 64 k) gives ``torch.topk``'s values,
-    sorted, and distinct indices holding them: with ties, ``±inf`` and rows short of finite entries."""
-    from softtopk.ops.compute import topk_rows
-
-    x = torch.randn(6, n, generator=torch.Generator().manual_seed(n + k)).round(decimals=1)  # ties
-    x[1, : k // 3] = INF
-    x[2, : n - k // 2] = -INF  # fewer than k finite entries
-    x[3, k:] = INF
-    x[4] = -INF
-    values, index = topk_rows(x, k, largest)
-    want = x.topk(k, -1, largest=largest).values
-    assert torch.equal(values, want)
-    assert torch.equal(x.gather(-1, index), values)
-    assert (index.sort(-1).values.diff(dim=-1) > 0).all()

@@ -30,7 +30,7 @@ def can_inspect(value: torch.Tensor) -> bool:
 
 def on_cpu(x: torch.Tensor) -> bool:
     """Whether a step takes its CPU variant: the same values by other ATen calls, faster on a CPU
-    and more launches on an accelerator (:func:`topk_rows`, :func:`row_dot`)."""
+    and more launches on an accelerator (:func:`topk_rows`, :func:`sort_rows`, :func:`row_dot`)."""
     return x.device.type == "cpu"
 
 
@@ -54,6 +54,26 @@ def topk_rows(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tens
     rest = (x if not largest else x.neg()).scatter(-1, top.indices, torch.nan).topk(k - first, -1, largest=False)
     after = rest.values if not largest else rest.values.neg()
     return torch.cat([top.values, after], -1), torch.cat([top.indices, rest.indices], -1)
+
+
+_KEYS = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def sort_rows(x: torch.Tensor, descending: bool = False, stable: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.sort(-1, descending, stable)``'s ``(values, indices)``; on the CPU (eager, float32 and
+    float64) by sorting integer keys in the same order, which ATen does faster than floats (its
+    float comparator places NaN): the bits of ``x + 0`` (``-0`` made ``+0``) with the magnitude
+    bits of negative numbers flipped, NaN as the largest key. The same values, and the same order
+    among ties as ``torch.sort``'s with ``stable``."""
+    keys = _KEYS.get(x.dtype)
+    if keys is None or not on_cpu(x) or torch.compiler.is_compiling():
+        values, index = x.sort(dim=-1, descending=descending, stable=stable)
+        return values, index
+    largest = torch.iinfo(keys).max
+    bits = (x + 0.0).view(keys)
+    key = (bits ^ ((bits >> (keys.itemsize * 8 - 1)) & largest)).masked_fill_(x.isnan(), largest)
+    index = key.sort(dim=-1, descending=descending, stable=stable).indices
+    return x.gather(-1, index), index
 
 
 def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

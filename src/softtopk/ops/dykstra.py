@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .compute import unsort
+from .compute import sort_rows, unsort
 
 __all__ = ["dykstra_isotonic", "dykstra_mag_rows", "dykstra_mask_rows"]
 
@@ -91,7 +91,7 @@ def dykstra_isotonic(s: torch.Tensor, n_iter: int, weights: torch.Tensor | None 
 
 def _sorted_rows(x: torch.Tensor, k: int):
     n = x.shape[-1]
-    s, perm = torch.sort(x, dim=-1, descending=True, stable=True)
+    s, perm = sort_rows(x, descending=True, stable=True)
     w = (torch.arange(n, device=x.device) < k).to(x.dtype)
     return s, perm, w
 

@@ -42,7 +42,7 @@ import math
 import torch
 
 from . import lapsum_triton
-from .compute import compute_dtype, constant, row_dot, scan_rows, topk_rows
+from .compute import compute_dtype, constant, row_dot, scan_rows, sort_rows, topk_rows
 
 _WIDE = torch.float64
 _C = 300.0  # |a| clamp: e^{±C} and the products of the sums stay normal float64 numbers
@@ -85,7 +85,7 @@ def _solve(x: torch.Tensor, tau: float | torch.Tensor, k: int | torch.Tensor, bi
     n = x.shape[-1]
     info = torch.finfo(x.dtype)
     if big == n:
-        vals, idx = x.sort(-1, descending=not negate)
+        vals, idx = sort_rows(x, descending=not negate)
     else:
         vals, idx = topk_rows(x, big, largest=not negate)
     top = -math.inf if negate else math.inf  # +inf of the scores ±x

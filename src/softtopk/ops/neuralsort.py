@@ -46,7 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .compute import scan_rows, unsort
+from .compute import scan_rows, sort_rows, unsort
 
 _WIDE = torch.float64
 _FAR = 2.0**600  # M for float64 scores (float32 ones take their largest finite value): M n / tau stays finite
@@ -64,7 +64,7 @@ class _NeuralSort(torch.autograd.Function):
     @staticmethod
     def forward(x, tau, k, reduce):
         n = x.shape[-1]
-        ordered, order = x.sort(-1)
+        ordered, order = sort_rows(x)
         ordered = ordered.contiguous()  # for searchsorted (rows of a vmapped input may be strided)
         # the s_i factor: ±inf as ±M (-M/2 below, so that searchsorted counts the -inf entries)
         big = min(_FAR, torch.finfo(x.dtype).max)

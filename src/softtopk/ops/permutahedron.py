@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from .compute import can_inspect, unsort
+from .compute import can_inspect, sort_rows, unsort
 from .isotonic import block_ids, block_starts, block_sum, isotonic_kl, isotonic_l2
 
 
@@ -46,10 +46,10 @@ def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor,
     """``sign * rows`` sorted in decreasing order (float64; NaN read as 0), its permutation, the
     rows holding a NaN (B, 1)."""
     if plain:
-        s, perm = (rows * sign).sort(-1, descending=True)
+        s, perm = sort_rows(rows * sign, descending=True)
         return s.to(torch.float64), perm, torch.zeros_like(s[:, :1], dtype=torch.bool)
     nan = rows.isnan()
-    s, perm = torch.where(nan, 0.0, rows * sign).sort(-1, descending=True)
+    s, perm = sort_rows(torch.where(nan, 0.0, rows * sign), descending=True)
     return s.to(torch.float64), perm, nan.any(-1, keepdim=True)
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from .compute import sort_rows
+
 
 class _SoftSort(torch.autograd.Function):
     """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` laid out
@@ -44,7 +46,7 @@ class _SoftSort(torch.autograd.Function):
         # splits them by its own order (docs/compat.md lists the difference); one more sorted value
         # tells the rows with at most k entries above -inf
         if k == n:
-            top, index = xs.sort(dim=-1, descending=True)
+            top, index = sort_rows(xs, descending=True)
         else:
             top, index = xs.topk(k + 1, dim=-1)
         diff = xs.unsqueeze(-2) - top[..., :k].unsqueeze(-1)

@@ -1,0 +1,71 @@
+"""The CPU's own steps of ``softtopk.ops.compute`` (``topk_rows``, ``sort_rows``, ``row_dot``):
+other ATen calls, faster on a CPU, that give the values of the one call an accelerator makes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from softtopk.ops import compute
+
+INF, NAN = float("inf"), float("nan")
+
+
+def _rows(n: int, seed: int, dtype=torch.float32) -> torch.Tensor:
+    """Rows with ties, ±inf, ±0, rows short of finite entries, an all -inf row and NaN of both signs."""
+    x = torch.randn(8, n, generator=torch.Generator().manual_seed(seed), dtype=dtype).round(decimals=1)
+    x[1, : n // 30] = INF
+    x[2, : n - 7] = -INF
+    x[3, 20:] = INF
+    x[4] = -INF
+    x[5, : n // 2] = 0.0
+    x[5, n // 2 :] = -0.0
+    x[6, :3] = NAN
+    x[7, :3] = -NAN
+    return x
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize(("n", "k"), [(1000, 20), (1000, 30), (640, 20), (639, 20), (5000, 100)])
+def test_candidates_in_two_halves_are_topk(n, k, largest):
+    """``topk_rows`` (two halves where 32 k <= n < 64 k) gives ``torch.topk``'s values, sorted, and
+    distinct indices holding them (rows without NaN: see its docstring)."""
+    x = _rows(n, n + k)[:6]
+    values, index = compute.topk_rows(x, k, largest)
+    assert torch.equal(values, x.topk(k, -1, largest=largest).values)
+    assert torch.equal(x.gather(-1, index), values)
+    assert (index.sort(-1).values.diff(dim=-1) > 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("stable", [False, True])
+def test_sort_by_integer_keys_is_torch_sort(dtype, descending, stable):
+    """``sort_rows`` equals ``torch.sort``: values (NaN of either sign where it puts NaN) and, among
+    ties (``-0`` tied with ``+0`` too), the same order."""
+    x = _rows(1000, 0, dtype)
+    values, index = compute.sort_rows(x, descending, stable)
+    want, want_index = x.sort(dim=-1, descending=descending, stable=stable)
+    assert torch.equal(values.isnan(), want.isnan())
+    assert torch.equal(values.nan_to_num(0.5), want.nan_to_num(0.5))
+    assert torch.equal(index, want_index)
+
+
+def test_row_dot_on_either_path():
+    a, b = torch.randn(2, 5, 300, dtype=torch.float64)
+    want = (a * b).sum(-1, keepdim=True)
+    torch.testing.assert_close(compute.row_dot(a, b), want, rtol=1e-14, atol=1e-14)
+    saved = compute.on_cpu
+    compute.on_cpu = lambda x: False
+    try:
+        torch.testing.assert_close(compute.row_dot(a, b), want, rtol=1e-14, atol=1e-14)
+    finally:
+        compute.on_cpu = saved
+
+
+def test_off_the_cpu_each_step_is_one_call():
+    """On ``meta`` (as on an accelerator) the steps are ``topk``, ``sort`` and ``bmm`` themselves."""
+    x = torch.empty(4, 1000, device="meta")
+    assert compute.topk_rows(x, 20)[0].shape == (4, 20)
+    assert compute.sort_rows(x)[1].shape == (4, 1000)
+    assert compute.row_dot(x, x).shape == (4, 1)
