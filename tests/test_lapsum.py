@@ -395,7 +395,8 @@ def _near_tie_rows(k: int, cluster: int, tau: float, offset: float, seed: int, n
 @pytest.mark.parametrize("tau", [1e-2, 1.0])
 def test_threshold_deep_among_the_candidates(tau, offset):
     """38 near-ties at the top, k = 20: 38 of the 40 candidates lie above t. The mask sums to k,
-    equals the oracle, and its gradient is the CPU's two-half candidate search's and one topk's."""
+    equals the oracle, and the CPU's candidate search (block maxima) gives one topk's values and
+    gradient."""
     k = 20
     x = _near_tie_rows(k, 38, tau, offset, seed=0)
     leaf = x.clone().requires_grad_()
@@ -415,23 +416,23 @@ def test_threshold_deep_among_the_candidates(tau, offset):
 
 @contextlib.contextmanager
 def _one_topk():
-    """The candidates from one ``torch.topk`` (as off the CPU) instead of two halves."""
-    saved = compute._PARTIAL_SORT
-    compute._PARTIAL_SORT = 2**40
+    """The candidates from one ``torch.topk`` (as off the CPU) instead of block maxima."""
+    saved = compute.on_cpu
+    compute.on_cpu = lambda x: False
     try:
         yield
     finally:
-        compute._PARTIAL_SORT = saved
+        compute.on_cpu = saved
 
 
 @PROPERTY
 @given(st.integers(4, 40), st.integers(0, 2**16), st.sampled_from([1e-3, 1e-1, 1.0]))
 def test_clumps_at_the_kth_value_match_the_oracle(k, seed, tau):
     """Random rows, some with a clump of near-ties at the k-th value, one entry far above the rest;
-    half of them as long as where the CPU searches the candidates in two halves (32 k <= n < 64 k)."""
+    half of them as long as where the CPU searches the candidates by block maxima (32 k <= n < 128 k)."""
     g = _gen(seed)
     if seed % 2:
-        n = 32 * k + int(torch.randint(0, 32 * k, (1,), generator=g))
+        n = 8 * (4 * k + int(torch.randint(0, 12 * k, (1,), generator=g)))
     else:
         n = 2 * k + int(torch.randint(0, 200, (1,), generator=g))
     x = torch.randn(4, n, generator=g, dtype=F64)

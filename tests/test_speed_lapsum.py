@@ -51,7 +51,7 @@ def test_no_value_reads_and_launch_budget(name, infinities):
     counts = count_call(CASES[name], x)
     assert counts.reads == 0, counts.ops
     assert counts.launches <= BUDGET[name], counts.ops
-    # the CPU's own steps (candidates in two halves, a dot as product and sum) read nothing either
+    # the CPU's own steps (candidates by block maxima, a dot as product and sum) read nothing either
     cpu = count_call(CASES[name], x, accelerator=False)
     assert cpu.reads == 0 and cpu.ops["topk"] == 2 + (name in ("hard", "topk")), cpu.ops
 

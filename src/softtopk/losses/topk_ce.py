@@ -29,7 +29,7 @@ import torch
 
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
-from ..ops.compute import constant
+from ..ops.compute import constant, topk_rows
 from ._base import ClassLoss, class_loss
 
 __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
@@ -67,9 +67,6 @@ def rank_weights(p_k: tuple[float, ...], top1_mode: str) -> tuple[float, ...]:
     return tuple(tail)
 
 
-_GROUP = 8
-
-
 class _DefaultM(int):
     """The default ``m``, 16: unlike an explicit ``m`` it may reach the number of classes ``C``,
     where it relaxes every class (``min(16, C)``), and it grows to ``K + 1`` for ``K >= 16``."""
@@ -84,30 +81,6 @@ def _effective_m(m: int | None, classes: int, k: int) -> int | None:
         m = max(int(m), k + 1)
         return None if m >= classes else m
     return m
-
-
-def _top_indices(scores: torch.Tensor, m: int) -> torch.Tensor:
-    """Indices (B, m) of the ``m`` largest scores per row, in descending order of value.
-
-    ``torch.topk`` on CPU takes a slow ``nth_element`` path for rows shorter than ``64 m``. For CPU
-    rows of at least ``32 m`` scores this first splits each row into ``w = ceil(n / 8)`` strided
-    blocks ``{j, j + w, ..., j + 7w}``, keeps the ``m`` blocks with the largest maxima, and takes the
-    exact top-``m`` of their ``8 m`` scores: the kept maxima are ``m`` distinct scores, so the
-    ``m``-th largest score is at least the smallest kept maximum, which bounds every score outside
-    the kept blocks. Same values as ``torch.topk`` (indices may differ among ties). Elsewhere one
-    ``torch.topk``.
-    """
-    rows, n = scores.shape
-    if scores.device.type != "cpu" or n < 4 * _GROUP * m:
-        return scores.topk(m, dim=-1).indices
-    width = -(-n // _GROUP)
-    if width * _GROUP != n:
-        scores = torch.nn.functional.pad(scores, (0, width * _GROUP - n), value=float("-inf"))
-    kept = scores.view(rows, _GROUP, width).amax(1).topk(m, dim=-1, sorted=False).indices
-    offsets = torch.arange(0, width * _GROUP, width, device=scores.device)
-    candidates = (kept.unsqueeze(-1) + offsets).view(rows, m * _GROUP)
-    best = scores.gather(-1, candidates).topk(m, dim=-1).indices
-    return candidates.gather(-1, best)
 
 
 class _Select(torch.autograd.Function):
@@ -130,7 +103,7 @@ class _Select(torch.autograd.Function):
         masked = label_score == -math.inf
         # the label is the only -inf key: never among the m - 1 others, even beside masked classes
         key = logits.clamp_min(torch.finfo(logits.dtype).min).scatter(-1, label, -math.inf)  # vmap-friendly
-        index = _top_indices(key, m - 1)
+        index = topk_rows(key, m - 1)[1]
         top = logits.gather(-1, index)
         label_score = label_score.masked_fill(masked, 0.0)
         scores, order = torch.cat([top, label_score], -1).sort(dim=-1, stable=True)

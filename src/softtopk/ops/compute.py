@@ -34,26 +34,38 @@ def on_cpu(x: torch.Tensor) -> bool:
     return x.device.type == "cpu"
 
 
-# ATen's CPU topk sorts partially while k * 64 <= n; above, it selects with nth_element and sorts
-# the k it keeps, several times slower per row
-_PARTIAL_SORT = 64
-
-
 def topk_rows(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x.topk(k, -1, largest)``'s ``(values, indices)``, sorted; on the CPU, where ``k`` is past
-    the partial sort but half of it is not, as two halves: the first ``ceil(k/2)``, then the next
-    among the others, the first ones set to NaN (which ranks last among the smallest). The same
-    values, ties in either order (``2 k <= n`` keeps the halves apart); in a row with NaN the first
-    half holds one, as ``topk``'s, the second half may hold fewer."""
+    """``x.topk(k, -1, largest)``'s ``(values, indices)``, sorted.
+
+    On the CPU, where a row of ``n`` is short for ``k`` (``128 k > n``, where ATen's topk leaves or
+    nears its partial sort) or long (``n >= 8192``), through strided blocks: the row as ``g``
+    blocks ``{j, j + w, ..., j + (g - 1) w}`` (``w = n / g``), the ``k`` blocks with the largest
+    maxima, and the top ``k`` of their ``g k`` entries. The kept maxima are ``k`` distinct entries,
+    so the k-th largest is at least the smallest of them, which bounds every entry of the other
+    blocks: the same values, ties in either order. A NaN ranks first as in ``topk``; with
+    ``largest`` false (through ``-x``, NaN as ``-inf``) last, tied with ``+inf``."""
     n = x.shape[-1]
-    first = -(-k // 2)
-    if not (on_cpu(x) and first * _PARTIAL_SORT <= n < k * _PARTIAL_SORT and 2 * k <= n):
+    group = _block_group(n, k) if on_cpu(x) else None
+    if group is None:
         values, index = x.topk(k, -1, largest=largest)
         return values, index
-    top = x.topk(first, -1, largest=largest)
-    rest = (x if not largest else x.neg()).scatter(-1, top.indices, torch.nan).topk(k - first, -1, largest=False)
-    after = rest.values if not largest else rest.values.neg()
-    return torch.cat([top.values, after], -1), torch.cat([top.indices, rest.indices], -1)
+    scores = x if largest else torch.nan_to_num(x.neg(), nan=-torch.inf, posinf=torch.inf, neginf=-torch.inf)
+    width = n // group
+    kept = scores.unflatten(-1, (group, width)).amax(-2).topk(k, -1, sorted=False).indices
+    candidates = (kept.unsqueeze(-1) + torch.arange(0, n, width, device=x.device)).flatten(-2)
+    index = candidates.gather(-1, scores.gather(-1, candidates).topk(k, -1).indices)
+    return x.gather(-1, index), index
+
+
+def _block_group(n: int, k: int) -> int | None:
+    """The number of blocks of :func:`topk_rows` (a divisor of ``n`` leaving at least ``4 k`` blocks),
+    or None where one ``topk`` is as fast (measured in ``benchmarks/results/cpu_steps.md``)."""
+    if 128 * k <= n < 8192:
+        return None
+    for group in (16, 8, 4) if n >= 65536 else (8, 4):
+        if n % group == 0 and n >= 4 * group * k:
+            return group
+    return None
 
 
 _KEYS = {torch.float32: torch.int32, torch.float64: torch.int64}

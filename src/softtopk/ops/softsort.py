@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from .compute import sort_rows
+from .compute import sort_rows, topk_rows
 
 
 class _SoftSort(torch.autograd.Function):
@@ -48,7 +48,7 @@ class _SoftSort(torch.autograd.Function):
         if k == n:
             top, index = sort_rows(xs, descending=True)
         else:
-            top, index = xs.topk(k + 1, dim=-1)
+            top, index = topk_rows(xs, k + 1)
         diff = xs.unsqueeze(-2) - top[..., :k].unsqueeze(-1)
         if power != 1.0:
             # capped where its power overflows but its slope does not (a zero weight's slope stays finite)

@@ -44,7 +44,7 @@ from typing import cast
 import torch
 
 from .._window import window_power, window_root
-from .compute import can_inspect, scan_rows, sort_rows
+from .compute import can_inspect, scan_rows, sort_rows, topk_rows
 from .cubic import cubic_root
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
 
@@ -158,7 +158,7 @@ def threshold(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnit
     n = scores.shape[-1]
     size = min(n, 2 * k + 8) if can_inspect(x) else n
     while True:
-        vals = scores.topk(size, -1).values if size < n else sort_rows(scores, descending=True)[0]
+        vals = (topk_rows(scores, size) if size < n else sort_rows(scores, descending=True))[0]
         vals = vals.to(torch.float64)
         found = _solve_sorted(vals, k, lam, r, magnitude)
         if size == n:

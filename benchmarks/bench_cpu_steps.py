@@ -1,0 +1,129 @@
+"""Time the CPU's own steps of ``softtopk.ops.compute`` against the one ATen call they stand for.
+
+Usage::
+
+    python benchmarks/bench_cpu_steps.py                 # -> results/cpu_steps.md
+    python benchmarks/bench_cpu_steps.py --repeats 5     # quick
+
+On a CPU some ATen kernels are much slower than other calls that give the same values: ``topk``
+once ``k`` nears ``n / 64`` (it leaves its partial sort for ``nth_element``), the float ``sort`` (its
+comparator places NaN), ``exp`` (not vectorised here, where ``exp2`` is) and the batched one-row
+``bmm``. The library takes the faster call on the CPU only (``ops.compute.on_cpu``); this script
+shows each choice on the shapes the kernels meet. Forward only, float32 unless noted, one thread;
+per repeat every candidate of a row is timed once in a rotated order, the table gives medians and
+the median ratio to the ATen call timed in the same repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from _machine import machine_info, steady_malloc
+
+from softtopk.ops import compute
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+def cases() -> list[tuple[str, str, Callable[[], object], Callable[[], object]]]:
+    """(step, shape, ATen call, the library's CPU step)."""
+    gen = torch.Generator().manual_seed(0)
+    found = []
+    for rows, n, k in (
+        (64, 1000, 20),
+        (512, 1000, 15),
+        (512, 1000, 5),
+        (64, 10000, 20),
+        (64, 100000, 20),
+        (16384, 64, 4),
+    ):
+        x = torch.randn(rows, n, generator=gen)
+        found.append(
+            ("topk", f"{rows}×{n}, k={k}", lambda x=x, k=k: x.topk(k, -1), lambda x=x, k=k: compute.topk_rows(x, k))
+        )
+    for rows, n, dtype in ((64, 1000, torch.float32), (64, 1000, torch.float64), (64, 10000, torch.float32)):
+        x = torch.randn(rows, n, generator=gen).to(dtype)
+        shape = f"{rows}×{n} {str(dtype).removeprefix('torch.')}"
+        found.append(("sort", shape, lambda x=x: x.sort(-1), lambda x=x: compute.sort_rows(x)))
+    for dtype in (torch.float32, torch.float64):
+        x = -10 * torch.rand(512, 1000, generator=gen).to(dtype)
+        shape = f"512×1000 {str(dtype).removeprefix('torch.')}"
+        found.append(("exp", shape, lambda x=x: x.exp(), lambda x=x: x.mul(LOG2E).exp2_()))
+    a, b = torch.randn(2, 64, 1000, generator=gen)
+    found.append(
+        ("row dot", "64×1000", lambda: torch.bmm(a.unsqueeze(-2), b.unsqueeze(-1)), lambda: compute.row_dot(a, b))
+    )
+    return found
+
+
+def run(repeats: int) -> list[dict]:
+    rows = []
+    for step, shape, aten, ours in cases():
+        aten(), ours()  # warm-up
+        times: dict[str, list[float]] = {"aten": [], "ours": []}
+        for r in range(repeats):
+            for name, fn in (("aten", aten), ("ours", ours)) if r % 2 else (("ours", ours), ("aten", aten)):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        ratio = statistics.median(o / a for o, a in zip(times["ours"], times["aten"], strict=True))
+        row = {
+            "step": step,
+            "shape": shape,
+            "aten_ms": 1e3 * statistics.median(times["aten"]),
+            "ours_ms": 1e3 * statistics.median(times["ours"]),
+            "ratio": ratio,
+        }
+        rows.append(row)
+        print(f"{step:<8} {shape:<22} aten {row['aten_ms']:8.3f} ms  ours {row['ours_ms']:8.3f} ms  x{ratio:5.2f}")
+    return rows
+
+
+def write(out: Path, rows: list[dict], args: argparse.Namespace, malloc: str) -> None:
+    info = machine_info()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"machine": info, "malloc": malloc, "rows": rows}, indent=1) + "\n")
+    lines = [
+        "# The CPU's own steps against the ATen call they stand for",
+        "",
+        f"`python benchmarks/bench_cpu_steps.py {' '.join(sys.argv[1:])}`: {info['cpu_model']}, "
+        f"{torch.get_num_threads()} thread, torch {info['torch']}, softtopk commit {info['git_commit']}"
+        f"{' (src dirty)' if info['git_src_dirty'] else ''}, {info['date']}, malloc: {malloc}, "
+        f"{args.repeats} repeats. Forward only; × is the median ratio (ours / ATen) within a repeat.",
+        "",
+        "| step | shape | ATen call | ATen ms | `ops.compute` step | ms | × |",
+        "|---|---|---|---:|---|---:|---:|",
+    ]
+    names = {
+        "topk": ("`x.topk(k, -1)`", "`topk_rows` (block maxima where it pays)"),
+        "sort": ("`x.sort(-1)`", "`sort_rows` (integer keys)"),
+        "exp": ("`x.exp()`", "`x.mul(log2 e).exp2_()`"),
+        "row dot": ("`bmm` of one-row products", "`row_dot` (`vecdot`)"),
+    }
+    for r in rows:
+        aten, ours = names[r["step"]]
+        timed = f"{r['aten_ms']:.3f} | {ours} | {r['ours_ms']:.3f} | {r['ratio']:.2f}"
+        lines.append(f"| {r['step']} | {r['shape']} | {aten} | {timed} |")
+    out.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "cpu_steps.md")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    malloc = steady_malloc()
+    write(args.out, run(args.repeats), args, malloc)
+
+
+if __name__ == "__main__":
+    main()
