@@ -38,8 +38,8 @@ def topk_rows(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tens
     """``x.topk(k, -1, largest)``'s ``(values, indices)``, sorted.
 
     On the CPU, where a row of ``n`` is short for ``k`` (``128 k > n``, where ATen's topk leaves or
-    nears its partial sort) or long (``n >= 8192``), through strided blocks: the row as ``g``
-    blocks ``{j, j + w, ..., j + (g - 1) w}`` (``w = n / g``), the ``k`` blocks with the largest
+    nears its partial sort) or long (``n >= 8192``), through strided blocks: the row as ``w = n / g``
+    blocks ``{j, j + w, ..., j + (g - 1) w}`` of ``g`` entries, the ``k`` blocks with the largest
     maxima, and the top ``k`` of their ``g k`` entries. The kept maxima are ``k`` distinct entries,
     so the k-th largest is at least the smallest of them, which bounds every entry of the other
     blocks: the same values, ties in either order. A NaN ranks first as in ``topk``; with
@@ -58,8 +58,8 @@ def topk_rows(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tens
 
 
 def _block_group(n: int, k: int) -> int | None:
-    """The number of blocks of :func:`topk_rows` (a divisor of ``n`` leaving at least ``4 k`` blocks),
-    or None where one ``topk`` is as fast (measured in ``benchmarks/results/cpu_steps.md``)."""
+    """The entries per block ``g`` of :func:`topk_rows` (a divisor of ``n`` leaving at least ``4 k``
+    blocks), or None where one ``topk`` is as fast (measured in ``benchmarks/results/cpu_steps.md``)."""
     if 128 * k <= n < 8192:
         return None
     for group in (16, 8, 4) if n >= 65536 else (8, 4):
