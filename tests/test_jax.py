@@ -5,6 +5,7 @@ and gradients) and tests/test_jax_mirror.py (values and every error message)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -347,6 +348,18 @@ def test_traced_l_and_tau_are_not_inspected_and_need_no_recompile():
         np.testing.assert_allclose(np.asarray(mask), np.asarray(sj.sparse_topk_mask(x, 3, l=value)), atol=1e-6)
         np.testing.assert_allclose(np.asarray(soft), np.asarray(sj.soft_topk(x, 3, tau=value)), atol=1e-6)
     assert len(traces) == 1
+
+
+def test_arrays_closed_over_under_jit_are_checked_as_concrete():
+    """A concrete ``tau`` or ``k`` array captured by a jitted function is read on the host, as in an
+    eager call (its check is not staged into the trace)."""
+    x, tau, k = _x((2, 4), seed=16), jnp.asarray([0.5, 2.0]), jnp.asarray([1.5, 3.0])
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda v: sj.soft_topk(v, k, tau=tau))(x).sum(-1)), k, atol=1e-5)
+    for bad in ({"k": k, "tau": -tau}, {"k": k + 2, "tau": tau}):
+        with pytest.raises(ValueError) as eager:
+            sj.soft_topk(x, bad["k"], tau=bad["tau"])
+        with pytest.raises(ValueError, match=re.escape(str(eager.value))):
+            jax.jit(lambda v, bad=bad: sj.soft_topk(v, bad["k"], tau=bad["tau"]))(x)
 
 
 @pytest.mark.parametrize("solver", ["pav", "dykstra"])
