@@ -5,6 +5,7 @@ and gradients) and tests/test_jax_mirror.py (values and every error message)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -116,14 +117,28 @@ def _grads_cases():
     yield "hard mag", lambda x: sj.hard_topk_mag(x, 3), None
 
 
+# the soft operators whose jvp is also checked to be the transpose of the vjp
+TRANSPOSED = ("mask", "mag", "laplace", "dykstra")
+
+
 @pytest.mark.parametrize("case", list(_grads_cases()), ids=lambda c: c[0])
 def test_check_grads_float64(case):
-    """Order 1, forward and reverse mode, in x and in the scale parameter (l, tau)."""
-    _, fn, scale = case
+    """Order 1, forward and reverse mode, in x and in the scale parameter (l, tau); for the soft
+    operators also ``<u, J v> = <J^T u, v>`` to 1e-10, and the jvp under vmap equals the batched one
+    (on check_grads' arguments: its compiled jvp and vjp serve)."""
+    name, fn, scale = case
     with jax.enable_x64(True):
         x = jnp.asarray(X64)
         args = (x,) if scale is None else (x, jnp.asarray([[scale], [scale * 1.3]])[:, 0])
         check_grads(fn, args, order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
+        if name not in TRANSPOSED:
+            return
+        v, u = tuple(_x(a.shape, seed) for a, seed in zip(args, (7, 9), strict=False)), _x((2, 8), 8)
+        jv = jax.jvp(fn, args, v)[1]
+        jtu = jax.vjp(fn, *args)[1](u)
+        assert abs(float((u * jv).sum() - sum((a * b).sum() for a, b in zip(jtu, v, strict=True)))) < 1e-10
+        batched = jax.vmap(lambda *ab: jax.jvp(fn, ab[: len(args)], ab[len(args) :])[1])(*args, *v)
+        np.testing.assert_allclose(np.asarray(batched), np.asarray(jv), atol=1e-12)
 
 
 def test_check_grads_per_row_k():
@@ -141,18 +156,17 @@ def test_check_grads_per_row_k():
 
 def test_hard_has_zero_gradient_and_hard_true_has_the_soft_one():
     x = _x(ROWS, seed=3)
+    hard_mask = sj.hard_topk_mask(x, 3)
     assert not np.asarray(
-        jax.grad(lambda v: (sj.hard_topk_mask(v, 3) * v).sum())(x) - jnp.where(sj.hard_topk_mask(x, 3) > 0, 1.0, 0.0)
+        jax.grad(lambda v: (sj.hard_topk_mask(v, 3) * v).sum())(x) - jnp.where(hard_mask > 0, 1.0, 0.0)
     ).any()
+    g = _x(ROWS, seed=4)
     for fn in (lambda v, **kw: sj.soft_topk(v, 3, tau=0.5, **kw), lambda v, **kw: sj.sparse_topk_mask(v, 3, **kw)):
-        hard = fn(x, hard=True)
-        assert np.array_equal(np.asarray(hard), np.asarray(sj.hard_topk_mask(x, 3)))
-        g = _x(ROWS, seed=4)
-        np.testing.assert_allclose(
-            np.asarray(jax.grad(lambda v, fn=fn, g=g: (fn(v, hard=True) * g).sum())(x)),
-            np.asarray(jax.grad(lambda v, fn=fn, g=g: (fn(v) * g).sum())(x)),
-            atol=1e-6,
-        )
+        # the value and the gradient of (fn(v, hard=True) * g).sum() from one vjp (one compile)
+        hard, hard_vjp = jax.vjp(lambda v, fn=fn: fn(v, hard=True), x)
+        assert np.array_equal(np.asarray(hard), np.asarray(hard_mask))
+        soft_vjp = jax.vjp(fn, x)[1]
+        np.testing.assert_allclose(np.asarray(hard_vjp(g)[0]), np.asarray(soft_vjp(g)[0]), atol=1e-6)
 
 
 # ------------------------------------------------------------------------- transforms, axes, dtypes
@@ -175,19 +189,6 @@ def test_jit_vmap_and_any_axis(name):
     np.testing.assert_allclose(np.asarray(jax.vmap(fn)(x)), np.asarray(eager), atol=1e-6)
     moved = fn(jnp.moveaxis(x, -1, 0), axis=0)
     np.testing.assert_allclose(np.asarray(jnp.moveaxis(moved, 0, -1)), np.asarray(eager), atol=1e-6)
-
-
-@pytest.mark.parametrize("name", ["mask", "mag", "laplace", "dykstra"])
-def test_jvp_is_the_transpose_of_the_vjp(name):
-    """<u, J v> = <J^T u, v>, and the jvp under vmap equals the batched one."""
-    fn = FUNCTIONS[name]
-    with jax.enable_x64(True):
-        x, v, u = jnp.asarray(X64), _x((2, 8), 7), _x((2, 8), 8)
-        out, jv = jax.jvp(fn, (x,), (v,))
-        jtu = jax.vjp(fn, x)[1](u)[0]
-        assert abs(float((u * jv).sum() - (jtu * v).sum())) < 1e-10
-        batched = jax.vmap(lambda a, b: jax.jvp(fn, (a,), (b,))[1])(x, v)
-        np.testing.assert_allclose(np.asarray(batched), np.asarray(jv), atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
@@ -264,12 +265,13 @@ def test_infinite_scores(name):
             [jnp.inf, jnp.inf, jnp.inf, jnp.inf, 0.0, 1.0],
         ]
     )
-    mask = np.asarray(fn(x))
+    out, vjp = jax.vjp(fn, x)  # the mask and the gradient of (fn(v) * arange(6)).sum(): one compile
+    mask = np.asarray(out)
     assert mask[0, 1] == 0 and mask[0, 4] == 0 and abs(mask[0].sum() - 3) < 1e-5
     assert mask[1, 0] == 1 and abs(mask[1].sum() - 3) < 1e-5
     np.testing.assert_allclose(mask[2], [1, 0.25, 0.25, 1, 0.25, 0.25], atol=1e-6)
     np.testing.assert_allclose(mask[3], [0.75, 0.75, 0.75, 0.75, 0, 0], atol=1e-6)
-    grad = np.asarray(jax.grad(lambda v: (fn(v) * jnp.arange(6.0)).sum())(x))
+    grad = np.asarray(vjp(jnp.broadcast_to(jnp.arange(6.0), x.shape))[0])
     assert np.isfinite(grad).all() and grad[0, 1] == 0 and grad[1, 0] == 0 and not grad[2:].any()
 
 
@@ -346,6 +348,18 @@ def test_traced_l_and_tau_are_not_inspected_and_need_no_recompile():
         np.testing.assert_allclose(np.asarray(mask), np.asarray(sj.sparse_topk_mask(x, 3, l=value)), atol=1e-6)
         np.testing.assert_allclose(np.asarray(soft), np.asarray(sj.soft_topk(x, 3, tau=value)), atol=1e-6)
     assert len(traces) == 1
+
+
+def test_arrays_closed_over_under_jit_are_checked_as_concrete():
+    """A concrete ``tau`` or ``k`` array captured by a jitted function is read on the host, as in an
+    eager call (its check is not staged into the trace)."""
+    x, tau, k = _x((2, 4), seed=16), jnp.asarray([0.5, 2.0]), jnp.asarray([1.5, 3.0])
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda v: sj.soft_topk(v, k, tau=tau))(x).sum(-1)), k, atol=1e-5)
+    for bad in ({"k": k, "tau": -tau}, {"k": k + 2, "tau": tau}):
+        with pytest.raises(ValueError) as eager:
+            sj.soft_topk(x, bad["k"], tau=bad["tau"])
+        with pytest.raises(ValueError, match=re.escape(str(eager.value))):
+            jax.jit(lambda v, bad=bad: sj.soft_topk(v, bad["k"], tau=bad["tau"]))(x)
 
 
 @pytest.mark.parametrize("solver", ["pav", "dykstra"])

@@ -1,7 +1,8 @@
 """The argument checks of :mod:`softtopk.jax` (as :mod:`softtopk._validation`): the torch API's
 checks and messages, with ``axis`` for ``dim`` and JAX arrays for tensors. The checks of Python
 values and every message come from the framework-free :mod:`softtopk._checks` (no torch). Values
-are checked where they are concrete; a traced ``l``/``tau``/``k`` (under ``jit``) is not inspected."""
+are checked where they are concrete, on the host with NumPy (a check compiles no XLA program for
+each new shape and dtype); a traced ``l``/``tau``/``k`` (under ``jit``) is not inspected."""
 
 from __future__ import annotations
 
@@ -58,9 +59,11 @@ def check_k_array(k: Any, n: int) -> jax.Array:
         raise TypeError(msg.k_dtype(k.dtype))
     if not jnp.issubdtype(k.dtype, jnp.floating):
         k = k.astype(jnp.float32)
-    if can_inspect(k) and k.size and not bool(jnp.all((k > 0) & (k <= n))):
-        bad = k[~((k > 0) & (k <= n))].ravel()[0]
-        raise ValueError(msg.k_out_of_range(n, float(bad)))
+    if can_inspect(k) and k.size:
+        values = np.asarray(k)
+        outside = ~((values > 0) & (values <= n))
+        if outside.any():
+            raise ValueError(msg.k_out_of_range(n, float(values[outside].ravel()[0])))
     return k
 
 
@@ -70,8 +73,10 @@ def check_positive_or_array(name: str, value: Any) -> Any:
         return check_real(name, value, positive=True)
     if not jnp.issubdtype(value.dtype, jnp.floating):
         raise TypeError(msg.scale_not_floating(name, value.dtype))
-    if can_inspect(value) and value.size and not bool(jnp.all((value > 0) & jnp.isfinite(value))):
-        raise ValueError(msg.scale_not_positive(name, float(value.min())))
+    if can_inspect(value) and value.size:
+        values = np.asarray(value)
+        if not ((values > 0) & np.isfinite(values)).all():
+            raise ValueError(msg.scale_not_positive(name, float(values.min())))
     return value
 
 
@@ -83,10 +88,12 @@ def check_scale(name: str, value: Any, dtype: Any) -> Any:
     if is_array(value):
         if not (can_inspect(value) and value.size):
             return value
-        ok = (value >= low) & (value <= high)
-        if bool(jnp.all(ok)):
+        # in float64: the bounds are powers of two, compared exactly as in the array's dtype
+        values = np.asarray(value, np.float64)
+        ok = (values >= low) & (values <= high)
+        if ok.all():
             return value
-        value = float(value[~ok].ravel()[0])
+        value = float(values[~ok].ravel()[0])
     elif low <= value <= high:
         return value
     raise ValueError(

@@ -285,5 +285,13 @@ def hard_topk_mag(x: jax.Array, k: int, *, axis: int = -1, largest: bool = True)
         >>> print(hard_topk_mag(jnp.array([-5.0, -2.0, 3.0, 1.0]), 2))
         [-5. -0.  3.  0.]
     """
-    kept = hard_topk_mask(jnp.abs(check_scores("x", x)), k, axis=axis, largest=largest)
+    x, axis, k = check_topk_args(x, k, axis)
+    return _hard_topk_mag(x, axis=axis, k=k, largest=check_bool("largest", largest))
+
+
+@partial(jax.jit, static_argnames=("axis", "k", "largest"))
+def _hard_topk_mag(x: jax.Array, *, axis: int, k: int, largest: bool) -> jax.Array:
+    """:func:`hard_topk_mag` on checked arguments: one program per shape, dtype and static argument
+    (op by op, each of its five operations would compile on its own)."""
+    kept = _hard_topk_mask(jnp.abs(x), axis=axis, k=k, largest=largest)
     return jnp.where(kept > 0, x, jnp.where(jnp.isinf(x), 0.0, x * 0))
