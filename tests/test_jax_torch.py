@@ -138,6 +138,16 @@ def test_float32_agrees_to_1e_5(name):
             _compare_stacked(name, 17, k, p, scales, np.float32, 1e-5)
 
 
+def test_float32_magnitude_with_its_k_th_entry_far_below_lambda():
+    """p = 4/3 magnitude in float32 with ``λ`` far above ``s_k^{2/3}``: solved in units of ``s_k``, the
+    top of the bracket cubed left float32's range and the two 1.0 entries came out 6e-8 (a case
+    hypothesis found); in units of the bracket's top they are kept, as torch keeps them."""
+    row = np.array([[0, 0, 0, 0, 0, 1, 1, 7.06e-22, 2.8e-28], [3.0, 2.0, 1e-30, 0, 0, 0, 0, 0, 1e-35]], np.float32)
+    got = np.asarray(sj.sparse_topk_mag(jnp.asarray(row), 3, l=0.3))
+    want = softtopk.sparse_topk_mag(torch.tensor(row), 3, l=0.3).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+
+
 def test_per_row_l_and_tau_and_k_agree():
     """Array λ (mask), τ and k (closed form), per row, with their gradients."""
     with jax.enable_x64(True):

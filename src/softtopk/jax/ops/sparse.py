@@ -190,12 +190,15 @@ def sorted_desc(scores, size):
 
 
 def _solve(vals, k, lam, r, magnitude):
-    """:func:`_solve_sorted`; in float32, the magnitude in units of its ``s_k``
-    (``θ(c s, c^{1-1/r} λ) = c θ(s, λ)``), so that the cubic's coefficients stay of size 1 at any scale."""
+    """:func:`_solve_sorted`; in float32, the magnitude in units of the top of its bracket,
+    ``c = s_k + λ s_k^{1/r}`` (``θ(c s, c^{1-1/r} λ) = c θ(s, λ)``), so that the clamped candidates
+    and the cubic's coefficients stay of size at most 1 at any scale (in units of ``s_k`` alone, a
+    ``λ`` far above ``s_k^{1 - 1/r}`` put the bracket's top, cubed, past float32's range)."""
     if not magnitude or vals.dtype == jnp.float64:  # float64: the torch kernel's arithmetic
         return _solve_sorted(vals, k, lam, r, magnitude)
     sk = _column(vals, k - 1)
-    c = jnp.where((sk > 0) & jnp.isfinite(sk), sk, 1.0)
+    top = sk + lam * jnp.maximum(sk, 0) ** (1.0 / r)
+    c = jnp.where((top > 0) & jnp.isfinite(top), top, 1.0)
     theta = c * _solve_sorted(vals / c, k, lam * c ** (1.0 / r - 1.0), r, True)
     # a λ so large that λ³ leaves float32: θ underflows to its limit 0 (every entry kept)
     return jnp.where(jnp.isfinite(theta), theta, 0.0)
