@@ -7,9 +7,10 @@ Usage::
 
 On a CPU some ATen kernels are much slower than other calls that give the same values: ``topk``
 once ``k`` nears ``n / 64`` (it leaves its partial sort for ``nth_element``), the float ``sort`` (its
-comparator places NaN), ``exp`` (not vectorised here, where ``exp2`` is) and the batched one-row
-``bmm``. The library takes the faster call on the CPU only (``ops.compute.on_cpu``); this script
-shows each choice on the shapes the kernels meet. Forward only, float32 unless noted, one thread;
+comparator places NaN), ``exp`` (not vectorised here, where ``exp2`` is), ``addcmul`` with two
+broadcast operands and the batched one-row ``bmm``. The library takes the faster call on the CPU
+only (``ops.compute.on_cpu``); this script shows each choice on the shapes the kernels meet.
+Forward only, float32 unless noted, one thread;
 per repeat every candidate of a row is timed once in a rotated order, the table gives medians and
 the median ratio to the ATen call timed in the same repeat.
 """
@@ -57,6 +58,8 @@ def cases() -> list[tuple[str, str, Callable[[], object], Callable[[], object]]]
         x = -10 * torch.rand(512, 1000, generator=gen).to(dtype)
         shape = f"512×1000 {str(dtype).removeprefix('torch.')}"
         found.append(("exp", shape, lambda x=x: x.exp(), lambda x=x: x.mul(LOG2E).exp2_()))
+    t, s, h = torch.rand(64, 1000, generator=gen), torch.rand(64, 1, generator=gen), torch.rand(64, 1, generator=gen)
+    found.append(("muladd", "64×1000", lambda: torch.addcmul(h, t, s), lambda: compute.muladd_rows(t, s, h)))
     a, b = torch.randn(2, 64, 1000, generator=gen)
     found.append(
         ("row dot", "64×1000", lambda: torch.bmm(a.unsqueeze(-2), b.unsqueeze(-1)), lambda: compute.row_dot(a, b))
@@ -106,6 +109,7 @@ def write(out: Path, rows: list[dict], args: argparse.Namespace, malloc: str) ->
         "topk": ("`x.topk(k, -1)`", "`topk_rows` (block maxima where it pays)"),
         "sort": ("`x.sort(-1)`", "`sort_rows` (integer keys)"),
         "exp": ("`x.exp()`", "`x.mul(log2 e).exp2_()`"),
+        "muladd": ("`addcmul` with two (B, 1) operands", "`muladd_rows` (product, in-place sum)"),
         "row dot": ("`bmm` of one-row products", "`row_dot` (`vecdot`)"),
     }
     for r in rows:

@@ -55,6 +55,24 @@ def test_sort_by_integer_keys_is_torch_sort(dtype, descending, stable):
     assert torch.equal(index, want_index)
 
 
+@pytest.mark.parametrize("value", [1.0, -1.0])
+def test_muladd_on_either_path(value):
+    """``muladd_rows`` is ``addcmul`` to a rounding, on the CPU (a product and a sum) and off it."""
+    terms, scale, shift = (
+        torch.rand(4, 300, dtype=torch.float64),
+        torch.rand(4, 1, dtype=torch.float64),
+        torch.rand(4, 1, dtype=torch.float64),
+    )
+    want = torch.addcmul(shift, terms, scale, value=value)
+    torch.testing.assert_close(compute.muladd_rows(terms, scale, shift, value), want, rtol=1e-15, atol=1e-15)
+    saved = compute.on_cpu
+    compute.on_cpu = lambda x: False
+    try:
+        assert torch.equal(compute.muladd_rows(terms, scale, shift, value), want)
+    finally:
+        compute.on_cpu = saved
+
+
 def test_row_dot_on_either_path():
     a, b = torch.randn(2, 5, 300, dtype=torch.float64)
     want = (a * b).sum(-1, keepdim=True)

@@ -30,7 +30,8 @@ def can_inspect(value: torch.Tensor) -> bool:
 
 def on_cpu(x: torch.Tensor) -> bool:
     """Whether a step takes its CPU variant: the same values by other ATen calls, faster on a CPU
-    and more launches on an accelerator (:func:`topk_rows`, :func:`sort_rows`, :func:`row_dot`)."""
+    and more launches on an accelerator (:func:`topk_rows`, :func:`sort_rows`, :func:`row_dot`,
+    :func:`muladd_rows`)."""
     return x.device.type == "cpu"
 
 
@@ -94,6 +95,15 @@ def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if on_cpu(a):
         return torch.linalg.vecdot(a, b).unsqueeze(-1)
     return torch.bmm(a.unsqueeze(-2), b.unsqueeze(-1)).squeeze(-1)
+
+
+def muladd_rows(terms: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, value: float = 1.0) -> torch.Tensor:
+    """``shift + value * terms * scale`` for rows ``terms`` (B, n) and per-row ``scale``, ``shift``
+    (B, 1): one ``addcmul`` off the CPU, a product and an in-place sum on it (ATen's CPU ``addcmul``
+    is slow with two broadcast operands)."""
+    if on_cpu(terms):
+        return (terms * (scale if value == 1.0 else scale * value)).add_(shift)
+    return torch.addcmul(shift, terms, scale, value=value)
 
 
 def unsort(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
