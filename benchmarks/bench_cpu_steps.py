@@ -58,8 +58,16 @@ def cases() -> list[tuple[str, str, Callable[[], object], Callable[[], object]]]
         x = -10 * torch.rand(512, 1000, generator=gen).to(dtype)
         shape = f"512×1000 {str(dtype).removeprefix('torch.')}"
         found.append(("exp", shape, lambda x=x: x.exp(), lambda x=x: x.mul(LOG2E).exp2_()))
-    t, s, h = torch.rand(64, 1000, generator=gen), torch.rand(64, 1, generator=gen), torch.rand(64, 1, generator=gen)
-    found.append(("muladd", "64×1000", lambda: torch.addcmul(h, t, s), lambda: compute.muladd_rows(t, s, h)))
+    for n in (1000, 100000):  # the second past muladd_rows' size limit: addcmul itself
+        t, s, h = (torch.rand(64, m, generator=gen) for m in (n, 1, 1))
+        found.append(
+            (
+                "muladd",
+                f"64×{n}",
+                lambda t=t, s=s, h=h: torch.addcmul(h, t, s),
+                lambda t=t, s=s, h=h: compute.muladd_rows(t, s, h),
+            )
+        )
     a, b = torch.randn(2, 64, 1000, generator=gen)
     found.append(
         ("row dot", "64×1000", lambda: torch.bmm(a.unsqueeze(-2), b.unsqueeze(-1)), lambda: compute.row_dot(a, b))

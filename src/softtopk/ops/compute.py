@@ -97,11 +97,15 @@ def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.unsqueeze(-2), b.unsqueeze(-1)).squeeze(-1)
 
 
+_MULADD_ENTRIES = 1 << 22
+
+
 def muladd_rows(terms: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, value: float = 1.0) -> torch.Tensor:
     """``shift + value * terms * scale`` for rows ``terms`` (B, n) and per-row ``scale``, ``shift``
-    (B, 1): one ``addcmul`` off the CPU, a product and an in-place sum on it (ATen's CPU ``addcmul``
-    is slow with two broadcast operands)."""
-    if on_cpu(terms):
+    (B, 1): one ``addcmul``, except on the CPU up to ``2^22`` entries, where a product and an
+    in-place sum are faster (ATen's CPU ``addcmul`` is slow with two broadcast operands; past the
+    cache, its single pass wins)."""
+    if on_cpu(terms) and terms.numel() <= _MULADD_ENTRIES:
         return (terms * (scale if value == 1.0 else scale * value)).add_(shift)
     return torch.addcmul(shift, terms, scale, value=value)
 
