@@ -127,7 +127,7 @@ def test_zero_count_raises_where_pytopk_gives_nan():
 
 def test_wrong_cls_num_list_length_raises():
     loss = ours.ImbalNoisedTopK(1, 0.1, 0.3, [5, 10, 20])
-    with pytest.raises(ValueError, match="3 counts for scores with C = 4 classes"):
+    with pytest.raises(ValueError, match="cls_num_list must have one count per class, C = 4, got length 3"):
         loss(torch.randn(2, 4), torch.tensor([0, 1]))
 
 

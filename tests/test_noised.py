@@ -279,7 +279,7 @@ def test_error_messages():
         ),
         (
             ValueError,
-            "the loss has 3 margins, input has C = 4 classes",
+            "cls_num_list must have one count per class, C = 4, got length 3",
             lambda: ImbalNoisedTopK(1, epsilon=1.0, max_m=0.3, cls_num_list=[1, 2, 3])(s, y),
         ),
         (ValueError, "got 0.0 for class 2", lambda: imbal_noised_topk(s, y, **{**imb, "cls_num_list": [1, 2, 0, 4]})),

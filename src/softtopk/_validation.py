@@ -91,9 +91,15 @@ def check_class_counts(name: str, value: Any, classes: int | None = None) -> tup
             f"{name} must hold positive finite class counts, got {n!r} for class {c} "
             "(a class without training examples has no LDAM margin)"
         )
-    if classes is not None and len(counts) != classes:
-        raise ValueError(f"{name} must have one count per class, C = {classes}, got length {len(counts)}")
+    if classes is not None:
+        check_count_length(name, len(counts), classes)
     return counts
+
+
+def check_count_length(name: str, length: int, classes: int) -> None:
+    """One class count per class: the functions check the list, the Modules their margins at call."""
+    if length != classes:
+        raise ValueError(f"{name} must have one count per class, C = {classes}, got length {length}")
 
 
 def check_scale(name: str, value: Any, dtype: torch.dtype, *, zero: bool = False) -> Any:

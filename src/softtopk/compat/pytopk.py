@@ -31,7 +31,15 @@ from collections.abc import Sequence
 
 import torch
 
-from .._validation import check_class_counts, check_class_input, check_dim, check_int, check_real, check_scores
+from .._validation import (
+    check_class_counts,
+    check_class_input,
+    check_count_length,
+    check_dim,
+    check_int,
+    check_real,
+    check_scores,
+)
 from ..functional import bal_noised_topk, imbal_noised_topk, noised_kth_value
 from ..losses import ldam_margins
 
@@ -168,11 +176,7 @@ class ImbalNoisedTopK(BalNoisedTopK):
 
     def forward(self, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         s = check_class_input(s)
-        if s.shape[1] != self.m_list.shape[0]:
-            raise ValueError(
-                f"cls_num_list must have one count per class: got {self.m_list.shape[0]} counts for "
-                f"scores with C = {s.shape[1]} classes"
-            )
+        check_count_length("cls_num_list", self.m_list.shape[0], s.shape[1])
         per_sample = imbal_noised_topk(
             s,
             y,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .._validation import check_class_counts, check_class_input, check_real
+from .._validation import check_class_counts, check_class_input, check_count_length, check_real
 from ._base import ClassLoss
 from .noised import noised_hinge, noised_params
 
@@ -170,11 +170,7 @@ class ImbalNoisedTopK(ClassLoss):
 
     def forward(self, input: torch.Tensor, target: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
         classes = check_class_input(input).shape[1]
-        if classes != self.margins.shape[0]:
-            raise ValueError(
-                f"cls_num_list must have one count per class: the loss has {self.margins.shape[0]} "
-                f"margins, input has C = {classes} classes"
-            )
+        check_count_length("cls_num_list", self.margins.shape[0], classes)
         params = noised_params(self.k, self.epsilon, self.n_samples, self.generator, classes)
         return noised_hinge(
             input, target, params, noise=noise, margins=self.margins, scale=self.scale, **self._class_kwargs()
