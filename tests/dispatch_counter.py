@@ -66,7 +66,7 @@ def count_call(
     gradient made before counting starts (floating inputs require grad). With ``accelerator`` the
     kernels take the steps they take off the CPU (``softtopk.ops.compute.on_cpu`` false: the same
     values by other calls), so that the launches counted are a GPU's."""
-    with _steps(accelerator):
+    with accelerator_steps() if accelerator else contextlib.nullcontext():
         leaves = [t.detach().clone().requires_grad_(t.is_floating_point() and backward) for t in inputs]
         out = fn(*leaves)  # a warm-up call: caches (e.g. network layouts) are filled outside the count
         grad = torch.ones_like(out) if backward else None
@@ -79,10 +79,11 @@ def count_call(
 
 
 @contextlib.contextmanager
-def _steps(accelerator: bool):
+def accelerator_steps():
+    """Within the block the kernels take the steps they take off the CPU (``ops.compute.on_cpu``
+    false): one ``topk``, ``sort``, ``bmm``, ``addcmul`` each, the same values by other calls."""
     saved = compute.on_cpu
-    if accelerator:
-        compute.on_cpu = lambda x: False
+    compute.on_cpu = lambda x: False
     try:
         yield
     finally:

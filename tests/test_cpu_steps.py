@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dispatch_counter import accelerator_steps
 from softtopk.ops import compute
 
 INF, NAN = float("inf"), float("nan")
@@ -65,24 +66,16 @@ def test_muladd_on_either_path(value):
     )
     want = torch.addcmul(shift, terms, scale, value=value)
     torch.testing.assert_close(compute.muladd_rows(terms, scale, shift, value), want, rtol=1e-15, atol=1e-15)
-    saved = compute.on_cpu
-    compute.on_cpu = lambda x: False
-    try:
+    with accelerator_steps():
         assert torch.equal(compute.muladd_rows(terms, scale, shift, value), want)
-    finally:
-        compute.on_cpu = saved
 
 
 def test_row_dot_on_either_path():
     a, b = torch.randn(2, 5, 300, dtype=torch.float64)
     want = (a * b).sum(-1, keepdim=True)
     torch.testing.assert_close(compute.row_dot(a, b), want, rtol=1e-14, atol=1e-14)
-    saved = compute.on_cpu
-    compute.on_cpu = lambda x: False
-    try:
+    with accelerator_steps():
         torch.testing.assert_close(compute.row_dot(a, b), want, rtol=1e-14, atol=1e-14)
-    finally:
-        compute.on_cpu = saved
 
 
 def test_off_the_cpu_each_step_is_one_call():

@@ -10,7 +10,6 @@ properties (hypothesis), exact float64 gradients for ``x``, a tensor ``tau`` and
 
 from __future__ import annotations
 
-import contextlib
 import re
 
 import numpy as np
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 
 import softtopk
 from conftest import assert_same_values_and_grads
-from softtopk.ops import compute
+from dispatch_counter import accelerator_steps
 from softtopk.ops.lapsum import lapsum_mask
 
 PROPERTY = settings(max_examples=30, deadline=None, derandomize=True)
@@ -406,23 +405,12 @@ def test_threshold_deep_among_the_candidates(tau, offset):
         torch.testing.assert_close(got, oracle_rows(x, k, tau), rtol=0, atol=1e-10)
     upstream = torch.randn(3, x.shape[-1], generator=_gen(1), dtype=F64)
     (got * upstream).sum().backward()
-    with _one_topk():
+    with accelerator_steps():  # one torch.topk for the candidates
         leaf2 = x.clone().requires_grad_()
         want = lapsum_mask(leaf2, k, tau)
         (want * upstream).sum().backward()
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     torch.testing.assert_close(leaf.grad, leaf2.grad, rtol=0, atol=1e-12)
-
-
-@contextlib.contextmanager
-def _one_topk():
-    """The candidates from one ``torch.topk`` (as off the CPU) instead of block maxima."""
-    saved = compute.on_cpu
-    compute.on_cpu = lambda x: False
-    try:
-        yield
-    finally:
-        compute.on_cpu = saved
 
 
 @PROPERTY

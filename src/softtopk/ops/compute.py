@@ -5,8 +5,13 @@ order, scans that compile on every backend, and constants kept on the device."""
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
+
+# e^z = 2^(z log2 e): on the CPU ATen's exp2 kernel is vectorised where its exp is not; a scale the
+# kernel applies anyway takes the factor, so the roundings stay those of e^z
+LOG2E = 1.0 / math.log(2.0)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -42,13 +42,12 @@ import math
 import torch
 
 from . import lapsum_triton
-from .compute import compute_dtype, constant, muladd_rows, row_dot, scan_rows, sort_rows, topk_rows
+from .compute import LOG2E, compute_dtype, constant, muladd_rows, row_dot, scan_rows, sort_rows, topk_rows
 
 _WIDE = torch.float64
 _C = 300.0  # |a| clamp: e^{±C} and the products of the sums stay normal float64 numbers
 _FLOOR = 1e-150  # stands for an empty sum in P (no entry above) and Q (no entry below)
 _LN2 = math.log(2.0)
-_LOG2E = 1.0 / _LN2
 
 
 def _at(vals: torch.Tensor, k: int | torch.Tensor, offset: float) -> torch.Tensor:
@@ -109,8 +108,7 @@ def _solve(x: torch.Tensor, tau: float | torch.Tensor, k: int | torch.Tensor, bi
         # each, but a -inf one counts 0 (then the rest is all -inf, and the clamp gives 0); a short
         # row's rest is its -inf entries, tied with the last candidate
         last = clamped[:, -1:]
-        # e^z as 2^(z log2 e): the same roundings with the scale folded in, a faster CPU kernel
-        terms = (torch.sub(last, x) if negate else torch.sub(x, last)).mul_(_LOG2E / tau).clamp(max=0.0).exp2_()
+        terms = (torch.sub(last, x) if negate else torch.sub(x, last)).mul_(LOG2E / tau).clamp(max=0.0).exp2_()
         # (summed in the score dtype: a float64 sum of float32 terms casts the whole row first)
         count = terms.sum(-1, keepdim=True).to(_WIDE).sub_(big).clamp_min(1e-30)
         rest = count.masked_fill_(short, n - big).mul_(e[:, -1:])

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from .compute import topk_rows
 from .esf import log_esf_of_split
 from .svm_subsets import FAR, fits_subset_path, smooth_topk_rows
 
@@ -62,16 +63,16 @@ def _log_space_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: 
     # one topk of the other scores gives the ESF's top part, the shift (the k-th largest) and whether
     # k of them are above -inf; the special rows are fixed on (R, k) and (R,) tensors, never (R, C)
     label_score, others, masked = split_label(logits, label)
-    top = others.topk(k, dim=-1)
-    kth = top.values[:, -1:].detach()
+    top_scores, top_index = topk_rows(others, k)
+    kth = top_scores[:, -1:].detach()
     # fewer than k other classes above -inf: the label is surely among the top k, the loss is 0
     # (the limit); those rows are computed on a zero stand-in so that nothing is NaN
     enough = kth.squeeze(-1) > -math.inf
     shift = kth.masked_fill(~enough.unsqueeze(-1), 0.0)
     scale = 1.0 / (k * tau)
     # an entry FAR above the k-th counts as +inf (its difference may overflow): exact to rounding
-    top_values = (top.values - shift).mul_(scale).clamp_(0.0, FAR).masked_fill_(~enough.unsqueeze(-1), 0.0)
-    rest = others.scatter(-1, top.indices, -math.inf).sub_(shift).mul_(scale)
+    top_values = (top_scores - shift).mul_(scale).clamp_(0.0, FAR).masked_fill_(~enough.unsqueeze(-1), 0.0)
+    rest = others.scatter(-1, top_index, -math.inf).sub_(shift).mul_(scale)
     log_e = log_esf_of_split(top_values, rest, k)[:, k - 1 :]  # log e_{k-1}, log e_k
     margin = alpha / tau + (log_e[:, 1] - log_e[:, 0]) + half_gap(shift.squeeze(-1), label_score) * (2 * scale)
     # softplus as logaddexp: nn.functional.softplus returns x above 20 (an error of tau e^-20)
@@ -92,6 +93,6 @@ def smooth_top1_svm_rows(logits: torch.Tensor, label: torch.Tensor, tau: float, 
 
 def hard_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, alpha: float) -> torch.Tensor:
     label_score, others, masked = split_label(logits, label)
-    kth_other = others.topk(k, dim=-1).values[:, k - 1]  # -inf with fewer than k others: the loss is 0
+    kth_other = topk_rows(others, k)[0][:, k - 1]  # -inf with fewer than k others: the loss is 0
     hinge = alpha + half_gap(kth_other, label_score) * (2.0 / k)
     return torch.where(masked, math.inf, torch.clamp(hinge, min=0.0))

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from .compute import LOG2E, topk_rows
 from .esf import largest_log_binomial
 
 SUBSET_K = 8  # the top k's polynomials by brute force over their 2^k subsets up to here
@@ -16,7 +17,6 @@ SUBSET_K = 8  # the top k's polynomials by brute force over their 2^k subsets up
 # float64's rounding for any practical number of classes, so it may stand for +inf (and for
 # differences that overflow the dtype)
 FAR = 200.0
-_LOG2E = 1.0 / math.log(2.0)
 _TABLES: dict = {}
 
 
@@ -124,7 +124,7 @@ class _SmoothTopKRows(torch.autograd.Function):
         label_score = logits.gather(-1, label)
         # +inf scores enter as the largest finite one (the limits of extended_svm_rows)
         others = logits.scatter(-1, label, -math.inf).clamp_max_(largest)  # out of place: vmap has a rule
-        top, index = others.topk(k, dim=-1)
+        top, index = topk_rows(others, k)
         kth = top[:, -1:]
         # the top's entries at +inf (gradient 0); k of them: the loss is inf unless the label ties there
         infinite = logits.gather(-1, index) == math.inf
@@ -134,8 +134,7 @@ class _SmoothTopKRows(torch.autograd.Function):
         # a kth at the most negative finite number makes its margin -inf (loss 0) and a label at
         # -inf's margin +inf (loss inf); neither needs a mask afterwards
         shift = kth.masked_fill(kth == -math.inf, 0.0)  # differences before scaling: exact for large scores
-        # e^z as 2^(z log2 e), the log2 e folded into the scale: the same roundings, a faster kernel
-        y = others.scatter(-1, index, -math.inf).sub_(shift).mul_(scale * _LOG2E).exp2_()
+        y = others.scatter(-1, index, -math.inf).sub_(shift).mul_(scale * LOG2E).exp2_()  # e^z (compute.LOG2E)
         t = torch.sub(top, shift).mul_(scale).clamp(0.0, FAR)  # out of place: vmap has a rule
         W = (t @ subsets).exp_()
         G = (t @ joins).view(-1, k + 1, k + 1).exp_().masked_fill_(upper, 0.0)  # exp(T_a - T_j), a <= j
