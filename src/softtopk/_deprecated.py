@@ -1,7 +1,8 @@
 """Spellings of softtopk 0.1.0 kept for one release: ``SmoothTopkSVM`` and ``TopkSVM`` (now
 :class:`~softtopk.SmoothTopKSVM` and :class:`~softtopk.TopKSVM`, without ``n_classes``). They take
-0.1.0's arguments, warn with a ``FutureWarning`` naming the replacement, and check the input's class
-count against ``n_classes`` as 0.1.0 did."""
+0.1.0's arguments (``n_classes``, then the native class's keywords, which it checks), warn with a
+``FutureWarning`` naming the replacement, and check the input's class count against ``n_classes`` as
+0.1.0 did."""
 
 from __future__ import annotations
 
@@ -43,35 +44,16 @@ class _ClassCount:
 
 
 class SmoothTopkSVM(_ClassCount, SmoothTopKSVM):
-    """Deprecated: use :class:`softtopk.SmoothTopKSVM` (the same loss, without ``n_classes``)."""
+    """Deprecated: use :class:`softtopk.SmoothTopKSVM` (the same loss and keywords, without ``n_classes``)."""
 
-    def __init__(
-        self,
-        n_classes: int,
-        *,
-        k: int = 5,
-        tau: float = 1.0,
-        alpha: float = 1.0,
-        reduction: str = "mean",
-        weight: torch.Tensor | None = None,
-        ignore_index: int = -100,
-    ) -> None:
-        super().__init__(k=k, tau=tau, alpha=alpha, weight=weight, ignore_index=ignore_index, reduction=reduction)
+    def __init__(self, n_classes: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self._set_classes(n_classes, "SmoothTopKSVM")
 
 
 class TopkSVM(_ClassCount, TopKSVM):
-    """Deprecated: use :class:`softtopk.TopKSVM` (the same loss, without ``n_classes``)."""
+    """Deprecated: use :class:`softtopk.TopKSVM` (the same loss and keywords, without ``n_classes``)."""
 
-    def __init__(
-        self,
-        n_classes: int,
-        *,
-        k: int = 5,
-        alpha: float = 1.0,
-        reduction: str = "mean",
-        weight: torch.Tensor | None = None,
-        ignore_index: int = -100,
-    ) -> None:
-        super().__init__(k=k, alpha=alpha, weight=weight, ignore_index=ignore_index, reduction=reduction)
+    def __init__(self, n_classes: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self._set_classes(n_classes, "TopKSVM")
