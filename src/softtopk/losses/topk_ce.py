@@ -29,6 +29,7 @@ import torch
 
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
+from ..ops._function import Function
 from ..ops.compute import constant, topk_rows
 from ._base import ClassLoss, class_loss
 
@@ -83,7 +84,7 @@ def _effective_m(m: int | None, classes: int, k: int) -> int | None:
     return m
 
 
-class _Select(torch.autograd.Function):
+class _Select(Function):
     """``(logits (R, C), label (R,), m)`` -> the ``m`` largest scores with the label's forced in
     (it replaces the m-th), ascending, the label last among scores equal to it; its position
     ``(R,)``; and where the label is ``-inf`` ``(R,)`` (fed as 0, a finite stand-in).
@@ -131,7 +132,7 @@ class _Select(torch.autograd.Function):
         return grad.new_zeros(grad.shape[0], ctx.classes).scatter(-1, index, grad), None, None
 
 
-class _Head(torch.autograd.Function):
+class _Head(Function):
     """Per-row loss from the selected scores ``(R, m)``, the label's relaxed ranks ``(R, K)``, its
     position ``(R,)`` and the rows whose label is ``-inf`` (loss ``inf``):
     ``-log(floor(w . ranks + p_1 softmax(scores)_y))`` (``'sm'``), with the softmax term left out

@@ -55,6 +55,7 @@ import math
 
 import torch
 
+from ._function import Function
 from .compute import compute_dtype
 
 __all__ = ["log_esf", "log_esf_of_split"]
@@ -117,7 +118,7 @@ def _log_or_minus_inf(e: torch.Tensor) -> torch.Tensor:
     return torch.where(positive, torch.log(torch.where(positive, e, torch.ones_like(e))), -math.inf)
 
 
-class _TailLogESF(torch.autograd.Function):
+class _TailLogESF(Function):
     """``log e_b(exp t)``, ``b = 0..degree``, for ``t <= 0``, with the deflation backward (module doc)."""
 
     generate_vmap_rule = True

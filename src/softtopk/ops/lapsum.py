@@ -42,6 +42,7 @@ import math
 import torch
 
 from . import lapsum_triton
+from ._function import Function
 from .compute import LOG2E, compute_dtype, constant, muladd_rows, row_dot, scan_rows, sort_rows, topk_rows
 
 _WIDE = torch.float64
@@ -142,7 +143,7 @@ def _assemble(base: torch.Tensor, terms, idx, top, scale, shift=None, negate=Fal
     return torch.scatter(rest, -1, idx, top)  # out of place: vmap has a batching rule for it
 
 
-class _LaplaceMask(torch.autograd.Function):
+class _LaplaceMask(Function):
     generate_vmap_rule = True
 
     @staticmethod
@@ -178,7 +179,7 @@ class _LaplaceMask(torch.autograd.Function):
         return (*_backward(ctx, x, d, ref, drop, tau_t, grad), *none)
 
 
-class _LaplaceWeights(torch.autograd.Function):
+class _LaplaceWeights(Function):
     """The mask at ``index`` (B, k), ``torch.topk(x, k)``'s (``2k <= n``): the first ``k``
     candidates' masks, the same values, without the row's mask; ones forward with ``hard``."""
 

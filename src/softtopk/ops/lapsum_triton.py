@@ -34,6 +34,8 @@ from collections.abc import Iterator
 
 import torch
 
+from ._function import Function
+
 
 def switched_on(setting: str | None) -> bool:
     """Whether the kernels may run, from the value of ``SOFTTOPK_TRITON``: unless it is ``"0"``."""
@@ -80,7 +82,7 @@ def usable(x: torch.Tensor, k: object, tau: object) -> bool:
     return _has_triton() and _supported(x.device)
 
 
-class TritonLaplaceMask(torch.autograd.Function):
+class TritonLaplaceMask(Function):
     """``lapsum._LaplaceMask`` for an int ``k`` and a float ``τ``: ``(x (B, n), τ, k, K, negate,
     hard, C, floor)`` → the mask (B, n) and the kernels' ``d``, saved for the backward."""
 

@@ -46,13 +46,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ._function import Function
 from .compute import scan_rows, sort_rows, unsort
 
 _WIDE = torch.float64
 _FAR = 2.0**600  # M for float64 scores (float32 ones take their largest finite value): M n / tau stays finite
 
 
-class _NeuralSort(torch.autograd.Function):
+class _NeuralSort(Function):
     """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` laid out (B, k, n).
 
     Computed on the sorted row (the items in increasing order; a permutation of the softmax axis

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from ._function import Function
 
-class NoisedHinge(torch.autograd.Function):
+
+class NoisedHinge(Function):
     """``(logits (R, C), label (R,), scaled noise (R, C, S), margin (R,) or float, scale or None, k)``
     -> ``relu(scale * (margin + top_{k+1,eps}(s) - s_y))`` per row, in pytopk's operation order.
     Backward: where the hinge is active, ``scale / S`` on each draw's (k+1)-th position and

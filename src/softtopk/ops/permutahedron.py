@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from ._function import Function
 from .compute import can_inspect, sort_rows, unsort
 from .isotonic import block_ids, block_starts, block_sum, isotonic_kl, isotonic_l2
 
@@ -95,7 +96,7 @@ def _softmax_blocks(z: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> 
     return e / block_sum(e, ids)
 
 
-class SoftRankFn(torch.autograd.Function):
+class SoftRankFn(Function):
     """Soft ranks of rows ``x`` (B, n) with strength ``eps`` (a float or (B, 1)); ``sign = 1``
     gives rank ``n`` to the largest entry. Returns float64 ranks."""
 
@@ -164,7 +165,7 @@ class SoftRankFn(torch.autograd.Function):
         return _nan_rows(grad_x, nan, ctx.plain).to(ctx.dtype), grad_eps, None, None, None
 
 
-class SoftSortFn(torch.autograd.Function):
+class SoftSortFn(Function):
     """Soft sort of rows ``x`` (B, n) with strength ``eps``; ``sign = -1`` sorts in increasing
     order. Returns the float64 sorted values."""
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from ._function import Function
+
 NOISE_KINDS = ("gaussian", "gumbel")
 
 
@@ -37,7 +39,7 @@ def draw_noise(
     return negative if negated else negative.neg_()
 
 
-class _PerturbedTopK(torch.autograd.Function):
+class _PerturbedTopK(Function):
     """``(rows (B, n), noise (B, S, n))`` → mean hard top-k mask of ``rows + sigma * noise``, on the
     extended reals (:mod:`softtopk._extended`).
 
@@ -104,7 +106,7 @@ def perturbed_topk_rows(
 # ------------------------------------------------------------------------- noised k-th largest value
 
 
-class _NoisedKthValue(torch.autograd.Function):
+class _NoisedKthValue(Function):
     """``(x, scaled noise x.shape + (S,))`` → mean over ``S`` of the k-th largest of ``x + noise`` along ``dim``."""
 
     generate_vmap_rule = True

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import torch
 
+from ._function import Function
 from .compute import sort_rows, topk_rows
 
 
-class _SoftSort(torch.autograd.Function):
+class _SoftSort(Function):
     """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` laid out
     (B, k, n): each softmax runs along contiguous memory."""
 

@@ -45,6 +45,7 @@ import operator
 import torch
 from torch.autograd.function import once_differentiable
 
+from ._function import Function
 from .networks import build_network, layer_tensors
 from .swaps import ART_DELTA, signed_swap_probability, swap_slope
 
@@ -248,7 +249,7 @@ def _with_scale(params: dict, scale):
     return params if scale is None else {**params, "steepness": scale.T}
 
 
-class _Sweep(torch.autograd.Function):
+class _Sweep(Function):
     """What both sweeps share: the inputs ``(x (B, n), scale, key, params, mode, ...)``, with ``scale``
     a per-row steepness (B, 1) or None (``params``' float), and the saving of every output but the
     first (non-differentiable) for the backward."""

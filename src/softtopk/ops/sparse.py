@@ -44,6 +44,7 @@ from typing import cast
 import torch
 
 from .._window import window_power, window_root
+from ._function import Function
 from .compute import can_inspect, scan_rows, sort_rows, topk_rows
 from .cubic import cubic_root
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
@@ -169,7 +170,7 @@ def threshold(x: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnit
         size = min(n, 4 * size)
 
 
-class _MaskFn(torch.autograd.Function):
+class _MaskFn(Function):
     """``y = clip((x - s_k)/λ - a, 0, 1)^r`` with the threshold ``t = s_k + a λ`` (solved outside)
     differentiated implicitly through ``Σ y = k``: with ``u = (x - t)/λ`` and ``d = ∂y/∂x = r u^{r-1}/λ``
     on the interior (0 elsewhere), ``∂t/∂x = d/Σd``, ``∂t/∂λ = -ū`` with ``ū = Σ d u / Σ d``, so
@@ -228,7 +229,7 @@ class _MaskFn(torch.autograd.Function):
         return grad_x, None, None, None, None, grad_lam, None, None, None
 
 
-class _MagFn(torch.autograd.Function):
+class _MagFn(Function):
     generate_vmap_rule = True
 
     @staticmethod

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from ._function import Function
 from .compute import LOG2E, topk_rows
 from .esf import largest_log_binomial
 
@@ -96,7 +97,7 @@ def _newton_tables(degree: int, device: torch.device) -> tuple[torch.Tensor, ...
     return tables
 
 
-class _SmoothTopKRows(torch.autograd.Function):
+class _SmoothTopKRows(Function):
     """``(logits (R, C), label (R,), k, tau, alpha)`` -> the smooth top-k SVM loss of each row,
     ``tau softplus(alpha/tau + log e_k - log e_{k-1} - z_y)`` over the other classes (module doc of
     :mod:`softtopk.losses.smooth_svm`), forward and backward in a few fused steps.
