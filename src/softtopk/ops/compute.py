@@ -20,9 +20,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def can_inspect(value: torch.Tensor) -> bool:
-    """Whether an argument check may read a tensor's values: only for a CPU tensor (on an
-    accelerator a read is a synchronisation), and not while compiling or inside vmap. The
-    computation itself never reads values, on any device."""
+    """Whether values of a tensor may be read on the host: only for a CPU tensor (on an
+    accelerator a read is a synchronisation), and not while compiling or inside vmap. Argument
+    checks ask it; so do the two CPU shortcuts that read (the sparse solver's candidate count, the
+    isotonic solver's rounds of pooling), whose fixed-shape paths read nothing, on any device."""
     if value.device.type != "cpu" or torch.compiler.is_compiling():
         return False
     functorch = torch._C._functorch
