@@ -7,14 +7,15 @@ Usage::
     python benchmarks/bench_gpu.py --device cuda            # -> benchmarks/results/gpu.{json,md}
     python benchmarks/bench_gpu.py --device cpu --quick     # -> results/gpu_cpu.{json,md}, < 1 min on 2 cores
 
-Cases (``--quick``: the smaller shapes, seven repeats):
+Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven repeats):
 
-* masks: ``soft_topk`` lapsum (tau 1; on CUDA by its Triton kernels, and by the torch path), ``sparse_topk_mask``
-  (l 0.1, p 4/3), NeuralSort, SoftSort,
-  gumbel (tau 1), and torchsort's soft-rank mask and SoftTorch where importable, at 64 x 1e3/1e4/1e5
-  (k = 10 and 1000 where k < n), 16384 x 64 (k = 2, 8) and 65536 x 256 (k = 8), float32 and
-  bfloat16; fwd+bwd is ``f(x, k).backward(g)``. Baseline: ``zeros_like(x).scatter(-1, i, v)`` of
-  ``torch.topk``. The O(n k) methods are skipped where ``rows n k`` exceeds 2^31 (recorded).
+* masks: ``soft_topk`` lapsum (tau 1; on CUDA by its Triton kernels, and by the torch path),
+  ``sparse_topk_mask`` (l 0.1, p 4/3), NeuralSort, SoftSort, gumbel (tau 1), and torchsort's
+  soft-rank mask and SoftTorch where importable, at 64 x 100 (k = 10), 64 x 1e3/1e4/1e5 (k = 10
+  and 1000 where k < n), 16384 x 64 (k = 2, 8) and 65536 x 256 (k = 8), float32 and bfloat16
+  (``--quick``: k = 10 at 64 x n, k = 2 at 16384 x 64, bfloat16 at 64 x 1000 only); fwd+bwd is
+  ``f(x, k).backward(g)``. Baseline: ``zeros_like(x).scatter(-1, i, v)`` of ``torch.topk``. The
+  O(n k) methods are skipped where ``rows n k`` exceeds 2^31 (recorded).
 * losses at 512 x 1000 and 4096 x 1000 (float32): ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16,
   splitter network and NeuralSort), ``SmoothTopKSVM(k=5)``, ``BalNoisedTopK(5, epsilon=1,
   n_samples=5)``, pytopk's ``BalNoisedTopK`` and difftopk's NeuralSort loss where importable.
@@ -57,13 +58,21 @@ import softtopk
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MASK_SHAPES = [
+    ((64, 100), (10,)),
     ((64, 1000), (10,)),
     ((64, 10000), (10, 1000)),
     ((64, 100000), (10, 1000)),
     ((16384, 64), (2, 8)),
     ((65536, 256), (8,)),
 ]
-QUICK_MASK_SHAPES = [((64, 1000), (10,)), ((64, 10000), (10,)), ((16384, 64), (2,))]
+# the quick run holds issue 21's CPU targets: 64 x 100, 64 x 1000 and 64 x 1e5 at k = 10
+QUICK_MASK_SHAPES = [
+    ((64, 100), (10,)),
+    ((64, 1000), (10,)),
+    ((64, 10000), (10,)),
+    ((64, 100000), (10,)),
+    ((16384, 64), (2,)),
+]
 LOSS_ROWS, QUICK_LOSS_ROWS, CLASSES = (512, 4096), (512,), 1000
 ROUTER = {"tokens": 16384, "d_model": 1024, "experts": 64, "k": 2}
 QUICK_TOKENS = 2048

@@ -3,6 +3,8 @@ other ATen calls, faster on a CPU, that give the values of the one call an accel
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -84,3 +86,25 @@ def test_off_the_cpu_each_step_is_one_call():
     assert compute.topk_rows(x, 20)[0].shape == (4, 20)
     assert compute.sort_rows(x)[1].shape == (4, 1000)
     assert compute.row_dot(x, x).shape == (4, 1)
+
+
+def test_put_rows_writes_in_place_and_copies_under_vmap_and_compile():
+    index = torch.tensor([[2, 0], [1, 3]])
+    values = torch.tensor([[5.0, 6.0], [7.0, 8.0]])
+    fresh = torch.zeros(2, 4)
+    out = compute.put_rows(fresh, index, values)
+    assert out.data_ptr() == fresh.data_ptr()  # no copy of the row
+    torch.testing.assert_close(out, torch.zeros(2, 4).scatter(-1, index, values))
+    torch.testing.assert_close(
+        compute.put_rows(torch.zeros(3, 2), index[:1], 1.0, dim=0)[:, 0], torch.tensor([0, 0, 1.0])
+    )
+
+    def per_row(row: torch.Tensor, i: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return compute.put_rows(torch.zeros_like(row), i, v)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scatter_ under vmap would warn and fall back to a loop
+        batched = torch.vmap(per_row)(torch.ones(2, 4), index, values)
+    torch.testing.assert_close(batched, out)
+    compiled = torch.compile(lambda r: compute.put_rows(r * 1, index, values), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(torch.zeros(2, 4)), out)

@@ -30,7 +30,7 @@ import torch
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
 from ..ops._function import Function
-from ..ops.compute import constant, topk_rows
+from ..ops.compute import constant, put_rows, topk_rows
 from ._base import ClassLoss, class_loss
 
 __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
@@ -103,7 +103,7 @@ class _Select(Function):
         label_score = logits.gather(-1, label)
         masked = label_score == -math.inf
         # the label is the only -inf key: never among the m - 1 others, even beside masked classes
-        key = logits.clamp_min(torch.finfo(logits.dtype).min).scatter(-1, label, -math.inf)  # vmap-friendly
+        key = put_rows(logits.clamp_min(torch.finfo(logits.dtype).min), label, -math.inf)
         index = topk_rows(key, m - 1)[1]
         top = logits.gather(-1, index)
         label_score = label_score.masked_fill(masked, 0.0)
@@ -129,7 +129,7 @@ class _Select(Function):
         if grad is None:
             return None, None, None
         (index,) = ctx.saved_tensors
-        return grad.new_zeros(grad.shape[0], ctx.classes).scatter(-1, index, grad), None, None
+        return put_rows(grad.new_zeros(grad.shape[0], ctx.classes), index, grad), None, None
 
 
 class _Head(Function):

@@ -1,6 +1,7 @@
 """How the row kernels compute: the compute dtype of a score dtype, whether a tensor's values may
-be read on the host for an argument check, the largest entries of rows, putting sorted rows back in
-order, scans that compile on every backend, and constants kept on the device."""
+be read on the host for an argument check, the largest entries of rows, writing entries into fresh
+rows, putting sorted rows back in order, scans that compile on every backend, and constants kept on
+the device."""
 
 from __future__ import annotations
 
@@ -114,6 +115,16 @@ def muladd_rows(terms: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, v
     if on_cpu(terms) and terms.numel() <= _MULADD_ENTRIES:
         return (terms * (scale if value == 1.0 else scale * value)).add_(shift)
     return torch.addcmul(shift, terms, scale, value=value)
+
+
+def put_rows(fresh: torch.Tensor, index: torch.Tensor, values: torch.Tensor | float, dim: int = -1) -> torch.Tensor:
+    """``fresh`` with ``values`` written at ``index`` along ``dim``, for a tensor the caller has just
+    made and owns: in place (no copy of the row), except inside a functorch transform (``vmap``),
+    where ``scatter_`` has no batching rule, and under ``torch.compile``, whose graphs are
+    functional anyway: there the out-of-place ``scatter``."""
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(fresh):
+        return torch.scatter(fresh, dim, index, values)
+    return fresh.scatter_(dim, index, values)
 
 
 def unsort(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:

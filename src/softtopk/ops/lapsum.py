@@ -43,7 +43,7 @@ import torch
 
 from . import lapsum_triton
 from ._function import Function
-from .compute import LOG2E, compute_dtype, constant, muladd_rows, row_dot, scan_rows, sort_rows, topk_rows
+from .compute import LOG2E, compute_dtype, constant, muladd_rows, put_rows, row_dot, scan_rows, sort_rows, topk_rows
 
 _WIDE = torch.float64
 _C = 300.0  # |a| clamp: e^{±C} and the products of the sums stay normal float64 numbers
@@ -140,7 +140,7 @@ def _assemble(base: torch.Tensor, terms, idx, top, scale, shift=None, negate=Fal
         rest = terms * scale
     else:
         rest = muladd_rows(terms, scale, 1 - shift, value=-1.0) if negate else muladd_rows(terms, scale, shift)
-    return torch.scatter(rest, -1, idx, top)  # out of place: vmap has a batching rule for it
+    return put_rows(rest, idx, top)
 
 
 class _LaplaceMask(Function):

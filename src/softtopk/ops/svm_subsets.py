@@ -10,7 +10,7 @@ import math
 import torch
 
 from ._function import Function
-from .compute import LOG2E, topk_rows
+from .compute import LOG2E, put_rows, topk_rows
 from .esf import largest_log_binomial
 
 SUBSET_K = 8  # the top k's polynomials by brute force over their 2^k subsets up to here
@@ -124,7 +124,7 @@ class _SmoothTopKRows(Function):
         scale, label, largest = 1.0 / (k * tau), label.unsqueeze(-1), torch.finfo(logits.dtype).max
         label_score = logits.gather(-1, label)
         # +inf scores enter as the largest finite one (the limits of extended_svm_rows)
-        others = logits.scatter(-1, label, -math.inf).clamp_max_(largest)  # out of place: vmap has a rule
+        others = put_rows(logits.clamp_max(largest), label, -math.inf)
         top, index = topk_rows(others, k)
         kth = top[:, -1:]
         # the top's entries at +inf (gradient 0); k of them: the loss is inf unless the label ties there
@@ -135,7 +135,7 @@ class _SmoothTopKRows(Function):
         # a kth at the most negative finite number makes its margin -inf (loss 0) and a label at
         # -inf's margin +inf (loss inf); neither needs a mask afterwards
         shift = kth.masked_fill(kth == -math.inf, 0.0)  # differences before scaling: exact for large scores
-        y = others.scatter(-1, index, -math.inf).sub_(shift).mul_(scale * LOG2E).exp2_()  # e^z (compute.LOG2E)
+        y = put_rows(others, index, -math.inf).sub_(shift).mul_(scale * LOG2E).exp2_()  # e^z (compute.LOG2E)
         t = torch.sub(top, shift).mul_(scale).clamp(0.0, FAR)  # out of place: vmap has a rule
         W = (t @ subsets).exp_()
         G = (t @ joins).view(-1, k + 1, k + 1).exp_().masked_fill_(upper, 0.0)  # exp(T_a - T_j), a <= j
@@ -177,9 +177,9 @@ class _SmoothTopKRows(Function):
         top = (rest[..., 0] - rest[..., 1]).mul_(c).masked_fill_(infinite, 0.0)
         # a label at +inf has gradient 0, and so has a row beaten by k classes at +inf (its tail and
         # top are cut above)
-        grad_logits = (acc * y).scatter(-1, index, top)  # out of place: vmap has batching rules for these
+        grad_logits = put_rows(acc * y, index, top)
         label_grad = c.neg().masked_fill_(fixed, 0.0)
-        return grad_logits.scatter(-1, label.unsqueeze(-1), label_grad), None, None, None, None
+        return put_rows(grad_logits, label.unsqueeze(-1), label_grad), None, None, None, None
 
 
 def smooth_topk_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: float, alpha: float) -> torch.Tensor:
