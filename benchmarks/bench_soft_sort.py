@@ -1,4 +1,4 @@
-"""Benchmark soft ranks and soft sorts (fwd+bwd) against ``torch.sort`` and torchsort.
+"""Benchmark soft ranks and soft sorts (fwd+bwd) against ``torch.sort``, torchsort and SoftTorch.
 
 Usage::
 
@@ -8,12 +8,18 @@ Usage::
 
 What one run measures: ``x = randn(batch, n)`` float32 with ``requires_grad``, one call and the
 backward of ``(out * g).sum()`` for a fixed random ``g`` (fwd+bwd). Candidates: ``torch.sort``
-(``values``), softtopk's ``soft_rank``/``soft_sort`` (l2 and kl, strength 1) and
-``torchsort.soft_rank``/``soft_sort`` when torchsort is importable (it needs a C++ build; recorded as
-missing otherwise). Per repeat every candidate is timed once, in an order rotated every repeat, so
-load from other processes hits all alike; the table gives the median over repeats and each
-candidate's median ratio to ``torch.sort`` timed in the same repeat. Accelerators are synchronised
-around each call.
+(``values``), softtopk's ``soft_rank``/``soft_sort`` (l2 and kl, strength 1),
+``torchsort.soft_rank``/``soft_sort`` (l2) when torchsort is importable (it needs a C++ build), and
+SoftTorch's ``rank``/``sort`` with ``method="fast_soft_sort"`` when it is importable (Python >= 3.12;
+its PAV is numba, row by row): ``mode="c0"`` is the same l2 projection (``standardize=False``, its
+``softness`` set to the same problem: ``(n - 1) ε`` for ranks, ``ε / (n - 1)`` for sorts, since its
+anchors are ``(0..n-1)/(n-1)``; its values then equal softtopk's to 1e-15 in float64), and
+``mode="smooth"`` its entropic projection at that softness (its own parameterisation: not the
+problem of softtopk's kl, whose values differ).
+A peer that is not importable is named in the header. Per repeat every candidate is timed once, in
+an order rotated every repeat, so load from other processes hits all alike; the table gives the
+median over repeats and each candidate's median ratio to ``torch.sort`` timed in the same repeat.
+Accelerators are synchronised around each call.
 """
 
 from __future__ import annotations
@@ -37,6 +43,13 @@ try:
 except ImportError as error:  # it compiles a C++ extension at install time
     torchsort, TORCHSORT_ERROR = None, f"{type(error).__name__}: {error}"
 
+try:
+    import softtorch
+
+    SOFTTORCH_ERROR = None
+except ImportError as error:  # Python >= 3.12, numba, POT and torchopt
+    softtorch, SOFTTORCH_ERROR = None, f"{type(error).__name__}: {error}"
+
 
 def candidates() -> dict:
     found = {
@@ -49,7 +62,23 @@ def candidates() -> dict:
     if torchsort is not None:
         found["torchsort.soft_rank l2"] = lambda x: torchsort.soft_rank(x)
         found["torchsort.soft_sort l2"] = lambda x: torchsort.soft_sort(x)
+    if softtorch is not None:
+        for mode, name in (("c0", "l2"), ("smooth", "kl")):
+            found[f"SoftTorch rank {name}"] = _softtorch(softtorch.rank, mode, rank=True)
+            found[f"SoftTorch sort {name}"] = _softtorch(softtorch.sort, mode, rank=False)
     return found
+
+
+def _softtorch(fn, mode: str, rank: bool):
+    """SoftTorch's fast_soft_sort on the problem of softtopk's strength 1 (module doc)."""
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[-1]
+        softness = (n - 1) if rank else 1.0 / max(n - 1, 1)
+        out = fn(x, dim=-1, softness=softness, mode=mode, method="fast_soft_sort", descending=False, standardize=False)
+        return out if rank else out.values
+
+    return call
 
 
 def time_once(fn, x: torch.Tensor, g: torch.Tensor) -> float:
@@ -86,14 +115,16 @@ def run(sizes: list[int], batch: int, repeats: int, device: str) -> list[dict]:
 
 
 def write_markdown(path: Path, rows: list[dict], args: argparse.Namespace) -> None:
-    info = machine_info("torchsort")
+    info = machine_info("torchsort", "softtorch")
     lines = [
         "# Soft sort and soft rank: fwd+bwd time",
         "",
         f"Command: `python benchmarks/bench_soft_sort.py {' '.join(sys.argv[1:])}`  ",
         f"Device: {args.device}; batch {args.batch}; {args.repeats} repeats; torch threads "
         f"{torch.get_num_threads()}; CPU {info['cpu_model']} ({info['logical_cpus']} logical); torch "
-        f"{info['torch']}; torchsort {info['torchsort'] or 'not installed (' + str(TORCHSORT_ERROR) + ')'}; "
+        f"{info['torch']}; Python {sys.version.split()[0]}; "
+        f"torchsort {info['torchsort'] or 'not installed (' + str(TORCHSORT_ERROR) + ')'}; "
+        f"SoftTorch {info['softtorch'] or 'not installed (' + str(SOFTTORCH_ERROR) + ')'}; "
         f"commit {info['git_commit']}{' (src dirty)' if info['git_src_dirty'] else ''}; {info['date']}; "
         f"load average at the end {os.getloadavg()[0]:.1f}.",
         "",

@@ -366,3 +366,22 @@ def test_error_messages(kwargs, error, message, name):
     with pytest.raises(error) as info:
         FNS[name][0](x, **kwargs)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("name", sorted(FNS))
+def test_l2_matches_softtorch_when_installed(name):
+    """SoftTorch's ``fast_soft_sort`` (``mode="c0"``) solves the same l2 projection with anchors
+    ``(0..n-1)/(n-1)``: softness ``(n - 1) ε`` for ranks, ``ε / (n - 1)`` for sorts."""
+    softtorch = pytest.importorskip("softtorch", reason="SoftTorch is not installed (it needs Python >= 3.12)")
+    n, strength = 40, 0.7
+    x = torch.tensor(_rows(n, seed=5, batch=6), requires_grad=True)
+    upstream = torch.tensor(_rows(n, seed=6, batch=6))
+    softness = (n - 1) * strength if name == "rank" else strength / (n - 1)
+    theirs = getattr(softtorch, name)(
+        x, dim=-1, softness=softness, mode="c0", method="fast_soft_sort", descending=False, standardize=False
+    )
+    theirs = theirs if name == "rank" else theirs.values
+    ours = FNS[name][0](x, strength=strength)
+    want, got = (torch.autograd.grad((out * upstream).sum(), x)[0] for out in (theirs, ours))
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
