@@ -148,6 +148,25 @@ def test_float32_magnitude_with_its_k_th_entry_far_below_lambda():
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize(
+    ("row", "k", "l", "p"),
+    [
+        # fewer than k nonzero magnitudes and a tiny λ: s_k = 0, whose saturation knot was NaN
+        # (σ³ = 1e-45 flushed to 0 in the cubic's q/σ³): every entry came out 0
+        ([0, 3.7e20, 0, 9e-4, 3e-11, 9e-26, 0, 0, 0], 5, 1e-30, 4 / 3),
+        # magnitudes near float32's largest: XLA divided by c = 1e38 as a product with 1/c, a
+        # subnormal flushed to 0, and every entry was kept
+        ([3e37, -3.7e37, 1.09e38, 3.6e37, 2.6e37, -9.7e37, 4.1e37, 1.07e38, 8.4e37], 2, 1e-6, 2.0),
+    ],
+)
+def test_float32_magnitude_at_the_ends_of_the_range(row, k, l, p):
+    """The float32 magnitude (no x64) where the scaled solve left float32's range: torch's values."""
+    x = np.array([row], np.float32)
+    got = np.asarray(sj.sparse_topk_mag(jnp.asarray(x), k, l=l, p=p))
+    want = softtopk.sparse_topk_mag(torch.tensor(x), k, l=l, p=p).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+
+
 def test_per_row_l_and_tau_and_k_agree():
     """Array λ (mask), τ and k (closed form), per row, with their gradients."""
     with jax.enable_x64(True):

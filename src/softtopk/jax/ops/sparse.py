@@ -44,10 +44,14 @@ def _nonnegative(v):
 
 def _cubic_root(p, q):
     """The real root of ``y³ + p y + q = 0`` for ``p >= 0`` (Cardano, two Newton steps), solved for
-    ``w = y/σ``, ``σ = max(√p, ∛|q|)``: coefficients of size 1, no overflow of ``p³`` or ``q²``."""
-    sigma = jnp.maximum(jnp.sqrt(p), jnp.cbrt(jnp.abs(q)))
+    ``w = y/σ``, ``σ = max(√p, ∛|q|)``: coefficients of size 1, no overflow of ``p³`` or ``q²``.
+    The coefficients are the powers of the ratios ``√p/σ`` and ``∛|q|/σ`` (at most 1): ``σ³`` itself
+    leaves float32 for ``σ`` below 2e-13 (0/0 at ``q = 0``: NaN) or above 7e12, and XLA rewrites
+    ``q/σ/σ/σ`` as ``q/σ³``."""
+    root_p, root_q = jnp.sqrt(p), jnp.cbrt(q)
+    sigma = jnp.maximum(root_p, jnp.abs(root_q))
     sigma = jnp.where(sigma > 0, sigma, 1.0)
-    p, q = p / sigma**2, q / sigma**3
+    p, q = (root_p / sigma) ** 2, (root_q / sigma) ** 3
     half = 0.5 * q
     disc = jnp.sqrt(half * half + p * p * p / 27.0)
     big = jnp.cbrt(-half - jnp.where(q >= 0, disc, -disc))
@@ -199,7 +203,8 @@ def _solve(vals, k, lam, r, magnitude):
     sk = _column(vals, k - 1)
     top = sk + lam * jnp.maximum(sk, 0) ** (1.0 / r)
     c = jnp.where((top > 0) & jnp.isfinite(top), top, 1.0)
-    theta = c * _solve_sorted(vals / c, k, lam * c ** (1.0 / r - 1.0), r, True)
+    # correctly rounded: XLA's vals * (1/c) flushes 1/c to 0 for c above 1/tiny (8.5e37)
+    theta = c * _solve_sorted(_divide(vals, c), k, lam * c ** (1.0 / r - 1.0), r, True)
     # a λ so large that λ³ leaves float32: θ underflows to its limit 0 (every entry kept)
     return jnp.where(jnp.isfinite(theta), theta, 0.0)
 
