@@ -272,7 +272,7 @@ def _mag_parts(x, lam, k, r, size):
     theta = threshold(lax.stop_gradient(s), k, jnp.full((x.shape[0], 1), lam), r, True, size).astype(x.dtype)
     positive = theta > 0
     scale = lam * jnp.maximum(theta, 0) ** (1.0 / r)
-    z = jnp.where(positive, (s - theta) / jnp.where(positive, scale, 1.0), jnp.inf)
+    z = jnp.where(positive, _divide(s - theta, jnp.where(positive, scale, 1.0)), jnp.inf)
     kept = theta * jnp.clip(z, 0, 1) ** r + jnp.maximum(s - theta, 0)
     return jnp.sign(x) * jnp.where(z >= 1, s, kept), theta, z
 
@@ -309,8 +309,10 @@ def _mag_jvp(r, size, primals, tangents):
     safe_theta = jnp.where(theta > 0, theta, 1.0)
     scale = lam * safe_theta ** (1.0 / r)
     zc = jnp.where(inside, z, 0.0)
-    e = jnp.where(inside, 1.0 / scale if r == 1 else r * zc * zc / scale, 0.0)
+    # e and eb of the torch backward times the scale λ θ^{1/r}: 1/scale is subnormal (0 in XLA)
+    # for a scale above 8.5e37, where θ e = (θ/scale) ê is not
+    e = jnp.where(inside, 1.0 if r == 1 else r * zc * zc, 0.0)
     eb = jnp.sum(e, -1, keepdims=True) + scale / (r * safe_theta) * jnp.sum(e * zc, -1, keepdims=True)
-    weight = (z > 0).astype(x.dtype) + theta * e
+    weight = (z > 0).astype(x.dtype) + jnp.where(inside, _divide(theta, scale) * e, 0.0)
     shared = jnp.sum(e * ds, -1, keepdims=True) / jnp.where(eb > 0, eb, 1.0)
     return out, sign * (weight * ds - jnp.where(inside, weight, 0.0) * shared)
