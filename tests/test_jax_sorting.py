@@ -146,3 +146,14 @@ def test_bfloat16_is_computed_in_float32():
         np.testing.assert_allclose(
             np.asarray(got, np.float64), want.double().numpy(), rtol=1e-2, atol=1e-2 * float(want.abs().max())
         )
+
+
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+def test_ranks_where_x_over_strength_is_beyond_float64(reg):
+    """``|x/ε|`` past float64's largest (NaN) or far above ``2^53`` (ties got distinct ranks): the
+    exact ranks, as torch's (tests/test_soft_sort_extremes.py). One shape, the strength per row."""
+    x = np.array([[1e300, -1e300, 0.0, 5.0], [3e37, 3e37, 3e37, 3e37], [2.0, 1.0, 1.0, 0.0]])
+    want = np.array([[4.0, 1.0, 2.0, 3.0], [2.5, 2.5, 2.5, 2.5], [4.0, 2.5, 2.5, 1.0]])
+    with jax.enable_x64(True):
+        got = sj.soft_rank(jnp.asarray(x), regularization=reg, strength=jnp.asarray([1e-10, 1.0, 1e-16]))
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12)

@@ -148,6 +148,38 @@ def test_float32_magnitude_with_its_k_th_entry_far_below_lambda():
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize(
+    ("row", "k", "l", "p"),
+    [
+        # fewer than k nonzero magnitudes and a tiny λ: s_k = 0, whose saturation knot was NaN
+        # (σ³ = 1e-45 flushed to 0 in the cubic's q/σ³): every entry came out 0
+        ([0, 3.7e20, 0, 9e-4, 3e-11, 9e-26, 0, 0, 0], 5, 1e-30, 4 / 3),
+        # magnitudes near float32's largest: XLA divided by c = 1e38 as a product with 1/c, a
+        # subnormal flushed to 0, and every entry was kept
+        ([3e37, -3.7e37, 1.09e38, 3.6e37, 2.6e37, -9.7e37, 4.1e37, 1.07e38, 8.4e37], 2, 1e-6, 2.0),
+    ],
+)
+def test_float32_magnitude_at_the_ends_of_the_range(row, k, l, p):
+    """The float32 magnitude (no x64) where the scaled solve left float32's range: torch's values."""
+    x = np.array([row], np.float32)
+    got = np.asarray(sj.sparse_topk_mag(jnp.asarray(x), k, l=l, p=p))
+    want = softtopk.sparse_topk_mag(torch.tensor(x), k, l=l, p=p).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+
+
+def test_float32_magnitude_with_a_scale_above_the_reciprocal_of_tiny():
+    """p = 2 magnitude with ``λ θ`` of 1e38: XLA multiplied by ``1/(λ θ)``, a subnormal flushed to 0,
+    so the kept entries lost their ``θ u`` (half their value) and the derivative its ``1/(λ θ)``."""
+    row = np.array([[5.6e36, -1.42e38, 1.63e38, -6.5e36, -1.17e38, 1.58e37, 4.9e36, -4.6e37, 1.4e37]], np.float32)
+    cotangent = np.random.default_rng(0).standard_normal(row.shape).astype(np.float32)
+    got, vjp = jax.vjp(lambda x: sj.sparse_topk_mag(x, 1, l=1.0, p=2), jnp.asarray(row))
+    leaf = torch.tensor(row, requires_grad=True)
+    want = softtopk.sparse_topk_mag(leaf, 1, l=1.0, p=2)
+    (want_grad,) = torch.autograd.grad(want, leaf, torch.tensor(cotangent))
+    np.testing.assert_allclose(np.asarray(got), want.detach().numpy(), rtol=1e-6, atol=0)
+    np.testing.assert_allclose(np.asarray(vjp(jnp.asarray(cotangent))[0]), want_grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_per_row_l_and_tau_and_k_agree():
     """Array λ (mask), τ and k (closed form), per row, with their gradients."""
     with jax.enable_x64(True):

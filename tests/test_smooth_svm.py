@@ -343,3 +343,22 @@ def test_errors_name_the_argument():
         smooth_topk_svm(s, y, k=2, reduction="avg")
     with pytest.raises(ValueError, match="input must have shape"):
         smooth_topk_svm(s[0], y[0], k=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tau", [1e-3, 1e-20])
+@pytest.mark.parametrize(
+    ("fn", "k"), [(smooth_top1_svm, 1), (smooth_topk_svm, 1), (smooth_topk_svm, 2), (smooth_topk_svm, 10)]
+)
+def test_a_small_tau_on_scores_near_the_largest_keeps_a_representable_loss_finite(fn, k, tau, dtype):
+    """Scores near the dtype's largest over a small ``tau``: the margin ``(s_[k] - s_y)/(k tau)``
+    overflows, the loss (about the hard hinge) does not; it was ``inf`` (k = 1, 2 the subset kernel,
+    10 the log-space one)."""
+    big = torch.finfo(dtype).max / 10
+    x = torch.tensor([[big, -big, 0.5 * big, 0.1] + [0.0] * 12], dtype=dtype, requires_grad=True)
+    target = torch.tensor([1])
+    loss = fn(x, target, tau=tau, reduction="none", **({} if fn is smooth_top1_svm else {"k": k}))
+    (grad,) = torch.autograd.grad(loss.sum(), x)
+    torch.testing.assert_close(loss, topk_svm(x.detach(), target, k=k, reduction="none"))
+    assert grad.isfinite().all()
+    assert abs(grad[0, 1].item() + 1.0 / k) < 1e-6 and grad.sum().abs() < 1e-4

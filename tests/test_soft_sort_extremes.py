@@ -44,3 +44,27 @@ def test_extreme_scales_and_strengths(reg, scale, strength, monkeypatch):
     assert values.isfinite().all() and grad.isfinite().all()
     assert (values.diff(dim=-1) >= -1e-9 * scale).all()
     torch.testing.assert_close(fixed, values, rtol=1e-9, atol=1e-9 * scale)
+
+
+@pytest.mark.parametrize("reg", ["l2", "kl"])
+@pytest.mark.parametrize(
+    ("row", "strength", "want"),
+    [
+        ([1e300], 1e-10, [1.0]),  # x/ε overflowed: NaN
+        ([1e300, -1e300, 0.0], 1e-10, [3.0, 1.0, 2.0]),
+        ([3e37, 3e37, 3e37], 1.0, [2.0, 2.0, 2.0]),  # x/ε - w lost w: the ties got ranks 3, 2, 1
+        ([2.0, 1.0, 1.0, 0.0, 1.0], 1e-16, [5.0, 3.0, 3.0, 1.0, 3.0]),  # l2 summed to 11, kl to 9
+        ([2.0, float("inf"), 1.0, float("-inf"), 1.0], 1e-16, [4.0, 5.0, 2.5, 1.0, 2.5]),
+    ],
+)
+def test_ranks_where_x_over_strength_is_beyond_float64(reg, row, strength, want, monkeypatch):
+    """``|x/ε|`` far above ``2^53`` or past float64's largest: the exact ranks (ties share theirs),
+    finite gradients, on both solvers."""
+    x = torch.tensor([row], dtype=torch.float64)
+    ranks, grad, fixed = _both_paths(
+        lambda t: softtopk.soft_rank(t, regularization=reg, strength=strength), x, monkeypatch
+    )
+    want = torch.tensor([want], dtype=torch.float64)
+    torch.testing.assert_close(ranks, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fixed, want, rtol=1e-12, atol=1e-12)
+    assert grad.isfinite().all()

@@ -79,6 +79,21 @@ def _solve(
     return isotonic_kl(y, lw), y - lw
 
 
+def _relative(s: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
+    """``θ = s/ε`` of the decreasing rows ``s`` up to a constant on each run of entries whose gaps
+    ``(s_i - s_{i+1})/ε`` stay below ``2n + 2``: minus the cumulative sum of the gaps, each clamped
+    there (``±inf`` entries stay ``±inf``). A block of the isotonic solution never spans a gap above
+    ``n - 1`` (l2) or ``3 log n`` (kl), and the ranks are invariant to a constant added to a run of
+    whole blocks, so they are those of ``s/ε``; but ``s/ε`` itself loses ``w`` once it is far above
+    ``2^53`` (ties then get distinct ranks, a row's ranks no longer sum to ``n(n+1)/2``) and
+    overflows for ``|s| > 1.8e308 ε`` (NaN), while the clamped sums stay below ``n(2n + 2)``."""
+    gaps = (s[:, :-1] - s[:, 1:]) / eps
+    bound = 2.0 * s.shape[-1] + 2.0
+    gaps = torch.where(gaps < bound, gaps, bound)  # inf (overflow, ±inf entries) and NaN to the bound
+    theta = torch.nn.functional.pad(gaps.cumsum(-1).neg(), (1, 0))
+    return torch.where(s.isfinite(), theta, s)
+
+
 def _weights(rows: torch.Tensor) -> torch.Tensor:
     """``w = (n, n-1, ..., 1)`` in float64 for rows ``(B, n)``, on their device."""
     return torch.arange(rows.shape[-1], 0, -1, device=rows.device, dtype=torch.float64)
@@ -106,7 +121,7 @@ class SoftRankFn(Function):
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
         s, perm, nan = _sorted(x, sign, plain)
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
-        theta = s / eps64
+        theta = _relative(s, eps64)
         w = _weights(s)
         # r = θ - v (l2) or exp(θ - v) (kl), written through v - base, exactly 0 on unpooled
         # points (their ranks are then w exactly, whatever the magnitude of θ)

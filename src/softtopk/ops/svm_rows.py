@@ -10,7 +10,7 @@ import torch
 
 from .compute import topk_rows
 from .esf import log_esf_of_split
-from .svm_subsets import FAR, fits_subset_path, smooth_topk_rows
+from .svm_subsets import FAR, fits_subset_path, smooth_topk_rows, svm_softplus
 
 
 def split_label(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -74,21 +74,24 @@ def _log_space_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau: 
     top_values = (top_scores - shift).mul_(scale).clamp_(0.0, FAR).masked_fill_(~enough.unsqueeze(-1), 0.0)
     rest = others.scatter(-1, top_index, -math.inf).sub_(shift).mul_(scale)
     log_e = log_esf_of_split(top_values, rest, k)[:, k - 1 :]  # log e_{k-1}, log e_k
-    margin = alpha / tau + (log_e[:, 1] - log_e[:, 0]) + half_gap(shift.squeeze(-1), label_score) * (2 * scale)
-    # softplus as logaddexp: nn.functional.softplus returns x above 20 (an error of tau e^-20)
-    loss = tau * torch.logaddexp(margin, torch.zeros_like(margin))
+    loss = svm_softplus(log_e[:, 1] - log_e[:, 0], half_gap(shift.squeeze(-1), label_score) * (2.0 / k), tau, alpha)[0]
     return loss.masked_fill(~enough, 0.0).masked_fill(masked, math.inf)
 
 
 def smooth_top1_svm_rows(logits: torch.Tensor, label: torch.Tensor, tau: float, alpha: float) -> torch.Tensor:
     label_score, others, masked = split_label(logits, label)
-    # tau * log(1 + sum_{j != y} exp((alpha + s_j - s_y) / tau)); the 1 is the label's own term
-    gaps = half_gap(others, label_score.unsqueeze(-1)).mul_(2.0 / tau).add_(alpha / tau)
-    # a gap beyond the dtype (scores near its largest) overflows the loss: inf with gradient 0 (an
-    # infinite term would make logsumexp's gradient NaN)
-    bound = torch.finfo(gaps.dtype).max / 4
-    lse = torch.logsumexp(torch.cat([gaps.clamp_max(bound), torch.zeros_like(others[:, :1])], -1), dim=-1)
-    return (tau * lse).masked_fill((lse >= bound) | masked, math.inf)
+    # tau * log(1 + sum_{j != y} exp(d_j / tau)), d_j = alpha + s_j - s_y; the 1 is the label's own
+    # term. With m = max(0, max d) it is m + tau * log(e^(-m/tau) + sum_j e^((d_j - m)/tau)), whose
+    # exponents are <= 0: finite whenever the loss is, for any tau (d/tau may overflow). A d_j beyond
+    # the dtype (scores near its largest) is an infinite loss, with gradient 0 (an infinite term
+    # would make the gradient NaN)
+    largest = torch.finfo(others.dtype).max
+    gaps = half_gap(others, label_score.unsqueeze(-1)).mul_(2.0).add_(alpha)
+    beyond = (gaps == math.inf).any(-1)
+    gaps = gaps.clamp_max(largest)
+    m = gaps.amax(-1, keepdim=True).clamp_min(0.0).detach()
+    lse = torch.logsumexp(torch.cat([(gaps - m) / tau, -m / tau], -1), dim=-1)
+    return (m.squeeze(-1) + tau * lse).masked_fill(beyond | masked, math.inf)
 
 
 def hard_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, alpha: float) -> torch.Tensor:

@@ -57,6 +57,19 @@ def _subset_tables(k: int, dtype: torch.dtype, device: torch.device) -> tuple[to
     return tables
 
 
+def svm_softplus(
+    ratio: torch.Tensor, hinge: torch.Tensor, tau: float, alpha: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss ``tau softplus(m)`` and the margin ``m = ratio + (alpha + hinge)/tau`` of rows with
+    ``ratio = log e_k - log e_{k-1}`` and ``hinge = (s_[k] - s_y)/k`` in the units of the scores.
+    Above ``m = 50`` (where softplus is ``m`` to ``e^-50``; the default threshold 20 would cut at
+    ``e^-20``) the loss is ``tau ratio + alpha + hinge``: finite whenever it is representable, even
+    where ``m`` overflows (scores near the dtype's largest over a small ``tau``)."""
+    margin = ratio + (alpha + hinge) / tau
+    soft = torch.nn.functional.softplus(margin.clamp_max(50.0), threshold=50.0) * tau
+    return torch.where(margin > 50.0, tau * ratio + (alpha + hinge), soft), margin
+
+
 def _newton_esf(y: torch.Tensor, degree: int) -> torch.Tensor:
     """``e_b(y)``, ``b = 0..degree``, of values ``y`` in ``[0, 1]`` from the power sums
     ``p_m = Σ y^m`` in float64: Newton's identities ``b e_b = Σ_{m=1}^{b} (-1)^{m-1} p_m e_{b-m}`` as
@@ -143,9 +156,7 @@ class _SmoothTopKRows(Function):
         e = ((W @ by_size).unsqueeze(-2) @ GE).squeeze(-2)
         # (kth - label) halved first: finite for any finite scores, with the same rounding
         gap = torch.add(kth.clamp_min(-largest).mul_(0.5), label_score.clamp_max(largest), alpha=-0.5)
-        margin = torch.log(e[:, k] / e[:, k - 1]).add_(gap.squeeze(-1), alpha=2 * scale).add_(alpha / tau)
-        # softplus exact to e^-50 (the default threshold 20 would cut at e^-20)
-        loss = torch.nn.functional.softplus(margin, threshold=50.0).mul_(tau)
+        loss, margin = svm_softplus(torch.log(e[:, k] / e[:, k - 1]), gap.squeeze(-1) * (2.0 / k), tau, alpha)
         loss = torch.where(beaten.squeeze(-1), loss + math.inf, loss)  # a NaN row stays NaN
         return loss, margin, y, index, G, W, GE, e, infinite, infinite[:, -1:] | label_inf
 

@@ -60,6 +60,18 @@ def _solve(y: jax.Array, lw: jax.Array | None, finite: jax.Array, top: jax.Array
     return isotonic_kl(y, lw), y - lw
 
 
+def _relative(s: jax.Array, eps: jax.Array) -> jax.Array:
+    """``s/ε`` of the decreasing rows ``s`` up to a constant on each run of gaps below ``2n + 2``:
+    minus the cumulative sum of the gaps ``(s_i - s_{i+1})/ε``, each clamped there (``±inf`` stay).
+    The ranks are those of ``s/ε`` (no block spans such a gap), without its loss of ``w`` far above
+    ``2^53`` or its overflow (the torch kernel's ``_relative``)."""
+    gaps = (s[:, :-1] - s[:, 1:]) / eps
+    bound = 2.0 * s.shape[-1] + 2.0
+    gaps = jnp.where(gaps < bound, gaps, bound)  # inf (overflow, ±inf entries) and NaN to the bound
+    theta = jnp.pad(-jnp.cumsum(gaps, -1), ((0, 0), (1, 0)))
+    return jnp.where(jnp.isfinite(s), theta, s / eps)
+
+
 def _weights(n: int, dtype) -> jax.Array:
     return jnp.arange(n, 0, -1, dtype=dtype)
 
@@ -79,7 +91,7 @@ def _softmax_blocks(z: jax.Array, ids: jax.Array, first: jax.Array) -> jax.Array
 def _rank_parts(x: jax.Array, eps: jax.Array, sign: float, kl: bool):
     s, perm, inverse, nan = _sorted(x, sign)
     n = s.shape[-1]
-    theta = s / eps
+    theta = _relative(s, eps)
     w = _weights(n, s.dtype)
     finite = jnp.isfinite(theta)
     top = theta > 0

@@ -44,10 +44,14 @@ def _nonnegative(v):
 
 def _cubic_root(p, q):
     """The real root of ``y³ + p y + q = 0`` for ``p >= 0`` (Cardano, two Newton steps), solved for
-    ``w = y/σ``, ``σ = max(√p, ∛|q|)``: coefficients of size 1, no overflow of ``p³`` or ``q²``."""
-    sigma = jnp.maximum(jnp.sqrt(p), jnp.cbrt(jnp.abs(q)))
+    ``w = y/σ``, ``σ = max(√p, ∛|q|)``: coefficients of size 1, no overflow of ``p³`` or ``q²``.
+    The coefficients are the powers of the ratios ``√p/σ`` and ``∛|q|/σ`` (at most 1): ``σ³`` itself
+    leaves float32 for ``σ`` below 2e-13 (0/0 at ``q = 0``: NaN) or above 7e12, and XLA rewrites
+    ``q/σ/σ/σ`` as ``q/σ³``."""
+    root_p, root_q = jnp.sqrt(p), jnp.cbrt(q)
+    sigma = jnp.maximum(root_p, jnp.abs(root_q))
     sigma = jnp.where(sigma > 0, sigma, 1.0)
-    p, q = p / sigma**2, q / sigma**3
+    p, q = (root_p / sigma) ** 2, (root_q / sigma) ** 3
     half = 0.5 * q
     disc = jnp.sqrt(half * half + p * p * p / 27.0)
     big = jnp.cbrt(-half - jnp.where(q >= 0, disc, -disc))
@@ -199,7 +203,8 @@ def _solve(vals, k, lam, r, magnitude):
     sk = _column(vals, k - 1)
     top = sk + lam * jnp.maximum(sk, 0) ** (1.0 / r)
     c = jnp.where((top > 0) & jnp.isfinite(top), top, 1.0)
-    theta = c * _solve_sorted(vals / c, k, lam * c ** (1.0 / r - 1.0), r, True)
+    # correctly rounded: XLA's vals * (1/c) flushes 1/c to 0 for c above 1/tiny (8.5e37)
+    theta = c * _solve_sorted(_divide(vals, c), k, lam * c ** (1.0 / r - 1.0), r, True)
     # a λ so large that λ³ leaves float32: θ underflows to its limit 0 (every entry kept)
     return jnp.where(jnp.isfinite(theta), theta, 0.0)
 
@@ -267,7 +272,7 @@ def _mag_parts(x, lam, k, r, size):
     theta = threshold(lax.stop_gradient(s), k, jnp.full((x.shape[0], 1), lam), r, True, size).astype(x.dtype)
     positive = theta > 0
     scale = lam * jnp.maximum(theta, 0) ** (1.0 / r)
-    z = jnp.where(positive, (s - theta) / jnp.where(positive, scale, 1.0), jnp.inf)
+    z = jnp.where(positive, _divide(s - theta, jnp.where(positive, scale, 1.0)), jnp.inf)
     kept = theta * jnp.clip(z, 0, 1) ** r + jnp.maximum(s - theta, 0)
     return jnp.sign(x) * jnp.where(z >= 1, s, kept), theta, z
 
@@ -304,8 +309,10 @@ def _mag_jvp(r, size, primals, tangents):
     safe_theta = jnp.where(theta > 0, theta, 1.0)
     scale = lam * safe_theta ** (1.0 / r)
     zc = jnp.where(inside, z, 0.0)
-    e = jnp.where(inside, 1.0 / scale if r == 1 else r * zc * zc / scale, 0.0)
+    # e and eb of the torch backward times the scale λ θ^{1/r}: 1/scale is subnormal (0 in XLA)
+    # for a scale above 8.5e37, where θ e = (θ/scale) ê is not
+    e = jnp.where(inside, 1.0 if r == 1 else r * zc * zc, 0.0)
     eb = jnp.sum(e, -1, keepdims=True) + scale / (r * safe_theta) * jnp.sum(e * zc, -1, keepdims=True)
-    weight = (z > 0).astype(x.dtype) + theta * e
+    weight = (z > 0).astype(x.dtype) + jnp.where(inside, _divide(theta, scale) * e, 0.0)
     shared = jnp.sum(e * ds, -1, keepdims=True) / jnp.where(eb > 0, eb, 1.0)
     return out, sign * (weight * ds - jnp.where(inside, weight, 0.0) * shared)
