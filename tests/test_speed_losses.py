@@ -41,10 +41,11 @@ LOSSES = {
 # launches of one fwd+bwd with the value checks off (as on an accelerator); top-k CE's network
 # sweep belongs to ops/sorting_networks.py and is counted apart (see test_topk_ce_outside_the_network)
 # (the issue's budgets: smooth top-k SVM <= 32, noised <= 24; these caps are what the code reaches)
-# (the SVMs' limits at +inf logits, their overflow-free gaps and NaN rows cost 20, 14 and 10 of theirs)
+# (the SVMs' limits at +inf logits, their overflow-free gaps and NaN rows cost 20, 14 and 10 of theirs;
+# a loss finite wherever it is representable, also when its margin overflows, 4 of each smooth one)
 BUDGETS = {
-    "smooth_topk_svm": 90,
-    "smooth_top1_svm": 62,
+    "smooth_topk_svm": 94,
+    "smooth_top1_svm": 66,
     "topk_svm": 57,
     "bal_noised": 32,
     "imbal_noised": 36,

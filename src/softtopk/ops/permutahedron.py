@@ -79,19 +79,21 @@ def _solve(
     return isotonic_kl(y, lw), y - lw
 
 
-def _relative(s: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
+def _relative(s: torch.Tensor, eps: float | torch.Tensor, plain: bool) -> torch.Tensor:
     """``θ = s/ε`` of the decreasing rows ``s`` up to a constant on each run of entries whose gaps
     ``(s_i - s_{i+1})/ε`` stay below ``2n + 2``: minus the cumulative sum of the gaps, each clamped
     there (``±inf`` entries stay ``±inf``). A block of the isotonic solution never spans a gap above
     ``n - 1`` (l2) or ``3 log n`` (kl), and the ranks are invariant to a constant added to a run of
     whole blocks, so they are those of ``s/ε``; but ``s/ε`` itself loses ``w`` once it is far above
     ``2^53`` (ties then get distinct ranks, a row's ranks no longer sum to ``n(n+1)/2``) and
-    overflows for ``|s| > 1.8e308 ε`` (NaN), while the clamped sums stay below ``n(2n + 2)``."""
-    gaps = (s[:, :-1] - s[:, 1:]) / eps
+    overflows for ``|s| > 1.8e308 ε`` (NaN), while the clamped sums stay below ``n(2n + 2)``.
+    ``plain``: the rows are finite (no ``inf - inf`` gap, no infinite entry to keep)."""
     bound = 2.0 * s.shape[-1] + 2.0
-    gaps = torch.where(gaps < bound, gaps, bound)  # inf (overflow, ±inf entries) and NaN to the bound
-    theta = torch.nn.functional.pad(gaps.cumsum(-1).neg(), (1, 0))
-    return torch.where(s.isfinite(), theta, s)
+    steps = torch.diff(s, dim=-1).div_(eps)  # -gaps, <= 0; -inf where a difference overflows
+    if not plain:  # inf - inf between two +inf (or -inf) entries
+        steps = steps.nan_to_num_(nan=-bound)
+    theta = torch.nn.functional.pad(steps.clamp_min(-bound), (1, 0)).cumsum(-1)  # vmap: no rule for clamp_
+    return theta if plain else torch.where(s.isfinite(), theta, s)
 
 
 def _weights(rows: torch.Tensor) -> torch.Tensor:
@@ -121,7 +123,7 @@ class SoftRankFn(Function):
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
         s, perm, nan = _sorted(x, sign, plain)
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
-        theta = _relative(s, eps64)
+        theta = _relative(s, eps64, plain)
         w = _weights(s)
         # r = θ - v (l2) or exp(θ - v) (kl), written through v - base, exactly 0 on unpooled
         # points (their ranks are then w exactly, whatever the magnitude of θ)

@@ -85,13 +85,12 @@ def smooth_top1_svm_rows(logits: torch.Tensor, label: torch.Tensor, tau: float, 
     # exponents are <= 0: finite whenever the loss is, for any tau (d/tau may overflow). A d_j beyond
     # the dtype (scores near its largest) is an infinite loss, with gradient 0 (an infinite term
     # would make the gradient NaN)
-    largest = torch.finfo(others.dtype).max
     gaps = half_gap(others, label_score.unsqueeze(-1)).mul_(2.0).add_(alpha)
-    beyond = (gaps == math.inf).any(-1)
-    gaps = gaps.clamp_max(largest)
-    m = gaps.amax(-1, keepdim=True).clamp_min(0.0).detach()
-    lse = torch.logsumexp(torch.cat([(gaps - m) / tau, -m / tau], -1), dim=-1)
-    return (m.squeeze(-1) + tau * lse).masked_fill(beyond | masked, math.inf)
+    beyond = gaps.amax(-1) == math.inf
+    terms = torch.nn.functional.pad(gaps.clamp_max(torch.finfo(gaps.dtype).max), (0, 1))  # the label's 0
+    m = terms.amax(-1, keepdim=True).detach()  # >= 0
+    lse = torch.logsumexp(terms.sub(m).div_(tau), dim=-1)
+    return torch.add(m.squeeze(-1), lse, alpha=tau).masked_fill(beyond | masked, math.inf)
 
 
 def hard_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, alpha: float) -> torch.Tensor:

@@ -65,9 +65,10 @@ def svm_softplus(
     Above ``m = 50`` (where softplus is ``m`` to ``e^-50``; the default threshold 20 would cut at
     ``e^-20``) the loss is ``tau ratio + alpha + hinge``: finite whenever it is representable, even
     where ``m`` overflows (scores near the dtype's largest over a small ``tau``)."""
-    margin = ratio + (alpha + hinge) / tau
-    soft = torch.nn.functional.softplus(margin.clamp_max(50.0), threshold=50.0) * tau
-    return torch.where(margin > 50.0, tau * ratio + (alpha + hinge), soft), margin
+    shifted = hinge + alpha
+    margin = torch.add(ratio, shifted, alpha=1.0 / tau)
+    soft = torch.nn.functional.softplus(margin, threshold=50.0) * tau  # m itself above 50: no NaN at inf
+    return torch.where(margin > 50.0, torch.add(shifted, ratio, alpha=tau), soft), margin
 
 
 def _newton_esf(y: torch.Tensor, degree: int) -> torch.Tensor:
