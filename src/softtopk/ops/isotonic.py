@@ -61,11 +61,11 @@ def _segment_lse(values: torch.Tensor, group: torch.Tensor, keep: torch.Tensor, 
     ``keep`` is set, ``size`` groups (flat), relative to each group's first value; where that
     overflows (a later value far above the first), relative to the group's maximum."""
     top = values.masked_select(keep)
-    total = values.new_zeros(size).index_add(0, group, (values - top.index_select(0, group)).exp())
+    total = values.new_zeros(size).index_add_(0, group, (values - top.index_select(0, group)).exp())
     if not bool(total.isfinite().all()):
         top = values.new_full((size,), -torch.inf).scatter_reduce(0, group, values, "amax")
         top = torch.where(top.isfinite(), top, 0.0)
-        total = values.new_zeros(size).index_add(0, group, (values - top.index_select(0, group)).exp())
+        total = values.new_zeros(size).index_add_(0, group, (values - top.index_select(0, group)).exp())
     return top + total.log()
 
 
@@ -106,7 +106,7 @@ def _absorbed(value: torch.Tensor, agg: tuple[torch.Tensor, ...], size: torch.Te
     reach = torch.where(valid, pooled, torch.inf).argmin(-1)  # blocks b - reach .. b pool
     one = torch.ones_like(right)
     edges = torch.zeros(value.shape[0] + 1, dtype=torch.long, device=value.device)
-    edges = edges.index_add(0, right - reach + 1, one).index_add(0, right + 1, -one)
+    edges = edges.index_add_(0, right - reach + 1, one).index_add_(0, right + 1, -one)
     return edges.cumsum(0)[:-1] == 0  # not inside (b - reach, b]
 
 
@@ -165,11 +165,11 @@ def _pooled_runs(y: torch.Tensor, lw: torch.Tensor | None, rounds: int | None = 
             keep = first | torch.cat([first[:1], value[:-1] > value[1:]])
             if bool(keep.all()):
                 return solution(value)
-        group = keep.long().cumsum(0) - 1
+        group = keep.cumsum(0) - 1
         count = int(group[-1]) + 1
-        size = size.new_zeros(count).index_add(0, group, size)
+        size = size.new_zeros(count).index_add_(0, group, size)
         if lw is None or ratio:
-            agg = tuple(a.new_zeros(count).index_add(0, group, a) for a in agg)
+            agg = tuple(a.new_zeros(count).index_add_(0, group, a) for a in agg)
         else:
             agg = tuple(_segment_lse(a, group, keep, count) for a in agg)
         first = first.masked_select(keep)
