@@ -5,8 +5,9 @@ Backend: ``aot_eager`` for the matrix below. Inductor compiles everything here t
 2-core CPU it takes ~10-30 s per case (bitonic ~30 s, splitter_selection ~20 s), which does not fit
 the test-time budget; ``fullgraph=True`` failures (graph breaks) come from Dynamo tracing, which is
 the same for every backend, and ``aot_eager`` also runs AOTAutograd (functionalisation and the
-traced backward). Two inductor cases (NeuralSort soft_topk, and a 4-class bitonic
-TopKCrossEntropyLoss through the sweeps' autograd.Function) check the default backend end to end.
+traced backward). Three inductor cases (NeuralSort soft_topk, a 4-class bitonic
+TopKCrossEntropyLoss through the sweeps' autograd.Function, and the smooth top-k SVM's subset
+kernel) check the default backend end to end.
 """
 
 from __future__ import annotations
@@ -88,6 +89,16 @@ def test_network_loss_fullgraph_inductor():
         return torch.randn(5, 4, generator=g), torch.randint(0, 4, (5,), generator=g)
 
     _check_compiled_matches_eager(loss, make_inputs, backend="inductor")
+
+
+def test_smooth_svm_fullgraph_inductor():
+    """The default backend on the smooth top-k SVM's subset kernel (``k <= 8``), whose Toeplitz
+    expansion once failed in Inductor's code generation on the CPU."""
+
+    def make_inputs(g):
+        return torch.randn(6, 12, generator=g), torch.randint(0, 12, (6,), generator=g)
+
+    _check_compiled_matches_eager(softtopk.SmoothTopKSVM(k=3, tau=0.5), make_inputs, backend="inductor")
 
 
 @pytest.mark.parametrize("loss", [softtopk.SmoothTopKSVM(k=3, tau=0.5), softtopk.TopKSVM(k=3)])

