@@ -153,7 +153,7 @@ class _LaplaceMask(Function):
         idx, terms, (m_top, d_top, scale, shift, d_scale), ref, drop = _solve(x, tau, k, big, negate)
         d = _assemble(x, terms, idx, d_top, d_scale)
         if hard:
-            mask = torch.zeros_like(x).scatter_(-1, x.topk(hard, -1).indices, 1.0)
+            mask = put_rows(torch.zeros_like(x), x.topk(hard, -1).indices, 1.0)
         else:
             mask = _assemble(x, terms, idx, m_top, scale, shift, negate)
         return mask, d, ref, drop
