@@ -59,12 +59,14 @@ def test_version_prints_the_installed_version():
 
 
 def test_library_depends_on_torch_only_and_the_lab_extra_brings_the_tools():
-    """torch is the "torch" extra (softtopk.jax needs none); the lab and the tests bring it."""
+    """torch is the "torch" extra (softtopk.jax needs none); the lab and the tests bring it, the tests
+    numba too."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     assert project["dependencies"] == [] and len(extras["torch"]) == 1 and extras["torch"][0].startswith("torch")
     assert {"softtopk[torch]", "numpy", "tqdm", "matplotlib"} <= set(extras["lab"])
-    assert "softtopk[torch]" in extras["test"] and not any("torch" in need for need in extras["jax"])
+    assert "softtopk[torch,numba]" in extras["test"] and not any("torch" in need for need in extras["jax"])
+    assert [need.split(">")[0] for need in extras["numba"]] == ["numba"]  # the CPU PAV kernels, optional
     assert project["scripts"] == {"softtopk": "softtopk_lab.cli:main"}
     assert "[project.urls]" not in (ROOT / "pyproject.toml").read_text()
 

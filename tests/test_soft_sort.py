@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 import permutahedron_reference as R
 import softtopk
 from dispatch_counter import count_call
-from softtopk.ops import isotonic, permutahedron
+from softtopk.ops import isotonic, isotonic_numba, permutahedron
 from softtopk.ops.isotonic import isotonic_kl, isotonic_l2, levels_kl, levels_l2
 
+# the three solvers: numba's PAV on a CPU tensor (where numba is installed), the CPU rounds of
+# tensor operations (no numba), the fixed-shape level merges (accelerators, compile, vmap)
+PATHS = ["cpu-pav", "cpu-rounds", "fixed-levels"]
 FNS = {"rank": (softtopk.soft_rank, R.soft_rank_1d), "sort": (softtopk.soft_sort, R.soft_sort_1d)}
 INF = float("inf")
 
@@ -29,10 +32,9 @@ def _rows(n: int, seed: int, batch: int = 4, scale: float = 2.0) -> np.ndarray:
 @pytest.mark.parametrize("strength", [0.1, 1.0, 10.0])
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("n", [1, 2, 5, 13, 33])
-@pytest.mark.parametrize("path", ["cpu-rounds", "fixed-levels"])
+@pytest.mark.parametrize("path", PATHS)
 def test_matches_oracle_values_and_gradients(name, reg, strength, descending, n, path, monkeypatch):
-    if path == "fixed-levels":
-        _no_reads(monkeypatch)
+    _take(path, monkeypatch)
     fn, ref = FNS[name]
     x = _rows(n, seed=n)
     upstream = np.random.default_rng(n + 1).normal(size=x.shape)
@@ -65,15 +67,26 @@ def _no_reads(monkeypatch) -> None:
         monkeypatch.setattr(module, "can_inspect", lambda value: False)
 
 
+def _take(path: str, monkeypatch) -> None:
+    """Solve by ``path`` (one of ``PATHS``) on CPU tensors."""
+    if path == "cpu-pav" and not isotonic_numba.available():
+        pytest.skip("numba is not installed, so the CPU PAV kernels are not used (pip install numba)")
+    if path != "cpu-pav":
+        monkeypatch.setattr(isotonic_numba, "available", lambda: False)
+    if path == "fixed-levels":
+        _no_reads(monkeypatch)
+
+
 @pytest.fixture
 def read_free(monkeypatch):
     _no_reads(monkeypatch)
 
 
 @pytest.mark.parametrize("y", list(_isotonic_inputs()), ids=range(8))
-@pytest.mark.parametrize("path", ["cpu-rounds", "fixed-levels"])
-def test_isotonic_solvers_are_exact(y, path):
-    l2, kl = (isotonic_l2, isotonic_kl) if path == "cpu-rounds" else (levels_l2, levels_kl)
+@pytest.mark.parametrize("path", PATHS)
+def test_isotonic_solvers_are_exact(y, path, monkeypatch):
+    _take(path, monkeypatch)
+    l2, kl = (levels_l2, levels_kl) if path == "fixed-levels" else (isotonic_l2, isotonic_kl)
     got = l2(torch.tensor(y)[None])[0].numpy()
     np.testing.assert_allclose(got, R.isotonic_l2_minmax(y), rtol=1e-12, atol=1e-10)
     np.testing.assert_allclose(got, R.isotonic_l2(y), rtol=1e-12, atol=1e-10)
@@ -120,13 +133,14 @@ def test_cpu_rounds_match_pav_on_many_cut_cascades(seed, chain, spikes):
 
 @pytest.mark.parametrize("name", sorted(FNS))
 @pytest.mark.parametrize("reg", ["l2", "kl"])
-def test_both_paths_agree(name, reg, monkeypatch):
+@pytest.mark.parametrize("path", PATHS[1:])
+def test_the_paths_agree(name, reg, path, monkeypatch):
     fn = FNS[name][0]
     x = torch.randn(6, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     x[1, 7], x[2, :50] = INF, -INF
     finite = x[[0, 3, 4, 5]]
     want, want_finite = fn(x, regularization=reg, strength=0.3), fn(finite, regularization=reg, strength=0.3)
-    _no_reads(monkeypatch)
+    _take(path, monkeypatch)
     torch.testing.assert_close(fn(x, regularization=reg, strength=0.3), want, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(fn(finite, regularization=reg, strength=0.3), want_finite, rtol=1e-10, atol=1e-10)
 
@@ -171,10 +185,9 @@ def test_fast_soft_sort_readme_examples():
 @pytest.mark.parametrize("name", sorted(FNS))
 @pytest.mark.parametrize("reg", ["l2", "kl"])
 @pytest.mark.parametrize("strength", [0.1, 1.0, 10.0])
-@pytest.mark.parametrize("path", ["cpu-rounds", "fixed-levels"])
+@pytest.mark.parametrize("path", PATHS)
 def test_gradcheck(name, reg, strength, path, monkeypatch):
-    if path == "fixed-levels":
-        _no_reads(monkeypatch)
+    _take(path, monkeypatch)
     fn = FNS[name][0]
     x = torch.randn(3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
     eps = torch.full((3,), strength, dtype=torch.float64, requires_grad=True)

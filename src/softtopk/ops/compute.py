@@ -23,8 +23,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def can_inspect(value: torch.Tensor) -> bool:
     """Whether values of a tensor may be read on the host: only for a CPU tensor (on an
     accelerator a read is a synchronisation), and not while compiling or inside vmap. Argument
-    checks ask it; so do the two CPU shortcuts that read (the sparse solver's candidate count, the
-    isotonic solver's rounds of pooling), whose fixed-shape paths read nothing, on any device."""
+    checks ask it; so do the CPU shortcuts that read (the sparse solver's candidate count, the
+    isotonic solver's rounds of pooling or numba kernels), whose fixed-shape paths read nothing, on
+    any device. Both vmaps count: ``torch.func.vmap`` and the one of ``autograd.grad(...,
+    is_grads_batched=True)`` and ``jacobian(..., vectorize=True)``."""
     if value.device.type != "cpu" or torch.compiler.is_compiling():
         return False
     functorch = torch._C._functorch
@@ -32,7 +34,7 @@ def can_inspect(value: torch.Tensor) -> bool:
         if functorch.is_batchedtensor(value):
             return False
         value = functorch.get_unwrapped(value)
-    return True
+    return not functorch.is_legacy_batchedtensor(value)
 
 
 def on_cpu(x: torch.Tensor) -> bool:

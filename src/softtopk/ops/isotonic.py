@@ -30,9 +30,11 @@ value is ``V`` either way. The first levels are done in one step, each segment o
 points (4 on the CPU) solved at once from the table of its blocks' values
 (:mod:`softtopk.ops.isotonic_small`): a few launches instead of dozens per level.
 
-**CPU shortcut** (as in :mod:`softtopk.ops.sparse`, under :func:`softtopk.ops.compute.can_inspect`:
+**CPU shortcuts** (as in :mod:`softtopk.ops.sparse`, under :func:`softtopk.ops.compute.can_inspect`:
 a CPU tensor outside ``torch.compile`` and ``vmap``, where reading a value costs no
-synchronisation): rounds of pooling on the compacted list of blocks, until no violation is left.
+synchronisation). With numba installed, PAV itself, row by row
+(:mod:`softtopk.ops.isotonic_numba`), and the backward's block sums by a pass over the runs.
+Without numba, rounds of pooling on the compacted list of blocks, until no violation is left.
 Each round pools every maximal run of non-decreasing block values, then takes every remaining
 violation's whole left cascade at once (the cascade stops at the minimum of the pooled value
 over the blocks it could absorb). Pooling adjacent violators in any order ends at the same
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import torch
 
+from . import isotonic_numba
 from .compute import can_inspect, scan_rows
 from .isotonic_small import small_kl, small_l2, small_size
 
@@ -295,6 +298,8 @@ def _merge_kl(v: torch.Tensor, lw: torch.Tensor, m: int) -> torch.Tensor:
 
 def isotonic_l2(y: torch.Tensor) -> torch.Tensor:
     """The decreasing isotonic fit ``argmin_{v_1 >= ... >= v_n} ½ ||v - y||²`` of rows ``y`` (B, n)."""
+    if y.numel() and can_inspect(y) and isotonic_numba.available():
+        return isotonic_numba.pav_l2(y)
     found = _pooled_runs(y, None) if y.numel() and can_inspect(y) else None
     return found if found is not None else levels_l2(y)
 
@@ -314,6 +319,8 @@ def levels_l2(y: torch.Tensor) -> torch.Tensor:
 def isotonic_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
     """``argmin_{v_1 >= ... >= v_n} <exp(y - v), 1> + <exp(lw), v>`` of rows ``y``, ``lw`` (B, n);
     a block's value is ``logsumexp(y_B) - logsumexp(lw_B)``."""
+    if y.numel() and can_inspect(y) and isotonic_numba.available():
+        return isotonic_numba.pav_kl(y, lw)
     found = _pooled_runs(y, lw) if y.numel() and can_inspect(y) else None
     return found if found is not None else levels_kl(y, lw)
 
@@ -332,7 +339,14 @@ def levels_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
 
 def block_ids(v: torch.Tensor) -> torch.Tensor:
     """The pooled block of every point of a solution ``v`` (B, n): its index (int64; a block is a
-    run of equal values)."""
+    run of equal values). Where :func:`block_sum` passes over the runs with numba, ``v`` itself,
+    whose runs are the blocks."""
+    if can_inspect(v) and isotonic_numba.available():
+        return v
+    return _run_ids(v)
+
+
+def _run_ids(v: torch.Tensor) -> torch.Tensor:
     new = torch.cat([torch.ones_like(v[..., :1], dtype=torch.bool), v[..., 1:] != v[..., :-1]], -1)
     return new.long().cumsum(-1) - 1
 
@@ -345,9 +359,14 @@ def block_starts(v: torch.Tensor) -> torch.Tensor:
 
 
 def block_sum(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The sum over each point's block (B, n), from block indices ``ids``. Under ``torch.compile``
+    """The sum over each point's block (B, n), from :func:`block_ids`. Under ``torch.compile``
     the blocks, runs of equal ids, are summed as differences of running sums: Inductor fails to
-    generate CUDA code for the scatter-add over long rows."""
+    generate CUDA code for the scatter-add over long rows. On a CPU tensor with numba, a
+    sequential pass over the runs (:mod:`softtopk.ops.isotonic_numba`), where the scatter-add is slow."""
+    if can_inspect(values) and can_inspect(ids) and isotonic_numba.available():
+        return isotonic_numba.run_sums(values, ids)
+    if ids.is_floating_point():  # a solution from block_ids, met by values that may not be read (vmap)
+        ids = _run_ids(ids)
     if not torch.compiler.is_compiling():
         return torch.zeros_like(values).scatter_add(-1, ids, values).gather(-1, ids)
     sums = torch.nn.functional.pad(scan_rows(values), (1, 0))
