@@ -1,6 +1,7 @@
-"""softtopk.soft_rank and soft_sort at extreme scales and strengths, on both solvers (the CPU rounds,
-in linear sums or log-sum-exps, and the fixed-shape merges with an accelerator's base case): finite
-values and gradients, ranks summing to n(n+1)/2, sorts monotone and agreeing between the solvers."""
+"""softtopk.soft_rank and soft_sort at extreme scales and strengths, on every solver (on the CPU,
+numba's PAV or the rounds, in linear sums or log-sum-exps; the fixed-shape merges with an
+accelerator's base case): finite values and gradients, ranks summing to n(n+1)/2, sorts monotone
+and agreeing between the solvers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import pytest
 import torch
 
 import softtopk
-from softtopk.ops import isotonic_small
+from softtopk.ops import isotonic_numba, isotonic_small, permutahedron
+
+
+@pytest.fixture(params=["cpu-pav", "cpu-rounds"])
+def cpu_solver(request, monkeypatch):
+    """The CPU solver that ``_both_paths`` compares with the fixed-shape one."""
+    if request.param == "cpu-pav" and not isotonic_numba.available():
+        pytest.skip("numba is not installed, so the CPU PAV kernels are not used (pip install numba)")
+    if request.param == "cpu-rounds":
+        monkeypatch.setattr(isotonic_numba, "available", lambda: False)
 
 
 def _both_paths(fn, x, monkeypatch):
@@ -26,7 +36,7 @@ def _both_paths(fn, x, monkeypatch):
 @pytest.mark.parametrize("reg", ["l2", "kl"])
 @pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
 @pytest.mark.parametrize("strength", [1e-6, 1.0, 1e6])
-def test_extreme_scales_and_strengths(reg, scale, strength, monkeypatch):
+def test_extreme_scales_and_strengths(reg, scale, strength, monkeypatch, cpu_solver):
     x = torch.randn(3, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(7)) * scale
     x[0, ::7] = x[0, 3]  # ties
     n = x.shape[-1]
@@ -57,7 +67,7 @@ def test_extreme_scales_and_strengths(reg, scale, strength, monkeypatch):
         ([2.0, float("inf"), 1.0, float("-inf"), 1.0], 1e-16, [4.0, 5.0, 2.5, 1.0, 2.5]),
     ],
 )
-def test_ranks_where_x_over_strength_is_beyond_float64(reg, row, strength, want, monkeypatch):
+def test_ranks_where_x_over_strength_is_beyond_float64(reg, row, strength, want, monkeypatch, cpu_solver):
     """``|x/ε|`` far above ``2^53`` or past float64's largest: the exact ranks (ties share theirs),
     finite gradients, on both solvers."""
     x = torch.tensor([row], dtype=torch.float64)
@@ -68,3 +78,12 @@ def test_ranks_where_x_over_strength_is_beyond_float64(reg, row, strength, want,
     torch.testing.assert_close(ranks, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(fixed, want, rtol=1e-12, atol=1e-12)
     assert grad.isfinite().all()
+
+
+def test_rows_whose_sum_overflows_are_finite_rows():
+    """The CPU's finiteness check sums the rows first; a sum that overflows is checked entry by entry."""
+    x = torch.tensor([[3e38, 3e38, -1.0, 2.0]])  # float32: the sum is inf
+    assert permutahedron._plain(x)
+    assert not permutahedron._plain(torch.tensor([[3e38, float("inf"), 2.0]]))
+    assert not permutahedron._plain(torch.tensor([[1.0, float("nan")]]))
+    torch.testing.assert_close(softtopk.soft_rank(x, strength=1e-3), torch.tensor([[3.5, 3.5, 1.0, 2.0]]))

@@ -81,19 +81,24 @@ def _block_group(n: int, k: int) -> int | None:
 _KEYS = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
-def sort_rows(x: torch.Tensor, descending: bool = False, stable: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def sort_rows(
+    x: torch.Tensor, descending: bool = False, stable: bool = False, finite: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``x.sort(-1, descending, stable)``'s ``(values, indices)``; on the CPU (eager, float32 and
     float64) by sorting integer keys in the same order, which ATen does faster than floats (its
     float comparator places NaN): the bits of ``x + 0`` (``-0`` made ``+0``) with the magnitude
-    bits of negative numbers flipped, NaN as the largest key. The same values, and the same order
-    among ties as ``torch.sort``'s with ``stable``."""
+    bits of negative numbers flipped, NaN as the largest key (``finite``: the caller knows ``x``
+    holds no NaN). The same values, and the same order among ties as ``torch.sort``'s with
+    ``stable``."""
     keys = _KEYS.get(x.dtype)
     if keys is None or not on_cpu(x) or torch.compiler.is_compiling():
         values, index = x.sort(dim=-1, descending=descending, stable=stable)
         return values, index
     largest = torch.iinfo(keys).max
     bits = (x + 0.0).view(keys)
-    key = (bits ^ ((bits >> (keys.itemsize * 8 - 1)) & largest)).masked_fill_(x.isnan(), largest)
+    key = bits ^ ((bits >> (keys.itemsize * 8 - 1)) & largest)
+    if not finite:
+        key = key.masked_fill_(x.isnan(), largest)
     index = key.sort(dim=-1, descending=descending, stable=stable).indices
     return x.gather(-1, index), index
 

@@ -11,7 +11,9 @@ numba and compiles the kernels; numba caches the machine code on disk for later 
 
 * :func:`pav_l2`: ``argmin_{v_1 >= ... >= v_n} ½ ||v - y||²``, a block's value the mean of ``y``;
 * :func:`pav_kl`: ``argmin_{v_1 >= ... >= v_n} <exp(y - v), 1> + <exp(lw), v>``, a block's value
-  ``logsumexp(y_B) - logsumexp(lw_B)``, kept as maxima and sums of exponentials relative to them;
+  ``logsumexp(y_B) - logsumexp(lw_B)``: where a row of ``y`` and of ``lw`` spans less than 600, the
+  blocks carry the sums of ``exp`` relative to the row's maxima, whose ratio orders them as their
+  values do (as the torch solver's rounds); elsewhere log-sum-exps, as maxima and sums relative to them;
 * :func:`run_sums`: the sum of ``values`` over each point's run of equal block ids, the block
   reductions of the backward pass.
 
@@ -34,6 +36,7 @@ def _build() -> dict[str, Any]:
     import numpy as np
 
     jit = numba.njit(cache=True, nogil=True)
+    span = 600.0  # kl rows spanning less pool in linear sums: exp(-600) is a normal float64
 
     @jit
     def l2(y, out):
@@ -60,32 +63,51 @@ def _build() -> dict[str, Any]:
     @jit
     def kl(y, lw, out):
         rows, n = y.shape
-        ymax, ysum = np.empty(n), np.empty(n)  # block log-sum-exp: ymax + log(ysum)
+        ymax, ysum = np.empty(n), np.empty(n)  # a block's log-sum-exp: ymax + log(ysum)
         lmax, lsum = np.empty(n), np.empty(n)
-        values = np.empty(n)
+        values = np.empty(n)  # log-sum-exps: the block values; linear sums: exp(value - shift)
         counts = np.empty(n, np.int64)
         for b in range(rows):
+            ytop, ltop = y[b].max(), lw[b].max()
+            linear = ytop - y[b].min() < span and ltop - lw[b].min() < span
             top = -1
             for i in range(n):
-                ym, ys, lm, ls, count = y[b, i], 1.0, lw[b, i], 1.0, 1
-                value = ym - lm
-                while top >= 0 and values[top] <= value:
-                    m = max(ym, ymax[top])
-                    ys = ys * np.exp(ym - m) + ysum[top] * np.exp(ymax[top] - m)
-                    ym = m
-                    m = max(lm, lmax[top])
-                    ls = ls * np.exp(lm - m) + lsum[top] * np.exp(lmax[top] - m)
-                    lm = m
-                    count += counts[top]
-                    value = (ym + np.log(ys)) - (lm + np.log(ls))
-                    top -= 1
+                count = 1
+                if linear:  # sums of exp relative to the row's maxima: no log or exp per merge
+                    ys, ls = np.exp(y[b, i] - ytop), np.exp(lw[b, i] - ltop)
+                    value = ys / ls
+                    while top >= 0 and values[top] <= value:
+                        ys += ysum[top]
+                        ls += lsum[top]
+                        count += counts[top]
+                        value = ys / ls
+                        top -= 1
+                    ysum[top + 1], lsum[top + 1] = ys, ls
+                else:
+                    ym, ys, lm, ls = y[b, i], 1.0, lw[b, i], 1.0
+                    value = ym - lm
+                    while top >= 0 and values[top] <= value:
+                        m = max(ym, ymax[top])
+                        ys = ys * np.exp(ym - m) + ysum[top] * np.exp(ymax[top] - m)
+                        ym = m
+                        m = max(lm, lmax[top])
+                        ls = ls * np.exp(lm - m) + lsum[top] * np.exp(lmax[top] - m)
+                        lm = m
+                        count += counts[top]
+                        value = (ym + np.log(ys)) - (lm + np.log(ls))
+                        top -= 1
+                    ymax[top + 1], ysum[top + 1], lmax[top + 1], lsum[top + 1] = ym, ys, lm, ls
                 top += 1
-                ymax[top], ysum[top], lmax[top], lsum[top] = ym, ys, lm, ls
                 values[top], counts[top] = value, count
             i = 0
             for t in range(top + 1):
+                if counts[t] == 1:  # a point alone keeps y - lw, bitwise
+                    out[b, i] = y[b, i] - lw[b, i]
+                    i += 1
+                    continue
+                value = np.log(values[t]) + (ytop - ltop) if linear else values[t]
                 for _ in range(counts[t]):
-                    out[b, i] = values[t]
+                    out[b, i] = value
                     i += 1
 
     @jit

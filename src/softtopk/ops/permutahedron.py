@@ -39,15 +39,19 @@ from .isotonic import block_ids, block_starts, block_sum, isotonic_kl, isotonic_
 
 def _plain(rows: torch.Tensor) -> bool:
     """Whether ``rows`` are known to be finite: checked (one read) only where values may be read
-    (a CPU tensor outside compile and vmap); the ``±inf``/NaN handling is then skipped."""
-    return can_inspect(rows) and bool(rows.isfinite().all())
+    (a CPU tensor outside compile and vmap); the ``±inf``/NaN handling is then skipped. A finite
+    sum has finite terms (an infinite or NaN term makes it infinite or NaN); only a sum that is not
+    finite, an overflow or a non-finite entry, needs the entries' own check."""
+    if not can_inspect(rows):
+        return False
+    return bool(rows.sum().isfinite()) or bool(rows.isfinite().all())
 
 
 def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``sign * rows`` sorted in decreasing order (float64; NaN read as 0), its permutation, the
     rows holding a NaN (B, 1)."""
     if plain:
-        s, perm = sort_rows(rows * sign, descending=True)
+        s, perm = sort_rows(rows if sign == 1 else rows * sign, descending=True, finite=True)
         return s.to(torch.float64), perm, torch.zeros_like(s[:, :1], dtype=torch.bool)
     nan = rows.isnan()
     s, perm = sort_rows(torch.where(nan, 0.0, rows * sign), descending=True)
@@ -156,12 +160,15 @@ class SoftRankFn(Function):
         x, eps, sign, kl, ctx.plain = inputs
         _, v, r, theta, perm, nan = output
         ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)  # no zero gradients for the auxiliary outputs
         ctx.tensor_eps = isinstance(eps, torch.Tensor)
         ctx.save_for_backward(v, r, theta, perm, nan, *([eps] if ctx.tensor_eps else []))
         ctx.eps, ctx.sign, ctx.kl, ctx.dtype = (None if ctx.tensor_eps else eps), sign, kl, x.dtype
 
     @staticmethod
     def backward(ctx, grad, *_):
+        if grad is None:  # the values' gradient is undefined (gradients are not materialised)
+            return None, None, None, None, None
         v, r, theta, perm, nan, *eps = ctx.saved_tensors
         eps = eps[0].to(torch.float64) if eps else ctx.eps
         ids = block_ids(v)
@@ -210,12 +217,15 @@ class SoftSortFn(Function):
         x, eps, sign, kl, ctx.plain = inputs
         _, v, s, perm, nan = output
         ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)  # no zero gradients for the auxiliary outputs
         ctx.tensor_eps = isinstance(eps, torch.Tensor)
         ctx.save_for_backward(v, s, perm, nan, *([eps] if ctx.tensor_eps else []))
         ctx.eps, ctx.sign, ctx.kl, ctx.dtype = (None if ctx.tensor_eps else eps), sign, kl, x.dtype
 
     @staticmethod
     def backward(ctx, grad, *_):
+        if grad is None:  # the values' gradient is undefined (gradients are not materialised)
+            return None, None, None, None, None
         v, s, perm, nan, *eps = ctx.saved_tensors
         eps = eps[0].to(torch.float64) if eps else ctx.eps
         ids = block_ids(v)
