@@ -363,7 +363,7 @@ def block_sum(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     the blocks, runs of equal ids, are summed as differences of running sums: Inductor fails to
     generate CUDA code for the scatter-add over long rows. On a CPU tensor with numba, a
     sequential pass over the runs (:mod:`softtopk.ops.isotonic_numba`), where the scatter-add is slow."""
-    if can_inspect(values) and can_inspect(ids) and isotonic_numba.available():
+    if can_inspect(values) and can_inspect(ids) and not values.requires_grad and isotonic_numba.available():
         return isotonic_numba.run_sums(values, ids)
     if ids.is_floating_point():  # a solution from block_ids, met by values that may not be read (vmap)
         ids = _run_ids(ids)

@@ -9,13 +9,16 @@ runs, and it is the reference the tests hold these kernels to. The environment v
 ``SOFTTOPK_NUMBA=0`` (read at import) turns the kernels off. The first call in a process imports
 numba and compiles the kernels; numba caches the machine code on disk for later processes.
 
-* :func:`pav_l2`: ``argmin_{v_1 >= ... >= v_n} ½ ||v - y||²``, a block's value the mean of ``y``;
-* :func:`pav_kl`: ``argmin_{v_1 >= ... >= v_n} <exp(y - v), 1> + <exp(lw), v>``, a block's value
-  ``logsumexp(y_B) - logsumexp(lw_B)``: where a row of ``y`` and of ``lw`` spans less than 600, the
-  blocks carry the sums of ``exp`` relative to the row's maxima, whose ratio orders them as their
-  values do (as the torch solver's rounds); elsewhere log-sum-exps, as maxima and sums relative to them;
+The kernels themselves are in :mod:`softtopk.ops.isotonic_kernels` (imported at the first call):
+
+* :func:`pav_l2`, :func:`pav_kl`: the two isotonic problems of :mod:`softtopk.ops.isotonic`, solved
+  row by row by PAV with a stack of blocks;
 * :func:`run_sums`: the sum of ``values`` over each point's run of equal block ids, the block
-  reductions of the backward pass.
+  reductions of the backward pass;
+* :func:`rank`, :func:`rank_grad`, :func:`sort`, :func:`sort_grad`: the whole forward of
+  :class:`softtopk.ops.permutahedron.SoftRankFn` and :class:`~softtopk.ops.permutahedron.SoftSortFn`
+  on finite sorted rows, and their backward without a strength gradient, one pass each instead of
+  a dozen tensor operations.
 
 Adjacent blocks with equal values are pooled, as the torch solver pools them, so the blocks of a
 solution are its runs of equal values either way.
@@ -30,112 +33,19 @@ from typing import Any
 
 import torch
 
-
-def _build() -> dict[str, Any]:
-    import numba
-    import numpy as np
-
-    jit = numba.njit(cache=True, nogil=True)
-    span = 600.0  # kl rows spanning less pool in linear sums: exp(-600) is a normal float64
-
-    @jit
-    def l2(y, out):
-        rows, n = y.shape
-        sums = np.empty(n)
-        counts = np.empty(n, np.int64)
-        for b in range(rows):
-            top = -1
-            for i in range(n):
-                total, count = y[b, i], 1
-                while top >= 0 and sums[top] / counts[top] <= total / count:
-                    total += sums[top]
-                    count += counts[top]
-                    top -= 1
-                top += 1
-                sums[top], counts[top] = total, count
-            i = 0
-            for t in range(top + 1):
-                value = sums[t] / counts[t]
-                for _ in range(counts[t]):
-                    out[b, i] = value
-                    i += 1
-
-    @jit
-    def kl(y, lw, out):
-        rows, n = y.shape
-        ymax, ysum = np.empty(n), np.empty(n)  # a block's log-sum-exp: ymax + log(ysum)
-        lmax, lsum = np.empty(n), np.empty(n)
-        values = np.empty(n)  # log-sum-exps: the block values; linear sums: exp(value - shift)
-        counts = np.empty(n, np.int64)
-        for b in range(rows):
-            ytop, ltop = y[b].max(), lw[b].max()
-            linear = ytop - y[b].min() < span and ltop - lw[b].min() < span
-            top = -1
-            for i in range(n):
-                count = 1
-                if linear:  # sums of exp relative to the row's maxima: no log or exp per merge
-                    ys, ls = np.exp(y[b, i] - ytop), np.exp(lw[b, i] - ltop)
-                    value = ys / ls
-                    while top >= 0 and values[top] <= value:
-                        ys += ysum[top]
-                        ls += lsum[top]
-                        count += counts[top]
-                        value = ys / ls
-                        top -= 1
-                    ysum[top + 1], lsum[top + 1] = ys, ls
-                else:
-                    ym, ys, lm, ls = y[b, i], 1.0, lw[b, i], 1.0
-                    value = ym - lm
-                    while top >= 0 and values[top] <= value:
-                        m = max(ym, ymax[top])
-                        ys = ys * np.exp(ym - m) + ysum[top] * np.exp(ymax[top] - m)
-                        ym = m
-                        m = max(lm, lmax[top])
-                        ls = ls * np.exp(lm - m) + lsum[top] * np.exp(lmax[top] - m)
-                        lm = m
-                        count += counts[top]
-                        value = (ym + np.log(ys)) - (lm + np.log(ls))
-                        top -= 1
-                    ymax[top + 1], ysum[top + 1], lmax[top + 1], lsum[top + 1] = ym, ys, lm, ls
-                top += 1
-                values[top], counts[top] = value, count
-            i = 0
-            for t in range(top + 1):
-                if counts[t] == 1:  # a point alone keeps y - lw, bitwise
-                    out[b, i] = y[b, i] - lw[b, i]
-                    i += 1
-                    continue
-                value = np.log(values[t]) + (ytop - ltop) if linear else values[t]
-                for _ in range(counts[t]):
-                    out[b, i] = value
-                    i += 1
-
-    @jit
-    def sums(ids, values, out):
-        rows, n = ids.shape
-        for b in range(rows):
-            start = 0
-            while start < n:
-                stop, total = start, 0.0
-                while stop < n and ids[b, stop] == ids[b, start]:
-                    total += values[b, stop]
-                    stop += 1
-                for i in range(start, stop):
-                    out[b, i] = total
-                start = stop
-
-    return {"l2": l2, "kl": kl, "sums": sums}
-
-
 ENABLED = os.environ.get("SOFTTOPK_NUMBA") != "0"
 
 
+def _load() -> Any:
+    return importlib.import_module(".isotonic_kernels", __package__)  # imports numba
+
+
 @functools.cache
-def _kernels() -> dict[str, Any] | None:
+def _kernels() -> Any:
     if not ENABLED or importlib.util.find_spec("numba") is None:
         return None
     try:
-        return _build()
+        return _load()
     except ImportError:  # a numba that does not support the installed numpy or Python
         return None
 
@@ -150,30 +60,79 @@ def available() -> bool:
 def _kernel(name: str):
     kernels = _kernels()
     assert kernels is not None, "isotonic_numba used without numba (check available() first)"
-    return kernels[name]
+    return getattr(kernels, name)
 
 
 def _array(t: torch.Tensor):
-    return t.detach().contiguous().numpy()
+    return (t.detach() if t.requires_grad else t).contiguous().numpy()
+
+
+def _per_row(value: float | torch.Tensor, rows: int):
+    """A float or a (B, 1) tensor as a float64 array of one value per row."""
+    if isinstance(value, torch.Tensor):
+        return _array(value.to(torch.float64).reshape(-1).expand(rows))
+    return torch.full((rows,), value, dtype=torch.float64).numpy()
+
+
+def _out(like: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return torch.empty(like.shape, dtype=dtype)
 
 
 def pav_l2(y: torch.Tensor) -> torch.Tensor:
     """The decreasing l2 isotonic fit of the float64 CPU rows ``y`` (B, n)."""
-    out = torch.empty(y.shape, dtype=y.dtype)
-    _kernel("l2")(_array(y), out.numpy())
+    out = _out(y)
+    _kernel("pav_l2")(_array(y), out.numpy())
     return out
 
 
 def pav_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
     """The decreasing kl isotonic solution of the float64 CPU rows ``y``, ``lw`` (B, n)."""
-    out = torch.empty(y.shape, dtype=y.dtype)
-    _kernel("kl")(_array(y), _array(lw), out.numpy())
+    out = _out(y)
+    _kernel("pav_kl")(_array(y), _array(lw), out.numpy())
     return out
 
 
 def run_sums(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The sum of the float64 CPU ``values`` (B, n) over each point's run of equal ``ids`` (B, n;
     block indices, or the solution's values themselves)."""
-    out = torch.empty(values.shape, dtype=values.dtype)
-    _kernel("sums")(_array(ids), _array(values), out.numpy())
+    out = _out(values)
+    _kernel("run_sums")(_array(ids), _array(values), out.numpy())
     return out
+
+
+def rank(s: torch.Tensor, perm: torch.Tensor, eps: float | torch.Tensor, kl: bool):
+    """Soft ranks of the finite float64 rows ``s`` (B, n) sorted decreasingly by ``perm``, with
+    strength ``eps`` (a float or (B, 1)): the ranks in the rows' order, and ``r``, ``v``, ``θ`` in
+    sorted order (:class:`softtopk.ops.permutahedron.SoftRankFn`)."""
+    out, r, v, theta = _out(s), _out(s), _out(s), _out(s)
+    arrays = (out.numpy(), r.numpy(), v.numpy(), theta.numpy())
+    _kernel("rank_forward")(_array(s), _array(perm), _per_row(eps, s.shape[0]), kl, *arrays)
+    return out, r, v, theta
+
+
+def rank_grad(grad, perm, v, r, kl: bool, scale: float | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``∂x`` of :func:`rank` from ``grad`` (B, n) in the rows' order, times ``scale`` (``sign/ε``)."""
+    out = _out(v, dtype if dtype in (torch.float32, torch.float64) else torch.float64)
+    args = (_array(_wide(grad)), _array(perm), _array(v), _array(r), kl, _per_row(scale, v.shape[0]))
+    _kernel("rank_backward")(*args, out.numpy())
+    return out.to(dtype)
+
+
+def sort(s: torch.Tensor, eps: float | torch.Tensor, kl: bool, sign: float):
+    """Soft sorts of the finite float64 rows ``s`` (B, n), sorted decreasingly: the values in
+    sorted order times ``sign``, and ``v`` (:class:`softtopk.ops.permutahedron.SoftSortFn`)."""
+    h, v = _out(s), _out(s)
+    _kernel("sort_forward")(_array(s), _per_row(eps, s.shape[0]), kl, sign, h.numpy(), v.numpy())
+    return h, v
+
+
+def sort_grad(grad, perm, v, s, kl: bool, dtype: torch.dtype) -> torch.Tensor:
+    """``∂x`` of :func:`sort` from ``grad`` (B, n) in sorted order, in the rows' order."""
+    out = _out(v, dtype if dtype in (torch.float32, torch.float64) else torch.float64)
+    _kernel("sort_backward")(_array(_wide(grad)), _array(perm), _array(v), _array(s), kl, out.numpy())
+    return out.to(dtype)
+
+
+def _wide(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` as float32 or float64, the kernels' dtypes."""
+    return grad if grad.dtype in (torch.float32, torch.float64) else grad.to(torch.float64)

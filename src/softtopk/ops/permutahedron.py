@@ -30,8 +30,11 @@ gradient 0. A row holding a NaN is NaN.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from . import isotonic_numba
 from ._function import Function
 from .compute import can_inspect, sort_rows, unsort
 from .isotonic import block_ids, block_starts, block_sum, isotonic_kl, isotonic_l2
@@ -44,7 +47,13 @@ def _plain(rows: torch.Tensor) -> bool:
     finite, an overflow or a non-finite entry, needs the entries' own check."""
     if not can_inspect(rows):
         return False
-    return bool(rows.sum().isfinite()) or bool(rows.isfinite().all())
+    return math.isfinite(rows.detach().sum()) or bool(rows.isfinite().all())
+
+
+def _fused(grad: torch.Tensor) -> bool:
+    """Whether the backward may run as one numba pass: ``grad``'s values may be read and it needs
+    no graph of its own (``create_graph``)."""
+    return can_inspect(grad) and not grad.requires_grad and isotonic_numba.available()
 
 
 def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,6 +136,9 @@ class SoftRankFn(Function):
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
         s, perm, nan = _sorted(x, sign, plain)
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
+        if plain and isotonic_numba.available():  # the whole forward in one pass
+            out, r, v, theta = isotonic_numba.rank(s, perm, eps64, kl)
+            return out, v, r, theta, perm, nan
         theta = _relative(s, eps64, plain)
         w = _weights(s)
         # r = θ - v (l2) or exp(θ - v) (kl), written through v - base, exactly 0 on unpooled
@@ -171,6 +183,8 @@ class SoftRankFn(Function):
             return None, None, None, None, None
         v, r, theta, perm, nan, *eps = ctx.saved_tensors
         eps = eps[0].to(torch.float64) if eps else ctx.eps
+        if ctx.plain and not ctx.needs_input_grad[1] and _fused(grad):
+            return isotonic_numba.rank_grad(grad, perm, v, r, ctx.kl, ctx.sign / eps, ctx.dtype), None, None, None, None
         ids = block_ids(v)
         g = grad.to(torch.float64).gather(-1, perm)
         if ctx.kl:
@@ -199,6 +213,9 @@ class SoftSortFn(Function):
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
         s, perm, nan = _sorted(x, sign, plain)
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
+        if plain and isotonic_numba.available():  # the whole forward in one pass
+            h, v = isotonic_numba.sort(s, eps64, kl, sign)
+            return h, v, s, perm, nan
         ws = (_weights(s) / eps64).expand_as(s)
         # h = w/ε - v, written s - (v - base): exactly s on unpooled points (the hard sort as
         # ε -> 0), not the difference of two numbers of the size of w/ε
@@ -228,6 +245,8 @@ class SoftSortFn(Function):
             return None, None, None, None, None
         v, s, perm, nan, *eps = ctx.saved_tensors
         eps = eps[0].to(torch.float64) if eps else ctx.eps
+        if ctx.plain and not ctx.needs_input_grad[1] and _fused(grad):
+            return isotonic_numba.sort_grad(grad, perm, v, s, ctx.kl, ctx.dtype), None, None, None, None
         ids = block_ids(v)
         g = grad.to(torch.float64)
         if not ctx.plain:
