@@ -50,7 +50,8 @@ def cases() -> list[tuple[str, str, Callable[[], object], Callable[[], object]]]
         found.append(
             ("topk", f"{rows}×{n}, k={k}", lambda x=x, k=k: x.topk(k, -1), lambda x=x, k=k: compute.topk_rows(x, k))
         )
-    for rows, n, dtype in ((64, 1000, torch.float32), (64, 1000, torch.float64), (64, 10000, torch.float32)):
+    sorts = ((64, 100), (64, 176), (64, 192), (64, 1000), (64, 10000))  # short rows: ATen's own sort
+    for rows, n, dtype in [(r, m, torch.float32) for r, m in sorts] + [(64, 1000, torch.float64)]:
         x = torch.randn(rows, n, generator=gen).to(dtype)
         shape = f"{rows}×{n} {str(dtype).removeprefix('torch.')}"
         found.append(("sort", shape, lambda x=x: x.sort(-1), lambda x=x: compute.sort_rows(x)))

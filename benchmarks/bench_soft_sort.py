@@ -8,7 +8,9 @@ Usage::
 
 What one run measures: ``x = randn(batch, n)`` float32 with ``requires_grad``, one call and the
 backward of ``(out * g).sum()`` for a fixed random ``g`` (fwd+bwd). Candidates: ``torch.sort``
-(``values``), softtopk's ``soft_rank``/``soft_sort`` (l2 and kl, strength 1),
+(``values``), softtopk's ``soft_rank``/``soft_sort`` (l2 and kl, strength 1; on a CPU with numba
+installed, l2 again with the numba kernels off, "no numba": the tensor solver of an install
+without the ``numba`` extra),
 ``torchsort.soft_rank``/``soft_sort`` (l2) when torchsort is importable (it needs a C++ build), and
 SoftTorch's ``rank``/``sort`` with ``method="fast_soft_sort"`` when it is importable (Python >= 3.12;
 its PAV is numba, row by row): ``mode="c0"`` is the same l2 projection (``standardize=False``, its
@@ -25,6 +27,7 @@ Accelerators are synchronised around each call.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -35,6 +38,7 @@ import torch
 from _machine import machine_info, steady_malloc
 
 import softtopk
+from softtopk.ops import isotonic_numba
 
 try:
     import torchsort
@@ -59,6 +63,9 @@ def candidates() -> dict:
         "softtopk.soft_sort l2": lambda x: softtopk.soft_sort(x),
         "softtopk.soft_sort kl": lambda x: softtopk.soft_sort(x, regularization="kl"),
     }
+    if isotonic_numba.available():
+        found["softtopk.soft_rank l2 (no numba)"] = found["softtopk.soft_rank l2"]
+        found["softtopk.soft_sort l2 (no numba)"] = found["softtopk.soft_sort l2"]
     if torchsort is not None:
         found["torchsort.soft_rank l2"] = lambda x: torchsort.soft_rank(x)
         found["torchsort.soft_sort l2"] = lambda x: torchsort.soft_sort(x)
@@ -81,14 +88,32 @@ def _softtorch(fn, mode: str, rank: bool):
     return call
 
 
-def time_once(fn, x: torch.Tensor, g: torch.Tensor) -> float:
+def setting(name: str) -> contextlib.AbstractContextManager:
+    """What a candidate runs under, forward and backward: the numba kernels off for "no numba"."""
+    if name.endswith("(no numba)"):
+        return _numba_off()
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _numba_off():
+    available = isotonic_numba.available
+    isotonic_numba.available = lambda: False
+    try:
+        yield
+    finally:
+        isotonic_numba.available = available
+
+
+def time_once(fn, x: torch.Tensor, g: torch.Tensor, name: str = "") -> float:
     sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
     leaf = x.detach().requires_grad_()
-    sync()
-    start = time.perf_counter()
-    (fn(leaf) * g).sum().backward()
-    sync()
-    return time.perf_counter() - start
+    with setting(name):
+        sync()
+        start = time.perf_counter()
+        (fn(leaf) * g).sum().backward()
+        sync()
+        return time.perf_counter() - start
 
 
 def run(sizes: list[int], batch: int, repeats: int, device: str) -> list[dict]:
@@ -98,19 +123,19 @@ def run(sizes: list[int], batch: int, repeats: int, device: str) -> list[dict]:
         x = torch.randn(batch, n, generator=gen).to(device)
         g = torch.randn(batch, n, generator=gen).to(device)
         fns = candidates()
-        for fn in fns.values():  # warm-up (and compile caches)
-            time_once(fn, x, g)
+        for name, fn in fns.items():  # warm-up (and compile caches)
+            time_once(fn, x, g, name)
         times: dict[str, list[float]] = {name: [] for name in fns}
         names = list(fns)
         for r in range(repeats):
             order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
-                times[name].append(time_once(fns[name], x, g))
+                times[name].append(time_once(fns[name], x, g, name))
         base = times["torch.sort"]
         for name in names:
             ratio = statistics.median(t / b for t, b in zip(times[name], base, strict=False))
             rows.append({"n": n, "candidate": name, "ms": 1e3 * statistics.median(times[name]), "ratio": ratio})
-            print(f"n={n:>6} {name:<24} {rows[-1]['ms']:9.2f} ms  x{ratio:6.2f} torch.sort", flush=True)
+            print(f"n={n:>6} {name:<34} {rows[-1]['ms']:9.2f} ms  x{ratio:6.2f} torch.sort", flush=True)
     return rows
 
 

@@ -47,15 +47,21 @@ def test_candidates_from_blocks_are_topk(n, k, largest):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("stable", [False, True])
-def test_sort_by_integer_keys_is_torch_sort(dtype, descending, stable):
+@pytest.mark.parametrize("n", [100, 1000])  # torch.sort itself, integer keys
+def test_sort_by_integer_keys_is_torch_sort(dtype, descending, stable, n):
     """``sort_rows`` equals ``torch.sort``: values (NaN of either sign where it puts NaN) and, among
     ties (``-0`` tied with ``+0`` too), the same order."""
-    x = _rows(1000, 0, dtype)
+    x = _rows(n, 0, dtype)
     values, index = compute.sort_rows(x, descending, stable)
     want, want_index = x.sort(dim=-1, descending=descending, stable=stable)
     assert torch.equal(values.isnan(), want.isnan())
     assert torch.equal(values.nan_to_num(0.5), want.nan_to_num(0.5))
     assert torch.equal(index, want_index)
+    finite = x.nan_to_num(0.0)  # the caller's promise: no NaN, no mask
+    assert torch.equal(
+        compute.sort_rows(finite, descending, stable, finite=True)[1],
+        finite.sort(dim=-1, descending=descending, stable=stable)[1],
+    )
 
 
 @pytest.mark.parametrize("value", [1.0, -1.0])

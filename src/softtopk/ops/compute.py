@@ -81,6 +81,9 @@ def _block_group(n: int, k: int) -> int | None:
 _KEYS = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
+_KEY_SORT_MIN = 192  # shorter rows: ATen sorts floats another way, faster than the keys' passes
+
+
 def sort_rows(
     x: torch.Tensor, descending: bool = False, stable: bool = False, finite: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,10 +91,10 @@ def sort_rows(
     float64) by sorting integer keys in the same order, which ATen does faster than floats (its
     float comparator places NaN): the bits of ``x + 0`` (``-0`` made ``+0``) with the magnitude
     bits of negative numbers flipped, NaN as the largest key (``finite``: the caller knows ``x``
-    holds no NaN). The same values, and the same order among ties as ``torch.sort``'s with
-    ``stable``."""
+    holds no NaN); rows shorter than 192 by ``torch.sort`` itself. The same values, and the same
+    order among ties as ``torch.sort``'s with ``stable``."""
     keys = _KEYS.get(x.dtype)
-    if keys is None or not on_cpu(x) or torch.compiler.is_compiling():
+    if keys is None or not on_cpu(x) or torch.compiler.is_compiling() or x.shape[-1] < _KEY_SORT_MIN:
         values, index = x.sort(dim=-1, descending=descending, stable=stable)
         return values, index
     largest = torch.iinfo(keys).max

@@ -75,7 +75,8 @@ def _per_row(value: float | torch.Tensor, rows: int):
 
 
 def _out(like: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    return torch.empty(like.shape, dtype=dtype)
+    """An output of ``like``'s shape, in ``dtype`` where NumPy has it (float32 or float64)."""
+    return torch.empty(like.shape, dtype=dtype if dtype in (torch.float32, torch.float64) else torch.float64)
 
 
 def pav_l2(y: torch.Tensor) -> torch.Tensor:
@@ -100,11 +101,12 @@ def run_sums(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rank(s: torch.Tensor, perm: torch.Tensor, eps: float | torch.Tensor, kl: bool):
+def rank(s: torch.Tensor, perm: torch.Tensor, eps: float | torch.Tensor, kl: bool, dtype: torch.dtype):
     """Soft ranks of the finite float64 rows ``s`` (B, n) sorted decreasingly by ``perm``, with
-    strength ``eps`` (a float or (B, 1)): the ranks in the rows' order, and ``r``, ``v``, ``θ`` in
-    sorted order (:class:`softtopk.ops.permutahedron.SoftRankFn`)."""
-    out, r, v, theta = _out(s), _out(s), _out(s), _out(s)
+    strength ``eps`` (a float or (B, 1)): the ranks in the rows' order (in ``dtype``, or float64
+    where NumPy has no such dtype), and ``r``, ``v``, ``θ`` in sorted order, float64
+    (:class:`softtopk.ops.permutahedron.SoftRankFn`)."""
+    out, r, v, theta = _out(s, dtype), _out(s), _out(s), _out(s)
     arrays = (out.numpy(), r.numpy(), v.numpy(), theta.numpy())
     _kernel("rank_forward")(_array(s), _array(perm), _per_row(eps, s.shape[0]), kl, *arrays)
     return out, r, v, theta
@@ -112,23 +114,24 @@ def rank(s: torch.Tensor, perm: torch.Tensor, eps: float | torch.Tensor, kl: boo
 
 def rank_grad(grad, perm, v, r, kl: bool, scale: float | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``∂x`` of :func:`rank` from ``grad`` (B, n) in the rows' order, times ``scale`` (``sign/ε``)."""
-    out = _out(v, dtype if dtype in (torch.float32, torch.float64) else torch.float64)
+    out = _out(v, dtype)
     args = (_array(_wide(grad)), _array(perm), _array(v), _array(r), kl, _per_row(scale, v.shape[0]))
     _kernel("rank_backward")(*args, out.numpy())
     return out.to(dtype)
 
 
-def sort(s: torch.Tensor, eps: float | torch.Tensor, kl: bool, sign: float):
+def sort(s: torch.Tensor, eps: float | torch.Tensor, kl: bool, sign: float, dtype: torch.dtype):
     """Soft sorts of the finite float64 rows ``s`` (B, n), sorted decreasingly: the values in
-    sorted order times ``sign``, and ``v`` (:class:`softtopk.ops.permutahedron.SoftSortFn`)."""
-    h, v = _out(s), _out(s)
+    sorted order times ``sign`` (in ``dtype`` as :func:`rank`), and ``v``
+    (:class:`softtopk.ops.permutahedron.SoftSortFn`)."""
+    h, v = _out(s, dtype), _out(s)
     _kernel("sort_forward")(_array(s), _per_row(eps, s.shape[0]), kl, sign, h.numpy(), v.numpy())
     return h, v
 
 
 def sort_grad(grad, perm, v, s, kl: bool, dtype: torch.dtype) -> torch.Tensor:
     """``∂x`` of :func:`sort` from ``grad`` (B, n) in sorted order, in the rows' order."""
-    out = _out(v, dtype if dtype in (torch.float32, torch.float64) else torch.float64)
+    out = _out(v, dtype)
     _kernel("sort_backward")(_array(_wide(grad)), _array(perm), _array(v), _array(s), kl, out.numpy())
     return out.to(dtype)
 

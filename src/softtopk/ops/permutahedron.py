@@ -128,7 +128,8 @@ def _softmax_blocks(z: torch.Tensor, ids: torch.Tensor, first: torch.Tensor) -> 
 
 class SoftRankFn(Function):
     """Soft ranks of rows ``x`` (B, n) with strength ``eps`` (a float or (B, 1)); ``sign = 1``
-    gives rank ``n`` to the largest entry. Returns float64 ranks."""
+    gives rank ``n`` to the largest entry. Returns float64 ranks (in ``x``'s dtype from the numba
+    kernels where it is float32)."""
 
     generate_vmap_rule = True
 
@@ -137,7 +138,7 @@ class SoftRankFn(Function):
         s, perm, nan = _sorted(x, sign, plain)
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
         if plain and isotonic_numba.available():  # the whole forward in one pass
-            out, r, v, theta = isotonic_numba.rank(s, perm, eps64, kl)
+            out, r, v, theta = isotonic_numba.rank(s, perm, eps64, kl, x.dtype)  # out: x's dtype
             return out, v, r, theta, perm, nan
         theta = _relative(s, eps64, plain)
         w = _weights(s)
@@ -205,7 +206,7 @@ class SoftRankFn(Function):
 
 class SoftSortFn(Function):
     """Soft sort of rows ``x`` (B, n) with strength ``eps``; ``sign = -1`` sorts in increasing
-    order. Returns the float64 sorted values."""
+    order. Returns the float64 sorted values (as :class:`SoftRankFn`, ``x``'s float32 from numba)."""
 
     generate_vmap_rule = True
 
@@ -214,7 +215,7 @@ class SoftSortFn(Function):
         s, perm, nan = _sorted(x, sign, plain)
         eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
         if plain and isotonic_numba.available():  # the whole forward in one pass
-            h, v = isotonic_numba.sort(s, eps64, kl, sign)
+            h, v = isotonic_numba.sort(s, eps64, kl, sign, x.dtype)
             return h, v, s, perm, nan
         ws = (_weights(s) / eps64).expand_as(s)
         # h = w/ε - v, written s - (v - base): exactly s on unpooled points (the hard sort as
