@@ -73,10 +73,10 @@ def _segment_lse(values: torch.Tensor, group: torch.Tensor, keep: torch.Tensor, 
 
 
 def _window_lse(a: torch.Tensor) -> torch.Tensor:
-    """``logcumsumexp`` along the rows of ``a`` (J, W), relative to each row's maximum (its first
-    entry is finite)."""
-    top = a.amax(-1, keepdim=True)
-    return a.sub(top).exp_().cumsum(-1).log_().add_(top)
+    """``logcumsumexp`` along the rows of ``a`` (J, W) (its first entry is finite). Not relative
+    to the row's maximum: a window may span more than float64's exponent range, and the running
+    sums of its first entries would underflow to 0 against a maximum further on."""
+    return a.logcumsumexp(-1)
 
 
 def _absorbed(value: torch.Tensor, agg: tuple[torch.Tensor, ...], size: torch.Tensor, first: torch.Tensor):
