@@ -51,9 +51,30 @@ def _plain(rows: torch.Tensor) -> bool:
 
 
 def _fused(grad: torch.Tensor) -> bool:
-    """Whether the backward may run as one numba pass: ``grad``'s values may be read and it needs
-    no graph of its own (``create_graph``)."""
-    return can_inspect(grad) and not grad.requires_grad and isotonic_numba.available()
+    """Whether the backward may run as one numba pass: ``grad``'s values may be read and the
+    backward records no graph of its own (``create_graph`` enables grad mode in it)."""
+    return can_inspect(grad) and not torch.is_grad_enabled() and isotonic_numba.available()
+
+
+def _again(x, sign: float, perm, saved):
+    """The sorted row ``sign * x`` (float64) recomputed from ``x`` with autograd, where the saved
+    one (``saved``) is finite, for a backward that records its graph (``create_graph``): the
+    second derivative then sees what the saved, non-differentiable outputs hide."""
+    s = (x * sign).gather(-1, perm).to(torch.float64)
+    return torch.where(saved.isfinite(), s, saved)
+
+
+def _ranks_again(x, eps, sign: float, perm, v, r, theta, plain: bool, kl: bool):
+    """``r`` (kl) and ``θ`` of a soft rank recomputed with autograd (:func:`_again`): within a kl
+    block ``r = exp(θ - v_B) = softmax_B(θ) Σ_B w``; ``θ`` enters the strength's gradient."""
+    th = _relative(_again(x, sign, perm, theta), eps, plain)
+    th = torch.where(theta.isfinite(), th, theta)
+    if kl:
+        finite = theta.isfinite()
+        ids, first = block_ids(v), block_starts(v)
+        soft = _softmax_blocks(torch.where(finite, th, 0.0), ids, first) * block_sum(_weights(v).expand_as(v), ids)
+        r = torch.where(finite, soft, r)
+    return r, th
 
 
 def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -175,17 +196,19 @@ class SoftRankFn(Function):
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)  # no zero gradients for the auxiliary outputs
         ctx.tensor_eps = isinstance(eps, torch.Tensor)
-        ctx.save_for_backward(v, r, theta, perm, nan, *([eps] if ctx.tensor_eps else []))
+        ctx.save_for_backward(v, r, theta, perm, nan, x, *([eps] if ctx.tensor_eps else []))
         ctx.eps, ctx.sign, ctx.kl, ctx.dtype = (None if ctx.tensor_eps else eps), sign, kl, x.dtype
 
     @staticmethod
     def backward(ctx, grad, *_):
         if grad is None:  # the values' gradient is undefined (gradients are not materialised)
             return None, None, None, None, None
-        v, r, theta, perm, nan, *eps = ctx.saved_tensors
+        v, r, theta, perm, nan, x, *eps = ctx.saved_tensors
         eps = eps[0].to(torch.float64) if eps else ctx.eps
         if ctx.plain and not ctx.needs_input_grad[1] and _fused(grad):
             return isotonic_numba.rank_grad(grad, perm, v, r, ctx.kl, ctx.sign / eps, ctx.dtype), None, None, None, None
+        if torch.is_grad_enabled():  # create_graph
+            r, theta = _ranks_again(x, eps, ctx.sign, perm, v, r, theta, ctx.plain, ctx.kl)
         ids = block_ids(v)
         g = grad.to(torch.float64).gather(-1, perm)
         if ctx.kl:
@@ -237,17 +260,19 @@ class SoftSortFn(Function):
         ctx.mark_non_differentiable(*output[1:])
         ctx.set_materialize_grads(False)  # no zero gradients for the auxiliary outputs
         ctx.tensor_eps = isinstance(eps, torch.Tensor)
-        ctx.save_for_backward(v, s, perm, nan, *([eps] if ctx.tensor_eps else []))
+        ctx.save_for_backward(v, s, perm, nan, x, *([eps] if ctx.tensor_eps else []))
         ctx.eps, ctx.sign, ctx.kl, ctx.dtype = (None if ctx.tensor_eps else eps), sign, kl, x.dtype
 
     @staticmethod
     def backward(ctx, grad, *_):
         if grad is None:  # the values' gradient is undefined (gradients are not materialised)
             return None, None, None, None, None
-        v, s, perm, nan, *eps = ctx.saved_tensors
+        v, s, perm, nan, x, *eps = ctx.saved_tensors
         eps = eps[0].to(torch.float64) if eps else ctx.eps
         if ctx.plain and not ctx.needs_input_grad[1] and _fused(grad):
             return isotonic_numba.sort_grad(grad, perm, v, s, ctx.kl, ctx.dtype), None, None, None, None
+        if torch.is_grad_enabled():  # create_graph: the kl block softmax of s depends on x
+            s = _again(x, ctx.sign, perm, s)
         ids = block_ids(v)
         g = grad.to(torch.float64)
         if not ctx.plain:
