@@ -88,6 +88,11 @@ def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor,
     return s.to(torch.float64), perm, nan.any(-1, keepdim=True)
 
 
+def _prepared(x: torch.Tensor, eps: float | torch.Tensor, sign: float, plain: bool):
+    """:func:`_sorted`'s ``(s, perm, nan)`` and the strength in float64."""
+    return *_sorted(x, sign, plain), eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
+
+
 def _separated(v0: torch.Tensor, finite: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
     """``v0`` with its infinite positions replaced by constants that never pool with a finite
     one: above every finite value at the ``top`` positions, below at the others."""
@@ -156,8 +161,7 @@ class SoftRankFn(Function):
 
     @staticmethod
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
-        s, perm, nan = _sorted(x, sign, plain)
-        eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
+        s, perm, nan, eps64 = _prepared(x, eps, sign, plain)
         if plain and isotonic_numba.available():  # the whole forward in one pass
             out, r, v, theta = isotonic_numba.rank(s, perm, eps64, kl, x.dtype)  # out: x's dtype
             return out, v, r, theta, perm, nan
@@ -235,8 +239,7 @@ class SoftSortFn(Function):
 
     @staticmethod
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
-        s, perm, nan = _sorted(x, sign, plain)
-        eps64 = eps.to(torch.float64) if isinstance(eps, torch.Tensor) else eps
+        s, perm, nan, eps64 = _prepared(x, eps, sign, plain)
         if plain and isotonic_numba.available():  # the whole forward in one pass
             h, v = isotonic_numba.sort(s, eps64, kl, sign, x.dtype)
             return h, v, s, perm, nan
