@@ -76,18 +76,27 @@ def test_numba_is_imported_at_the_first_cpu_solve_unless_switched_off():
         assert done.stdout.split() == ["False", str(used), str(used)]
 
 
-def test_without_a_working_numba_the_torch_solver_runs(monkeypatch):
+@pytest.mark.parametrize(
+    "error",
+    [
+        ImportError("Numba needs NumPy 2.3 or less"),
+        RuntimeError("cannot cache function 'pav_l2': no locator available"),
+    ],
+)
+def test_without_a_working_numba_the_torch_solver_runs(monkeypatch, error):
     x = torch.randn(4, 50, dtype=torch.float64, generator=torch.Generator().manual_seed(2), requires_grad=True)
     want = softtopk.soft_rank(x, strength=0.1)
     want_grad = torch.autograd.grad(want.square().sum(), x)[0]
 
     def broken():
-        raise ImportError("a numba that does not support this numpy")
+        raise error
 
     monkeypatch.setattr(isotonic_numba, "_load", broken)
+    monkeypatch.setattr(isotonic_numba.importlib.util, "find_spec", lambda name: object())  # "installed"
     isotonic_numba._kernels.cache_clear()
     try:
-        assert not isotonic_numba.available()
+        with pytest.warns(RuntimeWarning, match=f"numba is installed but its kernels could not be loaded.*{error}"):
+            assert not isotonic_numba.available()
         got = softtopk.soft_rank(x, strength=0.1)
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(torch.autograd.grad(got.square().sum(), x)[0], want_grad, rtol=1e-10, atol=1e-10)

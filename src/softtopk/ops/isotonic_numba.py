@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -46,7 +47,14 @@ def _kernels() -> Any:
         return None
     try:
         return _load()
-    except ImportError:  # a numba that does not support the installed numpy or Python
+    except (ImportError, RuntimeError, OSError) as error:  # e.g. a numba that does not support the
+        # installed numpy, or no writable place for its cache: the tensor solver, with a word why
+        warnings.warn(
+            f"softtopk: numba is installed but its kernels could not be loaded ({type(error).__name__}: "
+            f"{error}); soft_sort/soft_rank use the tensor solver (SOFTTOPK_NUMBA=0 silences this)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 
