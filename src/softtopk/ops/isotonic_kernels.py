@@ -155,15 +155,56 @@ def rank_forward(s, perm, eps, kl, out, r, v, theta):
         theta[b, 0] = 0.0
         for i in range(1, n):
             theta[b, i] = theta[b, i - 1] + max((s[b, i] - s[b, i - 1]) / eps[b], -bound)
+        if not (kl and _kl_rank_linear(theta[b], lw, v[b], r[b], buffers, y)):
+            for i in range(n):
+                y[i] = theta[b, i] if kl else theta[b, i] - lw[i]
+            _solve_row(y, lw, kl, v[b], buffers)
+            for i in range(n):
+                if kl:
+                    r[b, i] = np.exp((theta[b, i] - lw[i]) - v[b, i]) * float(n - i)
+                else:
+                    r[b, i] = float(n - i) - (v[b, i] - y[i])
         for i in range(n):
-            y[i] = theta[b, i] if kl else theta[b, i] - lw[i]
-        _solve_row(y, lw, kl, v[b], buffers)
-        for i in range(n):
-            if kl:
-                r[b, i] = np.exp((theta[b, i] - lw[i]) - v[b, i]) * float(n - i)
-            else:
-                r[b, i] = float(n - i) - (v[b, i] - y[i])
             out[b, perm[b, i]] = r[b, i]
+
+
+@jit
+def _kl_rank_linear(theta, lw, v, r, buffers, ey):
+    """A kl soft rank's row in linear sums, where ``θ`` spans less than ``SPAN`` (else ``False``):
+    PAV on ``e^{θ - max θ}`` against ``w / n`` (``lw = log w``), one ``exp`` per point. A pooled
+    block's value is ``v_B = log(Σ e^θ / Σ w)`` and its ranks ``r = e^{θ - v_B} = e^{θ - max θ}
+    n Σ_B(w/n) / Σ_B e^{θ - max θ}``, with no ``exp`` of their own; a point alone keeps
+    ``v = θ - log w`` and ``r = w``, exactly."""
+    n = theta.shape[0]
+    top = theta.max()
+    if top - theta.min() >= SPAN:
+        return False
+    ysum, lsum, _, _, values, counts = buffers
+    stack = -1
+    for i in range(n):
+        ey[i] = np.exp(theta[i] - top)
+        ys, ls, count = ey[i], float(n - i) / n, 1
+        value = ys / ls
+        while stack >= 0 and values[stack] <= value:
+            ys += ysum[stack]
+            ls += lsum[stack]
+            count += counts[stack]
+            value = ys / ls
+            stack -= 1
+        stack += 1
+        ysum[stack], lsum[stack], values[stack], counts[stack] = ys, ls, value, count
+    i = 0
+    for t in range(stack + 1):
+        if counts[t] == 1:
+            v[i], r[i] = theta[i] - lw[i], float(n - i)
+            i += 1
+            continue
+        block = np.log(values[t]) + (top - np.log(float(n)))
+        scale = n * lsum[t] / ysum[t]
+        for _ in range(counts[t]):
+            v[i], r[i] = block, ey[i] * scale
+            i += 1
+    return True
 
 
 @jit
