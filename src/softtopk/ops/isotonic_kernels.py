@@ -45,37 +45,44 @@ def _l2_row(y, out, sums, counts):
 
 
 @jit
+def _push_ratio(ys, ls, top, ysum, lsum, values, counts):
+    """Push a point with the linear sums ``(ys, ls)`` onto the stack of blocks, pooling it with the
+    blocks below while their ratio ``ysum / lsum`` is at most its own; the new top."""
+    count, value = 1, ys / ls
+    while top >= 0 and values[top] <= value:
+        ys += ysum[top]
+        ls += lsum[top]
+        count += counts[top]
+        value = ys / ls
+        top -= 1
+    top += 1
+    ysum[top], lsum[top], values[top], counts[top] = ys, ls, value, count
+    return top
+
+
+@jit
 def _kl_row(y, lw, out, ymax, ysum, lmax, lsum, values, counts):
     ytop, ltop = y.max(), lw.max()
     linear = ytop - y.min() < SPAN and ltop - lw.min() < SPAN
     top = -1
     for i in range(y.shape[0]):
-        count = 1
         if linear:
-            ys, ls = np.exp(y[i] - ytop), np.exp(lw[i] - ltop)
-            value = ys / ls
-            while top >= 0 and values[top] <= value:
-                ys += ysum[top]
-                ls += lsum[top]
-                count += counts[top]
-                value = ys / ls
-                top -= 1
-            ysum[top + 1], lsum[top + 1] = ys, ls
-        else:
-            ym, ys, lm, ls = y[i], 1.0, lw[i], 1.0
-            value = ym - lm
-            while top >= 0 and values[top] <= value:
-                m = max(ym, ymax[top])
-                ys = ys * np.exp(ym - m) + ysum[top] * np.exp(ymax[top] - m)
-                ym = m
-                m = max(lm, lmax[top])
-                ls = ls * np.exp(lm - m) + lsum[top] * np.exp(lmax[top] - m)
-                lm = m
-                count += counts[top]
-                value = (ym + np.log(ys)) - (lm + np.log(ls))
-                top -= 1
-            ymax[top + 1], ysum[top + 1], lmax[top + 1], lsum[top + 1] = ym, ys, lm, ls
+            top = _push_ratio(np.exp(y[i] - ytop), np.exp(lw[i] - ltop), top, ysum, lsum, values, counts)
+            continue
+        ym, ys, lm, ls, count = y[i], 1.0, lw[i], 1.0, 1
+        value = ym - lm
+        while top >= 0 and values[top] <= value:
+            m = max(ym, ymax[top])
+            ys = ys * np.exp(ym - m) + ysum[top] * np.exp(ymax[top] - m)
+            ym = m
+            m = max(lm, lmax[top])
+            ls = ls * np.exp(lm - m) + lsum[top] * np.exp(lmax[top] - m)
+            lm = m
+            count += counts[top]
+            value = (ym + np.log(ys)) - (lm + np.log(ls))
+            top -= 1
         top += 1
+        ymax[top], ysum[top], lmax[top], lsum[top] = ym, ys, lm, ls
         values[top], counts[top] = value, count
     i = 0
     for t in range(top + 1):
@@ -183,16 +190,7 @@ def _kl_rank_linear(theta, lw, v, r, buffers, ey):
     stack = -1
     for i in range(n):
         ey[i] = np.exp(theta[i] - top)
-        ys, ls, count = ey[i], float(n - i) / n, 1
-        value = ys / ls
-        while stack >= 0 and values[stack] <= value:
-            ys += ysum[stack]
-            ls += lsum[stack]
-            count += counts[stack]
-            value = ys / ls
-            stack -= 1
-        stack += 1
-        ysum[stack], lsum[stack], values[stack], counts[stack] = ys, ls, value, count
+        stack = _push_ratio(ey[i], float(n - i) / n, stack, ysum, lsum, values, counts)
     i = 0
     for t in range(stack + 1):
         if counts[t] == 1:
