@@ -7,7 +7,8 @@ the same algorithm). Where numba is installed and a tensor's values may be read
 everywhere else (accelerators, ``torch.compile``, ``vmap``, or no numba) the pure-torch solver
 runs, and it is the reference the tests hold these kernels to. The environment variable
 ``SOFTTOPK_NUMBA=0`` (read at import) turns the kernels off. The first call in a process imports
-numba and compiles the kernels; numba caches the machine code on disk for later processes.
+numba and compiles the kernels, or loads them from numba's on-disk cache in later processes: a
+one-time start-up of seconds (``docs/methods/sorting.md``), then one call per pass.
 
 The kernels themselves are in :mod:`softtopk.ops.isotonic_kernels` (imported at the first call):
 
