@@ -298,10 +298,11 @@ def _merge_kl(v: torch.Tensor, lw: torch.Tensor, m: int) -> torch.Tensor:
 
 def isotonic_l2(y: torch.Tensor) -> torch.Tensor:
     """The decreasing isotonic fit ``argmin_{v_1 >= ... >= v_n} ½ ||v - y||²`` of rows ``y`` (B, n)."""
-    if y.numel() and can_inspect(y) and isotonic_numba.available():
-        return isotonic_numba.pav_l2(y)
-    found = _pooled_runs(y, None) if y.numel() and can_inspect(y) else None
-    return found if found is not None else levels_l2(y)
+    if y.numel() and can_inspect(y):
+        found = isotonic_numba.pav_l2(y) if isotonic_numba.available() else _pooled_runs(y, None)
+        if found is not None:
+            return found
+    return levels_l2(y)
 
 
 def levels_l2(y: torch.Tensor) -> torch.Tensor:
@@ -319,10 +320,11 @@ def levels_l2(y: torch.Tensor) -> torch.Tensor:
 def isotonic_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
     """``argmin_{v_1 >= ... >= v_n} <exp(y - v), 1> + <exp(lw), v>`` of rows ``y``, ``lw`` (B, n);
     a block's value is ``logsumexp(y_B) - logsumexp(lw_B)``."""
-    if y.numel() and can_inspect(y) and isotonic_numba.available():
-        return isotonic_numba.pav_kl(y, lw)
-    found = _pooled_runs(y, lw) if y.numel() and can_inspect(y) else None
-    return found if found is not None else levels_kl(y, lw)
+    if y.numel() and can_inspect(y):
+        found = isotonic_numba.pav_kl(y, lw) if isotonic_numba.available() else _pooled_runs(y, lw)
+        if found is not None:
+            return found
+    return levels_kl(y, lw)
 
 
 def levels_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
@@ -339,14 +341,7 @@ def levels_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
 
 def block_ids(v: torch.Tensor) -> torch.Tensor:
     """The pooled block of every point of a solution ``v`` (B, n): its index (int64; a block is a
-    run of equal values). Where :func:`block_sum` passes over the runs with numba, ``v`` itself,
-    whose runs are the blocks."""
-    if can_inspect(v) and isotonic_numba.available():
-        return v
-    return _run_ids(v)
-
-
-def _run_ids(v: torch.Tensor) -> torch.Tensor:
+    run of equal values)."""
     new = torch.cat([torch.ones_like(v[..., :1], dtype=torch.bool), v[..., 1:] != v[..., :-1]], -1)
     return new.long().cumsum(-1) - 1
 
@@ -365,8 +360,6 @@ def block_sum(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     sequential pass over the runs (:mod:`softtopk.ops.isotonic_numba`), where the scatter-add is slow."""
     if can_inspect(values) and can_inspect(ids) and not values.requires_grad and isotonic_numba.available():
         return isotonic_numba.run_sums(values, ids)
-    if ids.is_floating_point():  # a solution from block_ids, met by values that may not be read (vmap)
-        ids = _run_ids(ids)
     if not torch.compiler.is_compiling():
         return torch.zeros_like(values).scatter_add(-1, ids, values).gather(-1, ids)
     sums = torch.nn.functional.pad(scan_rows(values), (1, 0))

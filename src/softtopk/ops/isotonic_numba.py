@@ -14,8 +14,8 @@ The kernels themselves are in :mod:`softtopk.ops.isotonic_kernels` (imported at 
 
 * :func:`pav_l2`, :func:`pav_kl`: the two isotonic problems of :mod:`softtopk.ops.isotonic`, solved
   row by row by PAV with a stack of blocks;
-* :func:`run_sums`: the sum of ``values`` over each point's run of equal block ids, the block
-  reductions of the backward pass;
+* :func:`run_sums`: the sum of ``values`` over each point's block (a run of equal block ids), the
+  block reductions of the tensor backward on CPU rows;
 * :func:`rank`, :func:`rank_grad`, :func:`sort`, :func:`sort_grad`: the whole forward of
   :class:`softtopk.ops.permutahedron.SoftRankFn` and :class:`~softtopk.ops.permutahedron.SoftSortFn`
   on finite sorted rows, and their backward without a strength gradient, one pass each instead of
@@ -68,7 +68,8 @@ def available() -> bool:
 
 def _kernel(name: str):
     kernels = _kernels()
-    assert kernels is not None, "isotonic_numba used without numba (check available() first)"
+    if kernels is None:  # a caller that skipped available(): a bug of the library, not of its user
+        raise RuntimeError("softtopk.ops.isotonic_numba called without its kernels (check available() first)")
     return getattr(kernels, name)
 
 
@@ -103,8 +104,7 @@ def pav_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
 
 
 def run_sums(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The sum of the float64 CPU ``values`` (B, n) over each point's run of equal ``ids`` (B, n;
-    block indices, or the solution's values themselves)."""
+    """The sum of the float64 CPU ``values`` (B, n) over each point's run of equal ``ids`` (B, n)."""
     out = _out(values)
     _kernel("run_sums")(_array(ids), _array(values), out.numpy())
     return out

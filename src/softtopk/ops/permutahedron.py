@@ -67,10 +67,9 @@ def _again(x, sign: float, perm, saved):
 def _ranks_again(x, eps, sign: float, perm, v, r, theta, plain: bool, kl: bool):
     """``r`` (kl) and ``θ`` of a soft rank recomputed with autograd (:func:`_again`): within a kl
     block ``r = exp(θ - v_B) = softmax_B(θ) Σ_B w``; ``θ`` enters the strength's gradient."""
-    th = _relative(_again(x, sign, perm, theta), eps, plain)
-    th = torch.where(theta.isfinite(), th, theta)
+    finite = theta.isfinite()
+    th = torch.where(finite, _relative(_again(x, sign, perm, theta), eps, plain), theta)
     if kl:
-        finite = theta.isfinite()
         ids, first = block_ids(v), block_starts(v)
         soft = _softmax_blocks(torch.where(finite, th, 0.0), ids, first) * block_sum(_weights(v).expand_as(v), ids)
         r = torch.where(finite, soft, r)
