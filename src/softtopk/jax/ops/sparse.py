@@ -127,8 +127,10 @@ def _solve_sorted(s, k, lam, r, magnitude):
     sat_knots = (_saturation_knot(u + sk, lam_u, r) - sk) if magnitude else u - 1.0
     kf = k if isinstance(k, int) else k.astype(s.dtype)  # a traced k: the count in the scores' dtype
     slack = 1e-9 * kf if s.dtype == jnp.float64 else 1e-5 * kf
-    n_above = jnp.sum(total(u) < kf - slack, -1, keepdims=True)
-    n_sat = jnp.minimum(jnp.sum(total(sat_knots) <= kf + slack, -1, keepdims=True), n_above)
+    # both breakpoint sets in one evaluation: one program for the searches and windows, not two
+    at_u, at_sat = jnp.split(total(jnp.concatenate([u, sat_knots], -1)), 2, axis=-1)
+    n_above = jnp.sum(at_u < kf - slack, -1, keepdims=True)
+    n_sat = jnp.minimum(jnp.sum(at_sat <= kf + slack, -1, keepdims=True), n_above)
     deficit = kf - n_sat.astype(s.dtype)
     window_prefix = [take_rows(p, n_above) - take_rows(p, n_sat) for p in prefix]
     count = (n_above - n_sat).astype(s.dtype)
