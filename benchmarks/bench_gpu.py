@@ -19,7 +19,8 @@ Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven rep
 * losses at 512 x 1000 and 4096 x 1000 (float32): ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16,
   splitter network and NeuralSort), ``SmoothTopKSVM(k=5)``, ``BalNoisedTopK(5, epsilon=1,
   n_samples=5)``, pytopk's ``BalNoisedTopK`` and difftopk's NeuralSort loss where importable.
-  Baseline: ``F.cross_entropy``.
+  Baseline: ``F.cross_entropy``; a row of cross-entropy plus the draw of five noise samples per
+  score shows the floor of every noised loss.
 * router: 16384 tokens (``--quick``: 2048), d = 1024, 64 experts, k = 2, bfloat16: ``TopKRouter``
   ``hard``, lapsum ``hard=True`` and sparse, fwd+bwd of ``(weights * g).sum() + aux_loss``.
   Baseline: a softmax+topk router with the Switch load-balancing loss, written here.
@@ -224,6 +225,18 @@ def _difftopk(device):
         raise Skip(f"difftopk not installed ({error})") from None
 
 
+def _noise_floor(device):
+    """Cross-entropy plus the draw of a noised loss's noise, ``randn(B, C, 5)``, and nothing else:
+    the least any noised top-k loss with five samples costs (the draw alone is several
+    cross-entropies on a CPU)."""
+
+    def loss(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        torch.randn((*x.shape, 5), device=x.device)
+        return F.cross_entropy(x, target)
+
+    return loss
+
+
 def loss_cases() -> dict[str, Callable]:
     def topk_ce(method):
         return _loss_case(lambda d: softtopk.TopKCrossEntropyLoss([0.2] * 5, method=method, m=16))
@@ -236,6 +249,7 @@ def loss_cases() -> dict[str, Callable]:
         "BalNoisedTopK k=5 eps=1 S=5": _loss_case(
             lambda d: softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5), stochastic=True
         ),
+        "cross_entropy + noise draw randn(B, C, 5)": _loss_case(_noise_floor, stochastic=True),
         "pytopk BalNoisedTopK": _loss_case(_pytopk, stochastic=True),
         "difftopk neuralsort m=16": _loss_case(_difftopk),
     }
