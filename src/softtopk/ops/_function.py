@@ -1,10 +1,13 @@
 """The base class of the library's ``torch.autograd.Function`` kernels.
 
 ``Function.apply`` of a class that defines ``setup_context`` binds every call's arguments to
-``forward``'s signature, which ``inspect.signature`` rebuilds from the code object at each call
-unless the function carries it as ``__signature__`` (the attribute it returns first). A subclass
-of :class:`Function` carries it, computed once when the class is made: the same binding, without
-the per-call rebuild (the host time of every call, on any device)."""
+``forward``'s signature (to fill in defaults), which costs the host more than a small kernel: the
+signature is rebuilt from the code object at each call unless the function carries it as
+``__signature__``, and the binding itself walks it in Python. A subclass of :class:`Function`
+carries the signature, computed once when the class is made, and skips the binding where it
+changes nothing: every parameter of ``forward`` given by position, no keyword, outside the
+functorch transforms (``vmap``, ``grad``; there ``torch.autograd.Function.apply`` runs as it is).
+``torch.compile`` never runs ``apply`` (Dynamo traces the Function itself)."""
 
 from __future__ import annotations
 
@@ -12,13 +15,29 @@ import inspect
 from typing import Any
 
 import torch
+from torch._functorch.utils import unwrap_dead_wrappers
+
+_POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
 
 class Function(torch.autograd.Function):
-    """``torch.autograd.Function`` whose ``forward`` carries its signature (module doc)."""
+    """``torch.autograd.Function`` whose ``forward`` carries its signature, and whose ``apply``
+    binds arguments only where a default is missing (module doc)."""
+
+    _arity: int | None = None  # forward's parameter count, where they are all positional
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         forward = cls.__dict__.get("forward")
         if isinstance(forward, staticmethod):
-            forward.__func__.__signature__ = inspect.signature(forward.__func__)  # type: ignore[attr-defined]
+            signature = inspect.signature(forward.__func__)
+            forward.__func__.__signature__ = signature  # type: ignore[attr-defined]
+            plain = all(p.kind is _POSITIONAL for p in signature.parameters.values())
+            cls._arity = len(signature.parameters) if plain and "setup_context" in cls.__dict__ else None
+
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != cls._arity or torch._C._are_functorch_transforms_active():
+            return super().apply(*args, **kwargs)
+        # what torch.autograd.Function.apply does once its binding has returned the arguments as given
+        return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))  # type: ignore[misc]
