@@ -9,7 +9,10 @@ On a CPU some ATen kernels are much slower than other calls that give the same v
 once ``k`` nears ``n / 64`` (it leaves its partial sort for ``nth_element``), the float ``sort`` (its
 comparator places NaN), ``exp`` (not vectorised here, where ``exp2`` is), ``addcmul`` with two
 broadcast operands and the batched one-row ``bmm``. The library takes the faster call on the CPU
-only (``ops.compute.on_cpu``); this script shows each choice on the shapes the kernels meet.
+only (``ops.compute.on_cpu``); this script shows each choice on the shapes the kernels meet. One
+more row times the host cost of applying an autograd Function: torch's ``Function.apply``, which
+binds the arguments to ``forward``'s signature at every call, against the library's base class
+(``ops._function``), which skips that where it changes nothing (on any device).
 Forward only, float32 unless noted, one thread;
 per repeat every candidate of a row is timed once in a rotated order, the table gives medians and
 the median ratio to the ATen call timed in the same repeat.
@@ -30,8 +33,38 @@ import torch
 from _machine import machine_info, steady_malloc
 
 from softtopk.ops import compute
+from softtopk.ops._function import Function
 
 LOG2E = 1.0 / math.log(2.0)
+
+
+class _TorchScale(torch.autograd.Function):
+    """``(x * scale, x[:, :1])``, the second output non-differentiable: a Function as torch has it."""
+
+    @staticmethod
+    def forward(x, scale):
+        return x * scale, x[:, :1]
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+        ctx.scale = inputs[1]
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        return grad * ctx.scale, None
+
+
+class _OurScale(Function):
+    """:class:`_TorchScale` on the library's base class (its own ``forward``: the base caches the
+    signature on the function, which torch's class would then share)."""
+
+    @staticmethod
+    def forward(x, scale):
+        return x * scale, x[:, :1]
+
+    setup_context = _TorchScale.setup_context
+    backward = _TorchScale.backward
 
 
 def cases() -> list[tuple[str, str, Callable[[], object], Callable[[], object]]]:
@@ -73,6 +106,8 @@ def cases() -> list[tuple[str, str, Callable[[], object], Callable[[], object]]]
     found.append(
         ("row dot", "64×1000", lambda: torch.bmm(a.unsqueeze(-2), b.unsqueeze(-1)), lambda: compute.row_dot(a, b))
     )
+    x = torch.randn(64, 100, generator=gen, requires_grad=True)
+    found.append(("Function.apply", "64×100", lambda: _TorchScale.apply(x, 2.0), lambda: _OurScale.apply(x, 2.0)))
     return found
 
 
@@ -120,6 +155,7 @@ def write(out: Path, rows: list[dict], args: argparse.Namespace, malloc: str) ->
         "exp": ("`x.exp()`", "`x.mul(log2 e).exp2_()`"),
         "muladd": ("`addcmul` with two (B, 1) operands", "`muladd_rows` (product, in-place sum)"),
         "row dot": ("`bmm` of one-row products", "`row_dot` (`vecdot`)"),
+        "Function.apply": ("torch's `Function.apply` (binds the arguments)", "`ops._function.Function.apply`"),
     }
     for r in rows:
         aten, ours = names[r["step"]]
