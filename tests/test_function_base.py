@@ -39,6 +39,14 @@ def test_every_autograd_function_derives_from_the_base():
             assert fn.forward.__signature__ == inspect.signature(fn.forward, follow_wrapped=False)
 
 
+def test_every_library_function_may_skip_the_binding():
+    """Each Function with a forward of its own (positional parameters only) takes the shortcut,
+    also where ``setup_context`` is inherited (the networks' sweeps)."""
+    for fn in _library_functions():
+        if "forward" in vars(fn):
+            assert fn._arity == len(inspect.signature(fn.forward).parameters), fn.__name__
+
+
 def test_apply_does_not_rebuild_the_signature(monkeypatch):
     x = torch.randn(4, 9, requires_grad=True)
     softtopk.soft_rank(x)  # once first: numba's own start-up (its kernels' loading) inspects functions

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch._functorch.utils import unwrap_dead_wrappers
+from torch.autograd.function import _is_setup_context_defined
 
 _POSITIONAL = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
@@ -33,7 +34,8 @@ class Function(torch.autograd.Function):
             signature = inspect.signature(forward.__func__)
             forward.__func__.__signature__ = signature  # type: ignore[attr-defined]
             plain = all(p.kind is _POSITIONAL for p in signature.parameters.values())
-            cls._arity = len(signature.parameters) if plain and "setup_context" in cls.__dict__ else None
+            # (a class without setup_context takes ctx first and is never bound: torch's apply then)
+            cls._arity = len(signature.parameters) if plain and _is_setup_context_defined(cls.setup_context) else None
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
