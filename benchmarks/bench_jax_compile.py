@@ -23,51 +23,51 @@ import os
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _machine import machine_info
 
-OPS = (
-    "lax.top_k (baseline)",
-    "soft_topk lapsum",
-    "sparse_topk_mask p=4/3",
-    "sparse_topk_mask p=2",
-    "sparse_topk_mag p=4/3",
-    "soft_rank l2",
-    "soft_sort kl",
-)
+K = 10
 
-# the child process: one program, named by argv[1], compiled once (its own process: no cache)
-_CHILD = """
-import json, os, sys, time
-os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-import jax, jax.numpy as jnp
-import softtopk.jax as sj
-K, n, backward = 10, int(sys.argv[2]), sys.argv[3] == "1"
-op = {
-    "lax.top_k (baseline)": lambda x: jax.lax.top_k(x, K)[0],
-    "soft_topk lapsum": lambda x: sj.soft_topk(x, K),
-    "sparse_topk_mask p=4/3": lambda x: sj.sparse_topk_mask(x, K),
-    "sparse_topk_mask p=2": lambda x: sj.sparse_topk_mask(x, K, p=2),
-    "sparse_topk_mag p=4/3": lambda x: sj.sparse_topk_mag(x, K),
-    "soft_rank l2": lambda x: sj.soft_rank(x),
-    "soft_sort kl": lambda x: sj.soft_sort(x, regularization="kl"),
-}[sys.argv[1]]
-x = jax.random.normal(jax.random.key(0), (64, n))
-if backward:
-    f = jax.jit(jax.value_and_grad(lambda x, g: (op(x) * g[:, : op(x).shape[-1]]).sum()))
-    args = (x, x)
-else:
-    f = jax.jit(op)
-    args = (x,)
-jax.block_until_ready(jax.jit(lambda v: v + 1)(x))  # the backend's own start-up, not the program's
-t0 = time.perf_counter()
-lowered = f.lower(*args)
-t1 = time.perf_counter()
-lowered.compile()
-t2 = time.perf_counter()
-print(json.dumps({"lower": t1 - t0, "compile": t2 - t1}))
-"""
+
+def _ops() -> dict[str, Callable]:
+    """The programs, by name (imports JAX: the parent reads the names, a child runs one)."""
+    import jax
+
+    import softtopk.jax as sj
+
+    return {
+        "lax.top_k (baseline)": lambda x: jax.lax.top_k(x, K)[0],
+        "soft_topk lapsum": lambda x: sj.soft_topk(x, K),
+        "sparse_topk_mask p=4/3": lambda x: sj.sparse_topk_mask(x, K),
+        "sparse_topk_mask p=2": lambda x: sj.sparse_topk_mask(x, K, p=2),
+        "sparse_topk_mag p=4/3": lambda x: sj.sparse_topk_mag(x, K),
+        "soft_rank l2": lambda x: sj.soft_rank(x),
+        "soft_sort kl": lambda x: sj.soft_sort(x, regularization="kl"),
+    }
+
+
+def _child(name: str, n: int, backward: bool) -> None:
+    """One program compiled once, in a process of its own (no cache), pinned to one CPU; prints
+    the seconds of ``lower`` and ``compile`` as JSON."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    import jax
+
+    op = _ops()[name]
+    x = jax.random.normal(jax.random.key(0), (64, n))
+    if backward:
+        f = jax.jit(jax.value_and_grad(lambda x, g: (op(x) * g[:, : op(x).shape[-1]]).sum()))
+        args: tuple = (x, x)
+    else:
+        f, args = jax.jit(op), (x,)
+    jax.block_until_ready(jax.jit(lambda v: v + 1)(x))  # the backend's own start-up, not the program's
+    t0 = time.perf_counter()
+    lowered = f.lower(*args)
+    t1 = time.perf_counter()
+    lowered.compile()
+    print(json.dumps({"lower": t1 - t0, "compile": time.perf_counter() - t1}))
 
 
 def measure(name: str, n: int, backward: bool) -> dict:
@@ -78,7 +78,7 @@ def measure(name: str, n: int, backward: bool) -> dict:
         "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
     }
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, name, str(n), "1" if backward else "0"],
+        [sys.executable, __file__, "--child", name, str(n), "1" if backward else "0"],
         env=env,
         capture_output=True,
         text=True,
@@ -92,10 +92,15 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per program (median)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "jax_compile.md")
+    parser.add_argument("--child", nargs=3, metavar=("NAME", "N", "BACKWARD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        name, n, backward = args.child
+        _child(name, int(n), backward == "1")
+        return
     rows = []
     for n in args.sizes:
-        for name in OPS:
+        for name in _ops():
             for backward in (False, True):
                 runs = [measure(name, n, backward) for _ in range(args.repeats)]
                 row = {key: statistics.median(run[key] for run in runs) for key in ("lower", "compile")}
