@@ -168,8 +168,10 @@ def _mask_residual(v, at, k, r):
 
 
 def _polish(u, at, k, lam, r, magnitude, sk):
-    """Newton steps on ``Σ h(u - at) = k`` over the candidates (float32 without x64)."""
-    for _ in range(3):
+    """Three Newton steps on ``Σ h(u - at) = k`` over the candidates (float32 without x64), as a
+    loop: one step to trace and lower."""
+
+    def step(_, at):
         if magnitude:
             theta = jnp.maximum(at + sk, 1e-30)
             scale = lam * theta ** (1.0 / r)
@@ -184,8 +186,9 @@ def _polish(u, at, k, lam, r, magnitude, sk):
             inside = (z > 0) & (z < 1)
             value = jnp.sum(jnp.clip(z, 0, 1) ** r, -1, keepdims=True)
             slope = jnp.sum(jnp.where(inside, r * z ** (r - 1), 0), -1, keepdims=True) / lam
-        at = at + jnp.where(slope > 0, (value - k) / jnp.where(slope > 0, slope, 1.0), 0.0)
-    return at
+        return at + jnp.where(slope > 0, (value - k) / jnp.where(slope > 0, slope, 1.0), 0.0)
+
+    return lax.fori_loop(0, 3, step, at)
 
 
 def sorted_desc(scores, size):
