@@ -17,14 +17,17 @@ def along_rows(
     x: torch.Tensor, dim: int, fn: Callable[[torch.Tensor], torch.Tensor], extra: int | None
 ) -> torch.Tensor:
     """Apply ``fn`` to the rows ``(B, n)`` of ``x`` along ``dim`` (in the compute dtype); put the
-    result back in place, in ``x``'s dtype. ``fn`` returns ``(B, n)`` (``extra=None``) or ``(B, n, extra)``."""
-    moved = x.movedim(dim, -1)
+    result back in place, in ``x``'s dtype. ``fn`` returns ``(B, n)`` (``extra=None``) or ``(B, n, extra)``.
+    A ``(B, n)`` input along its last dim goes to ``fn`` as it is: an identity ``movedim`` and
+    ``reshape`` would still be views that autograd records and walks back, host time per call."""
+    last, flat = dim == x.dim() - 1, x.dim() == 2
+    moved = x if last else x.movedim(dim, -1)
     # explicit row count: reshape(-1, 0) is ambiguous for rows of length 0
-    rows = moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1]).to(compute_dtype(x.dtype))
-    out = fn(rows).to(x.dtype)
-    if extra is None:
-        return out.reshape(moved.shape).movedim(-1, dim)
-    return out.reshape(*moved.shape, extra).movedim(-2, dim)
+    rows = moved if flat else moved.reshape(math.prod(moved.shape[:-1]), moved.shape[-1])
+    out = fn(rows.to(compute_dtype(x.dtype))).to(x.dtype)
+    if not flat:
+        out = out.reshape(moved.shape) if extra is None else out.reshape(*moved.shape, extra)
+    return out if last else out.movedim(-1 if extra is None else -2, dim)
 
 
 def per_row(name: str, value: torch.Tensor, batch: torch.Size, device: torch.device) -> torch.Tensor:
@@ -50,7 +53,8 @@ def class_rows(
     dtype, labels ``(R,)`` (int64, ``ignore_index`` replaced by 0: safe to gather with) and the bool
     ``(R,)`` mask of ignored rows, which :func:`reduce_loss` leaves out. Two ops (and a cast for
     non-int64 targets or half inputs); no value is read."""
-    logits = input.movedim(1, -1).reshape(-1, input.shape[1]).to(compute_dtype(input.dtype))
+    logits = input if input.dim() == 2 else input.movedim(1, -1).reshape(-1, input.shape[1])
+    logits = logits.to(compute_dtype(input.dtype))
     flat = target.reshape(-1)
     ignored = flat == ignore_index
     return logits, flat.masked_fill(ignored, 0).long(), ignored
