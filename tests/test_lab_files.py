@@ -421,3 +421,16 @@ def test_a_ctrl_c_during_a_checkpoint_write_is_raised_after_it():
         time.sleep(0.05)
         finished_write.append(True)
     assert finished_write == [True]
+
+
+def test_an_ignored_sigint_stays_ignored_during_a_checkpoint_write():
+    """A run started with SIGINT ignored (a background command of a shell without job control)
+    was interrupted by a Ctrl-C that reached it during a checkpoint write, and only then."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with interrupt_after():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

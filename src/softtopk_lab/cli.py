@@ -31,7 +31,6 @@ from .config import (
 )
 from .errors import DataError, UsageError
 from .flags import build_parser, resume_target, use_stored_flags
-from .interrupts import ctrl_c_checked
 
 TRAINING_TOOLS = ("train-embeddings", "train-cifar100", "knn")
 #: the packages of the ``lab`` extra (``pyproject.toml``), which every command needs
@@ -166,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        with ctrl_c_checked():
-            handler(config_type.from_args(args))
+        handler(config_type.from_args(args))
     except KeyboardInterrupt:
         print(f"softtopk {name}: interrupted{_where(name)}", file=sys.stderr)
         return 130

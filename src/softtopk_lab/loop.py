@@ -39,7 +39,6 @@ from typing import Any, NamedTuple
 import torch
 
 from .errors import UsageError
-from .interrupts import raise_pending
 from .metrics import BestTracker, summary_table
 from .runner import Run
 
@@ -218,7 +217,6 @@ class _Loop:
         self.net.train()
         batches = self.run.progress(task.batches(epoch), task.steps_per_epoch, f"epoch {epoch + 1}/{task.n_epochs}")
         for indices, shared in batches:
-            raise_pending()  # a Ctrl-C that Python dropped (see softtopk_lab.interrupts)
             self.train_step(indices, shared)
             if self.run.show_progress:
                 batches.set_postfix(**self.postfix())
