@@ -66,15 +66,22 @@ def _saturation_knot(s: torch.Tensor, lam: float, r: int) -> torch.Tensor:
     return cubic_root(torch.full_like(s, lam), -s).pow(3)
 
 
-def _power_sums(u: torch.Tensor, r: int) -> list[torch.Tensor]:
-    """Prefix sums (B, K+1) of ``u^m`` for m = 1..r (float64)."""
-    zero = u.new_zeros(u.shape[0], 1)
-    return [torch.cat([zero, scan_rows(u.pow(m))], -1) for m in range(1, r + 1)]
+def _power_sums(u: torch.Tensor, r: int) -> torch.Tensor:
+    """Prefix sums ``(r, B, K+1)`` of ``u^m`` for m = 1..r (float64), stacked, so that one scan and
+    one gather per bound serve every power (``u·u·u`` is how ATen's ``pow(u, 3)`` rounds)."""
+    powers = u.unsqueeze(0) if r == 1 else torch.stack([u, u * u, u * u * u])
+    return torch.nn.functional.pad(scan_rows(powers), (1, 0))
 
 
-def _window_power(prefix: list[torch.Tensor], lo: torch.Tensor, hi: torch.Tensor, at: torch.Tensor, r: int):
-    """``Σ_{lo < i <= hi} (u_i - at)^r`` from prefix sums (all (B, M))."""
-    return window_power([p.gather(-1, hi) - p.gather(-1, lo) for p in prefix], (hi - lo).to(at.dtype), at, r)
+def _window_sums(prefix: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> list[torch.Tensor]:
+    """``Σ_{lo < i <= hi} u_i^m`` for m = 1..r (each (B, M)) from the stacked prefix sums."""
+    size = (prefix.shape[0], *hi.shape)
+    return list((prefix.gather(-1, hi.expand(size)) - prefix.gather(-1, lo.expand(size))).unbind(0))
+
+
+def _window_power(prefix: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, at: torch.Tensor, r: int):
+    """``Σ_{lo < i <= hi} (u_i - at)^r`` from the stacked prefix sums (bounds and ``at`` (B, M))."""
+    return window_power(_window_sums(prefix, lo, hi), (hi - lo).to(at.dtype), at, r)
 
 
 def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, magnitude: bool):
@@ -118,7 +125,7 @@ def _solve_sorted(s: torch.Tensor, k: int, lam: float | torch.Tensor, r: int, ma
     sat_knots = (_saturation_knot(knots + sk, cast(float, lam), r) - sk) if magnitude else knots - 1.0
     n_sat = (total(sat_knots, None) <= k + slack).sum(-1, keepdim=True).clamp_max(n_above)
     deficit = k - n_sat.to(s.dtype)
-    window_prefix = [p.gather(-1, n_above) - p.gather(-1, n_sat) for p in prefix]
+    window_prefix = _window_sums(prefix, n_sat, n_above)
     count = (n_above - n_sat).to(s.dtype)
     safe = count.clamp_min(1)
     at = window_root(
