@@ -88,9 +88,23 @@ def _column(rows, index):
     return lax.dynamic_slice_in_dim(rows, index, 1, axis=1)
 
 
+def _power_sums(u, r):
+    """Prefix sums ``(r, B, K+1)`` of ``u^m`` for m = 1..r, stacked: one scan and one gather per
+    bound for every power, a smaller program than one per power (the torch kernel's layout)."""
+    powers = u[None] if r == 1 else jnp.stack([u, u * u, u * u * u])
+    return jnp.pad(jnp.cumsum(powers, -1), ((0, 0), (0, 0), (1, 0)))
+
+
+def _window_sums(prefix, lo, hi):
+    """``Σ_{lo < i <= hi} u_i^m`` for m = 1..r (each (B, M)) from the stacked prefix sums."""
+    size = (prefix.shape[0], *hi.shape)
+    sums = jnp.take_along_axis(prefix, jnp.broadcast_to(hi, size), -1)
+    return list(sums - jnp.take_along_axis(prefix, jnp.broadcast_to(lo, size), -1))
+
+
 def _window_power(prefix, lo, hi, at, r):
-    """``Σ_{lo < i <= hi} (u_i - at)^r`` from the prefix sums of ``u^m``."""
-    return window_power([take_rows(p, hi) - take_rows(p, lo) for p in prefix], (hi - lo).astype(at.dtype), at, r)
+    """``Σ_{lo < i <= hi} (u_i - at)^r`` from the stacked prefix sums."""
+    return window_power(_window_sums(prefix, lo, hi), (hi - lo).astype(at.dtype), at, r)
 
 
 def _solve_sorted(s, k, lam, r, magnitude):
@@ -109,8 +123,7 @@ def _solve_sorted(s, k, lam, r, magnitude):
     # by λ, where the bracket cannot round away
     u = jnp.clip(s, lower, upper) - sk if magnitude else jnp.clip((s - sk) / lam, -1.0, 1.0)
     neg = -u
-    zero = jnp.zeros_like(sk)
-    prefix = [jnp.concatenate([zero, jnp.cumsum(u**m, -1)], -1) for m in range(1, r + 1)]
+    prefix = _power_sums(u, r)
     lam_r = lam_u**r
 
     def total(at):  # Σ_i h(.) at centred thresholds ``at`` (B, M); entries before ``sat`` saturate
@@ -132,7 +145,7 @@ def _solve_sorted(s, k, lam, r, magnitude):
     n_above = jnp.sum(at_u < kf - slack, -1, keepdims=True)
     n_sat = jnp.minimum(jnp.sum(at_sat <= kf + slack, -1, keepdims=True), n_above)
     deficit = kf - n_sat.astype(s.dtype)
-    window_prefix = [take_rows(p, n_above) - take_rows(p, n_sat) for p in prefix]
+    window_prefix = _window_sums(prefix, n_sat, n_above)
     count = (n_above - n_sat).astype(s.dtype)
     safe = jnp.maximum(count, 1)
     at = window_root(
