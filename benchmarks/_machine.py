@@ -8,6 +8,7 @@ import datetime
 import os
 import platform
 import subprocess
+import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -78,3 +79,14 @@ def machine_info(*packages: str) -> dict:
         "git_src_dirty": bool(git("status", "--porcelain", "src")),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
+
+
+def jax_provenance(info: dict) -> str:
+    """The opening of a JAX result's first line, from :func:`machine_info` ``("jax")``: the command as
+    run, the CPU, jax's version, softtopk's commit (``(src modified)`` where ``src`` was dirty) and
+    the date."""
+    dirty = " (src modified)" if info["git_src_dirty"] else ""
+    return (
+        f"`python benchmarks/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}`: {info['cpu_model']}, "
+        f"jax {info['jax']}, softtopk commit {info['git_commit']}{dirty}, {info['date']}"
+    )

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _machine import machine_info
+from _machine import jax_provenance, machine_info
 
 K = 10
 
@@ -111,9 +111,7 @@ def main() -> None:
     lines = [
         "# softtopk.jax: compile time of each program",
         "",
-        f"`python benchmarks/bench_jax_compile.py {' '.join(sys.argv[1:])}`: {info['cpu_model']}, jax "
-        f"{info['jax']}, softtopk commit {info['git_commit']}"
-        f"{' (src modified)' if info['git_src_dirty'] else ''}, {info['date']}. `randn(64, n)` float32, "
+        f"{jax_provenance(info)}. `randn(64, n)` float32, "
         f"k = 10, one thread; the median of {args.repeats} fresh processes per program (no persistent cache).",
         "",
         "| n | operator | program | lower (s) | compile (s) |",

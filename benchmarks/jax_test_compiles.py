@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from _machine import machine_info
+from _machine import jax_provenance, machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ("test_jax.py", "test_jax_compat.py", "test_jax_mirror.py", "test_jax_sorting.py", "test_jax_torch.py")
@@ -67,9 +66,7 @@ def main() -> None:
     lines = [
         "# The JAX tests' XLA compiles",
         "",
-        f"`python benchmarks/jax_test_compiles.py {' '.join(sys.argv[1:])}`: {info['cpu_model']}, jax {info['jax']}, "
-        f"softtopk commit {info['git_commit']}{' (src modified)' if info['git_src_dirty'] else ''}, {info['date']}. "
-        f"The five JAX test files, serially in one process (pytest exit code {int(code)}).",
+        f"{jax_provenance(info)}. The five JAX test files, serially in one process (pytest exit code {int(code)}).",
         "",
         f"Wall time {wall:.1f} s; {len(counter.durations)} backend compiles, {total:.1f} s.",
         "",

@@ -22,10 +22,10 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from _machine import machine_info
+from _machine import jax_provenance, machine_info
+from jax_test_compiles import FILES
 
 ROOT = Path(__file__).resolve().parent.parent
-JAX_FILES = ("test_jax.py", "test_jax_compat.py", "test_jax_mirror.py", "test_jax_sorting.py", "test_jax_torch.py")
 
 
 def file_seconds(junit: Path) -> tuple[collections.Counter[str], collections.Counter[str]]:
@@ -57,13 +57,11 @@ def main() -> None:
         how = f"`pytest -n 2 -q` run by the script (exit code {code})"
     seconds, count = file_seconds(junit)
     total = sum(seconds.values())
-    jax = sum(seconds[f"tests/{name}"] for name in JAX_FILES)
+    jax = sum(seconds[f"tests/{name}"] for name in FILES)
     lines = [
         "# The JAX tests' share of the suite's time",
         "",
-        f"`python benchmarks/test_time_share.py {' '.join(sys.argv[1:])}`: {info['cpu_model']}, jax {info['jax']}, "
-        f"softtopk commit {info['git_commit']}{' (src modified)' if info['git_src_dirty'] else ''}, {info['date']}; "
-        f"{how}.",
+        f"{jax_provenance(info)}; {how}.",
         "",
         f"Tests' durations add up to {total:.0f} s over {sum(count.values())} tests; the five JAX files "
         f"take {jax:.0f} s, **{100 * jax / total:.1f}%** (issue 23's target: under 20%).",
@@ -71,7 +69,7 @@ def main() -> None:
         "| file | tests | seconds | share |",
         "|---|---:|---:|---:|",
     ]
-    listed = [f"tests/{name}" for name in JAX_FILES]
+    listed = [f"tests/{name}" for name in FILES]
     listed += [name for name, _ in seconds.most_common() if name not in listed][: args.top]
     for name in listed:
         lines.append(f"| `{name}` | {count[name]} | {seconds[name]:.1f} | {100 * seconds[name] / total:.1f}% |")
