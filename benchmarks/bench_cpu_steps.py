@@ -14,8 +14,10 @@ more row times the host cost of applying an autograd Function: torch's ``Functio
 binds the arguments to ``forward``'s signature at every call, against the library's base class
 (``ops._function``), which skips that where it changes nothing (on any device).
 Forward only, float32 unless noted, one thread;
-per repeat every candidate of a row is timed once in a rotated order, the table gives medians and
-the median ratio to the ATen call timed in the same repeat.
+per repeat both calls of a row are timed once, in alternating order, each on the next input of a
+pool of distinct ones (``_inputs.py``: on an input it has just met, a sort or a top-k runs on
+branches the CPU has learnt); the table gives medians and the median ratio to the
+ATen call timed in the same repeat.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _inputs import Pool
 from _machine import machine_info, steady_malloc
 
 from softtopk.ops import compute
@@ -67,59 +70,90 @@ class _OurScale(Function):
     backward = _TorchScale.backward
 
 
-def cases() -> list[tuple[str, str, Callable[[], object], Callable[[], object]]]:
-    """(step, shape, ATen call, the library's CPU step)."""
-    gen = torch.Generator().manual_seed(0)
+def cases() -> list[tuple[str, str, Callable, Callable, Pool]]:
+    """(step, shape, ATen call, the library's CPU step, the pool of inputs both take in turn)."""
     found = []
+
+    def add(step: str, shape: str, aten: Callable, ours: Callable, make: Callable, numel: int) -> None:
+        found.append((step, shape, aten, ours, Pool(make, numel, seed=len(found))))
+
     for rows, n, k in (
         (64, 1000, 20),
+        (64, 1000, 10),
+        (64, 4000, 5),
+        (64, 8000, 10),
         (512, 1000, 15),
         (512, 1000, 5),
         (64, 10000, 20),
         (64, 100000, 20),
         (16384, 64, 4),
     ):
-        x = torch.randn(rows, n, generator=gen)
-        found.append(
-            ("topk", f"{rows}×{n}, k={k}", lambda x=x, k=k: x.topk(k, -1), lambda x=x, k=k: compute.topk_rows(x, k))
+        add(
+            "topk",
+            f"{rows}×{n}, k={k}",
+            lambda x, k=k: x.topk(k, -1),
+            lambda x, k=k: compute.topk_rows(x, k),
+            lambda gen, rows=rows, n=n: torch.randn(rows, n, generator=gen),
+            rows * n,
         )
-    sorts = ((64, 100), (64, 176), (64, 192), (64, 1000), (64, 10000))  # short rows: ATen's own sort
+    sorts = ((64, 32), (64, 64), (64, 100), (64, 128), (64, 192), (64, 1000), (64, 10000))
     for rows, n, dtype in [(r, m, torch.float32) for r, m in sorts] + [(64, 1000, torch.float64)]:
-        x = torch.randn(rows, n, generator=gen).to(dtype)
-        shape = f"{rows}×{n} {str(dtype).removeprefix('torch.')}"
-        found.append(("sort", shape, lambda x=x: x.sort(-1), lambda x=x: compute.sort_rows(x)))
-    for dtype in (torch.float32, torch.float64):
-        x = -10 * torch.rand(512, 1000, generator=gen).to(dtype)
-        shape = f"512×1000 {str(dtype).removeprefix('torch.')}"
-        found.append(("exp", shape, lambda x=x: x.exp(), lambda x=x: x.mul(LOG2E).exp2_()))
-    for n in (1000, 100000):  # the second past muladd_rows' size limit: addcmul itself
-        t, s, h = (torch.rand(64, m, generator=gen) for m in (n, 1, 1))
-        found.append(
-            (
-                "muladd",
-                f"64×{n}",
-                lambda t=t, s=s, h=h: torch.addcmul(h, t, s),
-                lambda t=t, s=s, h=h: compute.muladd_rows(t, s, h),
-            )
+        add(
+            "sort",
+            f"{rows}×{n} {str(dtype).removeprefix('torch.')}",
+            lambda x: x.sort(-1),
+            lambda x: compute.sort_rows(x),
+            lambda gen, rows=rows, n=n, dtype=dtype: torch.randn(rows, n, generator=gen).to(dtype),
+            rows * n,
         )
-    a, b = torch.randn(2, 64, 1000, generator=gen)
-    found.append(
-        ("row dot", "64×1000", lambda: torch.bmm(a.unsqueeze(-2), b.unsqueeze(-1)), lambda: compute.row_dot(a, b))
+    for dtype in (torch.float32, torch.float64):
+        add(
+            "exp",
+            f"512×1000 {str(dtype).removeprefix('torch.')}",
+            lambda x: x.exp(),
+            lambda x: x.mul(LOG2E).exp2_(),
+            lambda gen, dtype=dtype: -10 * torch.rand(512, 1000, generator=gen).to(dtype),
+            512 * 1000,
+        )
+    for n in (1000, 100000):  # the second past muladd_rows' size limit: addcmul itself
+        add(
+            "muladd",
+            f"64×{n}",
+            lambda t: torch.addcmul(t[2], t[0], t[1]),
+            lambda t: compute.muladd_rows(*t),
+            lambda gen, n=n: tuple(torch.rand(64, m, generator=gen) for m in (n, 1, 1)),
+            64 * n,
+        )
+    add(
+        "row dot",
+        "64×1000",
+        lambda t: torch.bmm(t[0].unsqueeze(-2), t[1].unsqueeze(-1)),
+        lambda t: compute.row_dot(*t),
+        lambda gen: tuple(torch.randn(2, 64, 1000, generator=gen)),
+        2 * 64 * 1000,
     )
-    x = torch.randn(64, 100, generator=gen, requires_grad=True)
-    found.append(("Function.apply", "64×100", lambda: _TorchScale.apply(x, 2.0), lambda: _OurScale.apply(x, 2.0)))
+    add(
+        "Function.apply",
+        "64×100",
+        lambda x: _TorchScale.apply(x, 2.0),
+        lambda x: _OurScale.apply(x, 2.0),
+        lambda gen: torch.randn(64, 100, generator=gen, requires_grad=True),
+        64 * 100,
+    )
     return found
 
 
 def run(repeats: int) -> list[dict]:
     rows = []
-    for step, shape, aten, ours in cases():
-        aten(), ours()  # warm-up
+    for step, shape, aten, ours, pool in cases():
+        for x in pool.items:  # warm-up
+            aten(x), ours(x)
         times: dict[str, list[float]] = {"aten": [], "ours": []}
         for r in range(repeats):
             for name, fn in (("aten", aten), ("ours", ours)) if r % 2 else (("ours", ours), ("aten", aten)):
+                x = pool.next()  # every call another input: the second call must not meet the first's
                 start = time.perf_counter()
-                fn()
+                fn(x)
                 times[name].append(time.perf_counter() - start)
         ratio = statistics.median(o / a for o, a in zip(times["ours"], times["aten"], strict=True))
         row = {

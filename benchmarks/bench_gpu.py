@@ -26,7 +26,9 @@ Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven rep
   Baseline: a softmax+topk router with the Switch load-balancing loss, written here.
 
 Protocol: every case of one shape is timed one call each per repeat, interleaved in an order rotated
-every repeat; the ratio is the median over repeats of case / baseline *of the same repeat*. CUDA:
+every repeat, each call on the next input of a pool of distinct ones that every case of the shape
+shares (``_inputs.py``: on the CPU, a sort or top-k timed again on one input runs on branches the
+CPU has learnt); the ratio is the median over repeats of case / baseline *of the same repeat*. CUDA:
 CUDA events around each call after ``--warmup`` calls; host syncs per fwd+bwd are the warnings of
 ``torch.cuda.set_sync_debug_mode("warn")``; each forward (under ``no_grad``) is captured in a CUDA
 graph, its replay compared with eager (stochastic cases: shapes only) and timed; peak memory is
@@ -41,6 +43,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -52,6 +55,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _inputs import Pool
 from _machine import machine_info, steady_malloc
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -86,21 +90,26 @@ class Skip(Exception):
 
 # ------------------------------------------------------------------------------------------- cases
 # A case builds ``(forward, step)`` on a device: ``forward()`` returns the output (graph capture),
-# ``step()`` runs one fwd+bwd. Inputs are made inside, once.
+# ``step()`` runs one fwd+bwd on the next input of a pool of distinct ones (``_inputs.py``), the
+# forward on the pool's first.
 
 
 def _mask_case(fn: Callable, stochastic: bool = False) -> Callable:
     def build(shape, k, dtype, device):
-        gen = torch.Generator(device).manual_seed(0)
-        x = torch.randn(shape, generator=gen, device=device).to(dtype).requires_grad_()
-        g = torch.randn(shape, generator=gen, device=device).to(dtype)
+        g = torch.randn(shape, generator=torch.Generator(device).manual_seed(1), device=device).to(dtype)
+        pool = Pool(
+            lambda gen: torch.randn(shape, generator=gen, device=device).to(dtype).requires_grad_(),
+            math.prod(shape),
+            device=device,
+        )
 
         def step():
+            x = pool.next()
             x.grad = None
             fn(x, k).backward(g)
 
         def forward():
-            return fn(x, k)
+            return fn(pool.first, k)
 
         forward.no_capture = getattr(fn, "no_capture", None)  # type: ignore[attr-defined]
         return forward, step, stochastic
@@ -145,8 +154,8 @@ def _peer_torchsort():
     strengths: dict[tuple, float] = {}
 
     def mask(x, k):  # soft ranks of x / eps reach the top ranks once x / eps spans ~n (bench_mask.py)
-        n, key = x.shape[-1], (x.data_ptr(), x.shape)
-        if key not in strengths:  # its strength is a float: read once per input, in the warm-up
+        n, key = x.shape[-1], x.shape
+        if key not in strengths:  # its strength is a float: read once per shape, in the warm-up
             strengths[key] = float((x.amax(-1) - x.amin(-1)).mean()) / (4.0 * n)
         return (torchsort.soft_rank(x, regularization_strength=strengths[key]) - (n - k)).clamp(0.0, 1.0)
 
@@ -190,16 +199,22 @@ def mask_cases() -> dict[str, Callable]:
 
 def _loss_case(make: Callable, stochastic: bool = False) -> Callable:
     def build(rows, device):
-        gen = torch.Generator(device).manual_seed(0)
-        x = torch.randn(rows, CLASSES, generator=gen, device=device).requires_grad_()
-        target = torch.randint(0, CLASSES, (rows,), generator=gen, device=device)
+        pool = Pool(
+            lambda gen: (
+                torch.randn(rows, CLASSES, generator=gen, device=device).requires_grad_(),
+                torch.randint(0, CLASSES, (rows,), generator=gen, device=device),
+            ),
+            rows * CLASSES,
+            device=device,
+        )
         loss = make(device)
 
         def step():
+            x, target = pool.next()
             x.grad = None
             loss(x, target).backward()
 
-        return (lambda: loss(x, target)), step, stochastic
+        return (lambda: loss(*pool.first)), step, stochastic
 
     return build
 
@@ -279,14 +294,21 @@ def _router_case(make: Callable) -> Callable:
     def build(tokens, device):
         torch.manual_seed(0)
         router = make().to(device=device, dtype=torch.bfloat16)
-        gen = torch.Generator(device).manual_seed(0)
-        x = torch.randn(tokens, ROUTER["d_model"], generator=gen, device=device).to(torch.bfloat16).requires_grad_()
-        g = torch.randn(tokens, ROUTER["k"], generator=gen, device=device).to(torch.bfloat16)
+        g = torch.randn(tokens, ROUTER["k"], generator=torch.Generator(device).manual_seed(1), device=device)
+        g = g.to(torch.bfloat16)
+        pool = Pool(
+            lambda gen: (
+                torch.randn(tokens, ROUTER["d_model"], generator=gen, device=device).to(torch.bfloat16).requires_grad_()
+            ),
+            tokens * ROUTER["d_model"],
+            device=device,
+        )
 
         def forward():
-            return router(x)[0]
+            return router(pool.first)[0]
 
         def step():
+            x = pool.next()
             x.grad = None
             router.zero_grad(set_to_none=True)
             weights = router(x)[0]

@@ -5,10 +5,11 @@ Usage::
     python benchmarks/bench_losses.py            # ~2 minutes, writes benchmarks/results/losses.{json,md}
     python benchmarks/bench_losses.py --quick    # smoke run
 
-Each repeat times every candidate once on the same logits (``randn(b, n)``, float32, one thread), in
-an order rotated every repeat, and divides by ``nn.CrossEntropyLoss`` timed in that repeat; the
-tables give medians over repeats. glibc's malloc thresholds are fixed first
-(``_machine.steady_malloc``; ``--default-malloc`` keeps them adaptive). Candidates: softtopk's
+Each repeat times every candidate once, each call on the next logits of a pool of distinct ones
+(``randn(b, n)``, float32, one thread; ``_inputs.py``), in an order rotated every repeat, and
+divides by ``nn.CrossEntropyLoss`` timed in that repeat; the tables give medians over repeats.
+glibc's malloc thresholds are fixed first (``_machine.steady_malloc``; ``--default-malloc`` keeps
+them adaptive). Candidates: softtopk's
 ``SmoothTopKSVM`` (k = 5, τ = 1 and τ = 0.1), ``SmoothTop1SVM``, ``BalNoisedTopK`` (ε = 1, 5 samples) and
 ``ImbalNoisedTopK`` (ε = 0.01, max_m = 0.2, scale 60), pytopk 0.1.0's ``BalNoisedTopK`` and ``ImbalNoisedTopK``
 with the same settings when importable, and ``gumbel_topk`` (k = 5, τ = 1) for both relaxations as
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from _inputs import Pool
 from _machine import machine_info, steady_malloc
 
 import softtopk
@@ -80,16 +82,16 @@ def run(repeats: int, malloc: str) -> dict:
     torch.set_num_threads(1)
     rows = []
     for n, b in CONFIGS:
-        x = torch.randn(b, n, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        pool = Pool(lambda gen, b=b, n=n: torch.randn(b, n, generator=gen, requires_grad=True), b * n)
         calls = _candidates(n, b)
         names = list(calls)
         for name in names:  # warm-up
-            _time(calls[name], x)
+            _time(calls[name], pool.first)
         times = {name: [] for name in names}
         ratios = {name: [] for name in names}
         for rep in range(repeats):
             order = names[rep % len(names) :] + names[: rep % len(names)]
-            now = {name: _time(calls[name], x) for name in order}
+            now = {name: _time(calls[name], pool.next()) for name in order}
             for name in names:
                 times[name].append(now[name] * 1e3)
                 ratios[name].append(now[name] / now["cross_entropy"])

@@ -11,7 +11,9 @@ Usage::
 What one run measures (see benchmarks/README.md, "Top-k masks"):
 
 * Inputs: ``x = randn(64, n)`` float32, ``n`` in {100, 1000, 10000, 100000}, ``k`` in {10, n // 10}
-  (at n = 100 both rules give k = 10: measured once, shown under both rules).
+  (at n = 100 both rules give k = 10: measured once, shown under both rules); every timed call
+  takes the next input of a pool of distinct ones that all candidates of a config share
+  (``_inputs.py``: a sort or top-k timed again on one input runs on branches the CPU has learnt).
 * Forward (``fwd``): one call ``out = f(x, k)`` with ``x.requires_grad`` (the graph is built as in
   training, then dropped). Forward + backward (``fwd+bwd``): ``(out * g).sum().backward()`` with a
   fixed random ``g`` of ``out``'s shape.
@@ -52,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from _inputs import Pool
 from _machine import machine_info, steady_malloc
 
 try:
@@ -269,21 +272,30 @@ def configs(ns: tuple[int, ...]) -> list[dict]:
 
 
 def make_inputs(n: int, k: int, seed: int) -> dict:
-    gen = torch.Generator().manual_seed(seed + 7919 * n + k)
-    x = torch.randn(BATCH, n, generator=gen).requires_grad_()
-    return {"x": x, "g": torch.randn(BATCH, n, generator=gen), "g_k": torch.randn(BATCH, k, generator=gen)}
+    """The pool of inputs ``x`` the timed calls take in turn (``_inputs.py``), its first (the sanity
+    checks' batch) and the fixed cotangents."""
+    seed = seed + 7919 * n + k
+    pool = Pool(lambda gen: torch.randn(BATCH, n, generator=gen).requires_grad_(), BATCH * n, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    return {
+        "pool": pool,
+        "x": pool.first,
+        "g": torch.randn(BATCH, n, generator=gen),
+        "g_k": torch.randn(BATCH, k, generator=gen),
+    }
 
 
 def make_steps(cand: Candidate, inputs: dict, k: int):
-    """(fwd, fwd+bwd) closures running one call each."""
-    x = inputs["x"]
+    """(fwd, fwd+bwd) closures running one call each, on the pool's next input."""
+    pool = inputs["pool"]
     g = inputs["g_k"] if cand.kind == "values" else inputs["g"]
     fn = cand.fn
 
     def fwd() -> None:
-        fn(x, k)
+        fn(pool.next(), k)
 
     def fwd_bwd() -> None:
+        x = pool.next()
         x.grad = None
         (fn(x, k) * g).sum().backward()
 

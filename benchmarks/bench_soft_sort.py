@@ -7,7 +7,9 @@ Usage::
     python benchmarks/bench_soft_sort.py --sizes 100 1000 --repeats 5   # quick
 
 What one run measures: ``x = randn(batch, n)`` float32 with ``requires_grad``, one call and the
-backward of ``(out * g).sum()`` for a fixed random ``g`` (fwd+bwd). Candidates: ``torch.sort``
+backward of ``(out * g).sum()`` for a fixed random ``g`` (fwd+bwd), every call on the next input
+of a pool of distinct ones (``_inputs.py``: a sort timed again on one input runs on branches the
+CPU has learnt). Candidates: ``torch.sort``
 (``values``), softtopk's ``soft_rank``/``soft_sort`` (l2 and kl, strength 1; on a CPU with numba
 installed, l2 again with the numba kernels off, "no numba": the tensor solver of an install
 without the ``numba`` extra),
@@ -35,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+from _inputs import Pool
 from _machine import machine_info, steady_malloc
 
 import softtopk
@@ -119,18 +122,17 @@ def time_once(fn, x: torch.Tensor, g: torch.Tensor, name: str = "") -> float:
 def run(sizes: list[int], batch: int, repeats: int, device: str) -> list[dict]:
     rows = []
     for n in sizes:
-        gen = torch.Generator().manual_seed(n)
-        x = torch.randn(batch, n, generator=gen).to(device)
-        g = torch.randn(batch, n, generator=gen).to(device)
+        g = torch.randn(batch, n, generator=torch.Generator().manual_seed(n)).to(device)
+        pool = Pool(lambda gen, n=n: torch.randn(batch, n, generator=gen).to(device), batch * n, seed=n)
         fns = candidates()
         for name, fn in fns.items():  # warm-up (and compile caches)
-            time_once(fn, x, g, name)
+            time_once(fn, pool.first, g, name)
         times: dict[str, list[float]] = {name: [] for name in fns}
         names = list(fns)
         for r in range(repeats):
             order = names[r % len(names) :] + names[: r % len(names)]
             for name in order:
-                times[name].append(time_once(fns[name], x, g, name))
+                times[name].append(time_once(fns[name], pool.next(), g, name))
         base = times["torch.sort"]
         for name in names:
             ratio = statistics.median(t / b for t, b in zip(times[name], base, strict=False))

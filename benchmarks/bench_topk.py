@@ -20,7 +20,9 @@ Timing: forward+backward, wall clock. Per repeat every candidate of a config is 
 each, interleaved in an order rotated every repeat, so load noise hits all of them alike and no call
 runs in a tight loop of itself (a tight loop flatters CE: its 2 MB gradient buffer and the logits stay
 hot, ~1.5x faster at n=1000, b=512; ``--steady-state`` times back-to-back loops of >= ``--min-time``
-instead). Reported: median and IQR over repeats of ms per call and of the per-repeat ratio to CE.
+instead). Every call takes the next (logits, target) of a pool of distinct ones that all candidates
+of a config share (``_inputs.py``: a sort or top-k timed again on one input runs on branches the CPU
+has learnt). Reported: median and IQR over repeats of ms per call and of the per-repeat ratio to CE.
 Candidates slower than ~0.1 s get fewer repeats (a time budget per candidate, at least 5).
 
 Memory: (1) ``saved_mib``: bytes autograd saves for backward (unique storages packed through
@@ -56,6 +58,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from _inputs import Pool
 from _machine import machine_info, steady_malloc
 
 import softtopk
@@ -169,42 +172,45 @@ def candidate_list(quick: bool) -> list[dict]:
 
 
 def make_step(spec: dict, seed: int = 0):
-    """Build inputs and the candidate; return ``step()`` running one fwd+bwd and returning the loss."""
+    """Build inputs and the candidate; return ``step()`` running one fwd+bwd on the next (logits,
+    target) of a pool of distinct ones (``_inputs.py``) and returning the loss, ``loss_of()`` (the
+    loss on the pool's first) and those first logits."""
     n, b = spec["n"], spec["b"]
-    generator = torch.Generator().manual_seed(seed + 1000 * n + b)
-    logits = torch.randn(b, n, generator=generator).requires_grad_()
-    target = torch.randint(0, n, (b,), generator=generator)
+    seed = seed + 1000 * n + b
+    pool = Pool(
+        lambda gen: (torch.randn(b, n, generator=gen).requires_grad_(), torch.randint(0, n, (b,), generator=gen)),
+        b * n,
+        seed=seed,
+    )
     lib, method, params = spec["library"], spec["method"], spec["params"]
 
     if lib == "torch":
         fn = torch.nn.CrossEntropyLoss()
-        loss_of = lambda: fn(logits, target)  # noqa: E731
     elif spec["suite"] == "topk_ce" and lib == "softtopk":
         fn = softtopk.TopKCrossEntropyLoss(P_K, method=method, m=M, top1_mode="sm", **params)
-        loss_of = lambda: fn(logits, target)  # noqa: E731
     elif spec["suite"] == "topk_ce" and lib == "difftopk":
         with contextlib.redirect_stdout(io.StringIO()):  # difftopk prints its network sizes
             fn = difftopk.TopKCrossEntropyLoss(method, p_k=P_K, n=n, m=M, top1_mode="sm", device="cpu", **params)
-        loss_of = lambda: fn(logits, target)  # noqa: E731
     elif spec["suite"] == "ranks":
         k = spec["k"]
-        g = torch.randn(b, n, k, generator=generator)
+        g = torch.randn(b, n, k, generator=torch.Generator().manual_seed(seed + 1))
         if lib == "softtopk":
-            loss_of = lambda: (softtopk.soft_topk_ranks(logits, k, method=method, **params) * g).sum()  # noqa: E731
+            fn = lambda logits, _: (softtopk.soft_topk_ranks(logits, k, method=method, **params) * g).sum()  # noqa: E731
         else:
             with contextlib.redirect_stdout(io.StringIO()):
                 net = difftopk.DiffTopkNet("bitonic", n, k, sparse=method == "bitonic_sparse", device="cpu", **params)
-            loss_of = lambda: (net(logits)[1] * g).sum()  # noqa: E731
+            fn = lambda logits, _: (net(logits)[1] * g).sum()  # noqa: E731
     else:
         raise ValueError(spec)
 
     def step() -> torch.Tensor:
+        logits, target = pool.next()
         logits.grad = None
-        loss = loss_of()
+        loss = fn(logits, target)
         loss.backward()
         return loss.detach()
 
-    return step, loss_of, logits
+    return step, (lambda: fn(*pool.first)), pool.first[0]
 
 
 def spec_key(spec: dict) -> str:
