@@ -29,7 +29,7 @@ def _rows(n: int, seed: int, dtype=torch.float32) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("largest", [True, False])
-@pytest.mark.parametrize(("n", "k"), [(1000, 20), (1000, 5), (64, 2), (65536, 10), (1001, 20)])
+@pytest.mark.parametrize(("n", "k"), [(1000, 20), (1000, 5), (4000, 5), (64, 2), (65536, 10), (1001, 20)])
 def test_candidates_from_blocks_are_topk(n, k, largest):
     """``topk_rows`` gives ``torch.topk``'s values, sorted, at distinct indices holding them, with
     NaN ranked as ``topk`` ranks it (more shapes and ties: tests/test_selection.py)."""
@@ -47,7 +47,7 @@ def test_candidates_from_blocks_are_topk(n, k, largest):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("stable", [False, True])
-@pytest.mark.parametrize("n", [100, 1000])  # torch.sort itself, integer keys
+@pytest.mark.parametrize("n", [32, 100, 1000])  # torch.sort itself, integer keys
 def test_sort_by_integer_keys_is_torch_sort(dtype, descending, stable, n):
     """``sort_rows`` equals ``torch.sort``: values (NaN of either sign where it puts NaN) and, among
     ties (``-0`` tied with ``+0`` too), the same order."""

@@ -47,8 +47,7 @@ def on_cpu(x: torch.Tensor) -> bool:
 def topk_rows(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``x.topk(k, -1, largest)``'s ``(values, indices)``, sorted.
 
-    On the CPU, where a row of ``n`` is short for ``k`` (``128 k > n``, where ATen's topk leaves or
-    nears its partial sort) or long (``n >= 8192``), through strided blocks: the row as ``w = n / g``
+    On the CPU, where it pays (:func:`_block_group`), through strided blocks: the row as ``w = n / g``
     blocks ``{j, j + w, ..., j + (g - 1) w}`` of ``g`` entries, the ``k`` blocks with the largest
     maxima, and the top ``k`` of their ``g k`` entries. The kept maxima are ``k`` distinct entries,
     so the k-th largest is at least the smallest of them, which bounds every entry of the other
@@ -69,19 +68,21 @@ def topk_rows(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tens
 
 def _block_group(n: int, k: int) -> int | None:
     """The entries per block ``g`` of :func:`topk_rows` (a divisor of ``n`` leaving at least ``4 k``
-    blocks), or None where one ``topk`` is as fast (measured in ``benchmarks/results/cpu_steps.md``)."""
-    if 128 * k <= n < 8192:
-        return None
+    blocks), or None where one ``topk`` is as fast (measured in ``benchmarks/results/cpu_steps.md``).
+
+    ATen's CPU ``topk`` keeps a partial sort while ``64 k <= n`` and takes ``nth_element``, several
+    times slower, above: the blocks pay where the row's own ``topk`` would take ``nth_element``,
+    where the ``topk`` of the block maxima keeps the partial sort, and from ``k = 15`` on."""
     for group in (16, 8, 4) if n >= 65536 else (8, 4):
         if n % group == 0 and n >= 4 * group * k:
-            return group
+            return group if 64 * k > n or 64 * k <= n // group or k >= 15 else None
     return None
 
 
 _KEYS = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
-_KEY_SORT_MIN = 192  # shorter rows: ATen sorts floats another way, faster than the keys' passes
+_KEY_SORT_MIN = 64  # shorter rows: the keys' own passes cost more than they save (cpu_steps.md)
 
 
 def sort_rows(
@@ -91,7 +92,7 @@ def sort_rows(
     float64) by sorting integer keys in the same order, which ATen does faster than floats (its
     float comparator places NaN): the bits of ``x + 0`` (``-0`` made ``+0``) with the magnitude
     bits of negative numbers flipped, NaN as the largest key (``finite``: the caller knows ``x``
-    holds no NaN); rows shorter than 192 by ``torch.sort`` itself. The same values, and the same
+    holds no NaN); rows shorter than 64 by ``torch.sort`` itself. The same values, and the same
     order among ties as ``torch.sort``'s with ``stable``."""
     keys = _KEYS.get(x.dtype)
     if keys is None or not on_cpu(x) or torch.compiler.is_compiling() or x.shape[-1] < _KEY_SORT_MIN:
