@@ -175,7 +175,8 @@ def markdown(data: dict, json_path: Path, plot_command: str) -> str:
         "```",
         "",
         (
-            f"x = randn({s['batch']}, n) float32; fwd = one call with `x.requires_grad`; fwd+bwd = "
+            f"x = randn({s['batch']}, n) float32, each timed call on the next input of a pool of distinct ones "
+            f"(`benchmarks/_inputs.py`); fwd = one call with `x.requires_grad`; fwd+bwd = "
             f"`(out * g).sum().backward()` with a fixed random `g` (torch.topk: `torch.topk(x, k).values` and "
             f"`(values * g_k).sum()`). Median over up to {s['repeats']} repeats (slow candidates fewer, at least "
             f"{s['min_repeats']}; *reps* column) of single calls interleaved in a rotated order; **×topk** = "

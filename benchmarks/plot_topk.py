@@ -215,7 +215,8 @@ def markdown(data: dict, figure: str) -> str:
         f"{', src modified' if m['git_src_dirty'] else ''}), load average {m['loadavg_before'][0]:.1f}. "
         f"Timing: {s.get('timing_mode', 'steady-state loops')}, median of up to {s['repeats']} repeats in which "
         "all candidates of a config are interleaved (IQR in brackets); ×CE = time ÷ `nn.CrossEntropyLoss` "
-        "fwd+bwd on the same logits in the same repeat; speed-up = difftopk ÷ softtopk, paired per repeat.",
+        "fwd+bwd in the same repeat, every call on the next logits of a pool of distinct ones "
+        "(`benchmarks/_inputs.py`); speed-up = difftopk ÷ softtopk, paired per repeat.",
         "",
         f"![×CE per method and config; top-k ranks time and memory against n]({figure})",
         "",
