@@ -1,5 +1,6 @@
 """The optional numba kernels of the isotonic solver (softtopk.ops.isotonic_numba): PAV against the
-NumPy oracles (ties, one-point rows, scales 1e-6 to 1e6), the runs' sums against a scatter-add,
+NumPy oracles (ties, one-point rows, scales 1e-6 to 1e6), the radix sort against torch.sort, the
+runs' sums against a scatter-add,
 the lazy import, and the fallback to the torch solver where numba is missing."""
 
 from __future__ import annotations
@@ -50,6 +51,37 @@ def test_pav_matches_the_fixed_shape_solver_on_batches():
         want = isotonic.levels_kl(y * scale, lw)
         torch.testing.assert_close(isotonic_numba.pav_kl(y * scale, lw), want, rtol=1e-12, atol=1e-9)
     assert isotonic_numba.pav_l2(y[:, :0]).shape == (8, 0)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+@pytest.mark.parametrize("n", [1, 2, 7, 300])
+def test_radix_sorted_rows_are_torch_sort(dtype, sign, n):
+    """``sorted_rows`` is ``(sign * x).sort(descending=True, stable=True)`` (values in float64):
+    ties (``-0`` with ``+0`` too) in their order in the row, ``±inf`` at the ends, NaN first."""
+    x = torch.randn(8, n, dtype=dtype, generator=torch.Generator().manual_seed(n)).round(decimals=1)
+    if n >= 10:
+        x[0, :5], x[0, 5:10] = 0.0, -0.0
+        x[1, :3], x[1, 3:6] = float("inf"), -float("inf")
+        x[2, :4], x[3, 2] = float("nan"), -float("nan")
+        x[4] = torch.finfo(dtype).tiny * torch.randn(n, dtype=dtype)  # subnormals and tiny normals
+        x[5] = torch.finfo(dtype).max * torch.rand(n, dtype=dtype).sub(0.5)
+    s, perm = isotonic_numba.sorted_rows(x, sign)
+    want, want_perm = (x * sign).sort(dim=-1, descending=True, stable=True)
+    assert s.dtype == torch.float64 and torch.equal(s.isnan(), want.isnan())
+    assert torch.equal(s.nan_to_num(0.5), want.double().nan_to_num(0.5))
+    assert torch.equal(perm, want_perm)
+
+
+@needs_numba
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, width=32), min_size=1, max_size=50), st.sampled_from([1.0, -1.0]))
+def test_radix_sorted_rows_order_any_floats(row, sign):
+    x = torch.tensor([row], dtype=torch.float32)
+    s, perm = isotonic_numba.sorted_rows(x, sign)
+    want, want_perm = (x * sign).sort(dim=-1, descending=True, stable=True)
+    assert torch.equal(s, want.double()) and torch.equal(perm, want_perm)
 
 
 @needs_numba

@@ -149,6 +149,54 @@ def run_sums(ids, values, out):
 
 
 @jit
+def sorted_rows(bits, x, sign, constants, perm, s):
+    """``sign * x`` (B, n) sorted in decreasing order, ``s`` (float64), and its permutation
+    ``perm``: a stable least-significant-digit radix sort, a byte a pass, of order-preserving
+    integer keys of the float bits ``bits`` (``-0`` read as ``+0``, NaN first), with
+    no comparison to mispredict; ``O(n)`` work per row, and ties keep their order in the row, as
+    ``torch.sort(stable=True)`` keeps them. ``constants``: the sign bit, all bits, the magnitude
+    bits, the bits of ``inf``, a byte's mask and 8, in the keys' unsigned type (numba would mix a
+    Python int with them into a float)."""
+    high, full, magnitude, inf, byte_mask, eight = constants
+    rows, n = bits.shape
+    keys, spare = np.empty(n, bits.dtype), np.empty(n, bits.dtype)
+    order, other = np.empty(n, np.int64), np.empty(n, np.int64)
+    counts = np.empty(256, np.int64)
+    for b in range(rows):
+        for i in range(n):
+            u = bits[b, i]
+            if (u & magnitude) == 0:
+                key = high  # -0 and +0 alike
+            elif u & high:
+                key = full ^ u
+            else:
+                key = u | high
+            keys[i] = full ^ key if sign > 0 else key  # decreasing order of sign * x
+            if (u & magnitude) > inf:
+                keys[i] = full ^ full  # NaN first, as torch.sort(descending=True) puts it
+            order[i] = i
+        shift = eight ^ eight
+        for _ in range(bits.itemsize):
+            counts[:] = 0
+            for i in range(n):
+                counts[np.int64((keys[i] >> shift) & byte_mask)] += 1
+            if counts.max() < n:  # else every key has this byte: the pass would change nothing
+                start = 0
+                for d in range(256):
+                    counts[d], start = start, start + counts[d]
+                for i in range(n):
+                    d = np.int64((keys[i] >> shift) & byte_mask)
+                    spare[counts[d]], other[counts[d]] = keys[i], order[i]
+                    counts[d] += 1
+                keys, spare = spare, keys
+                order, other = other, order
+            shift += eight
+        for i in range(n):
+            perm[b, i] = order[i]
+            s[b, i] = sign * np.float64(x[b, order[i]])
+
+
+@jit
 def rank_forward(s, perm, eps, kl, out, r, v, theta):
     """Soft ranks of the finite decreasing rows ``s`` (sorted by ``perm``): ``θ`` (the clamped
     gaps' running sum over ``ε``), ``v`` and ``r`` in sorted order, ``out`` in the rows' order."""

@@ -16,6 +16,9 @@ The kernels themselves are in :mod:`softtopk.ops.isotonic_kernels` (imported at 
   row by row by PAV with a stack of blocks;
 * :func:`run_sums`: the sum of ``values`` over each point's block (a run of equal block ids), the
   block reductions of the tensor backward on CPU rows;
+* :func:`sorted_rows`: the rows sorted by a radix sort of their float bits, with no comparison
+  to mispredict (``O(n)``; several times faster than ``torch.sort`` on a CPU,
+  ``benchmarks/results/soft_sort.md``);
 * :func:`rank`, :func:`rank_grad`, :func:`sort`, :func:`sort_grad`: the whole forward of
   :class:`softtopk.ops.permutahedron.SoftRankFn` and :class:`~softtopk.ops.permutahedron.SoftSortFn`
   on finite sorted rows, and their backward without a strength gradient, one pass each instead of
@@ -87,6 +90,30 @@ def _per_row(value: float | torch.Tensor, rows: int):
 def _out(like: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """An output of ``like``'s shape, in ``dtype`` where NumPy has it (float32 or float64)."""
     return torch.empty(like.shape, dtype=dtype if dtype in (torch.float32, torch.float64) else torch.float64)
+
+
+@functools.cache
+def _key_constants(dtype: torch.dtype):
+    """The unsigned type of ``dtype``'s bits and :func:`sorted_rows`' constants in it: the sign bit,
+    all bits, the magnitude bits, the bits of ``inf``, a byte's mask, 8."""
+    import numpy as np  # present: the kernels' numba needs it
+
+    unsigned = np.uint32 if dtype == torch.float32 else np.uint64
+    width = 8 * np.dtype(unsigned).itemsize
+    high, full = 1 << (width - 1), (1 << width) - 1
+    inf = int(np.array(np.inf, np.float32 if dtype == torch.float32 else np.float64).view(unsigned))
+    return unsigned, tuple(unsigned(c) for c in (high, full, full ^ high, inf, 255, 8))
+
+
+def sorted_rows(x: torch.Tensor, sign: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sign * x`` of the float32 or float64 CPU rows ``x`` (B, n) sorted in decreasing order, in
+    float64, and the permutation: a radix sort of the float bits (``isotonic_kernels.sorted_rows``;
+    ties in their order in the row)."""
+    unsigned, constants = _key_constants(x.dtype)
+    values = _array(x)
+    s, perm = torch.empty(x.shape, dtype=torch.float64), torch.empty(x.shape, dtype=torch.int64)
+    _kernel("sorted_rows")(values.view(unsigned), values, sign, constants, perm.numpy(), s.numpy())
+    return s, perm
 
 
 def pav_l2(y: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,9 @@ def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor,
     """``sign * rows`` sorted in decreasing order (float64; NaN read as 0), its permutation, the
     rows holding a NaN (B, 1)."""
     if plain:
+        if isotonic_numba.available():  # a radix sort, several times faster than torch.sort on a CPU
+            s, perm = isotonic_numba.sorted_rows(rows, sign)
+            return s, perm, torch.zeros_like(s[:, :1], dtype=torch.bool)
         s, perm = sort_rows(rows if sign == 1 else rows * sign, descending=True, finite=True)
         return s.to(torch.float64), perm, torch.zeros_like(s[:, :1], dtype=torch.bool)
     nan = rows.isnan()
