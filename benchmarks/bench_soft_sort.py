@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/bench_soft_sort.py                       # CPU, 1 thread -> results/soft_sort.md
+    python benchmarks/bench_soft_sort.py --sizes 100 1000 10000 100000 --repeats 31   # -> results/soft_sort.md
     python benchmarks/bench_soft_sort.py --device cuda --out /tmp/soft_sort_cuda.md
     python benchmarks/bench_soft_sort.py --sizes 100 1000 --repeats 5   # quick
 
