@@ -18,6 +18,8 @@ each (the formulas of :mod:`softtopk.ops.permutahedron`, in the same order of op
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 
@@ -148,8 +150,24 @@ def run_sums(ids, values, out):
             start = stop
 
 
+@functools.cache
+def _key_constants(dtype: np.dtype) -> tuple:
+    unsigned = np.uint32 if dtype == np.float32 else np.uint64
+    width = 8 * np.dtype(unsigned).itemsize
+    high, full = 1 << (width - 1), (1 << width) - 1
+    inf = int(np.array(np.inf, dtype).view(unsigned))
+    return unsigned, tuple(unsigned(c) for c in (high, full, full ^ high, inf, 255, 8))
+
+
+def sort_keys(values: np.ndarray) -> tuple[np.ndarray, tuple]:
+    """The bits of the float32 or float64 rows ``values`` as unsigned integers, and
+    :func:`sorted_rows`' constants in their type (a plain function: it runs once a call)."""
+    unsigned, constants = _key_constants(values.dtype)
+    return values.view(unsigned), constants
+
+
 @jit
-def sorted_rows(bits, x, sign, constants, perm, s):
+def sorted_rows(bits, constants, x, sign, perm, s):
     """``sign * x`` (B, n) sorted in decreasing order, ``s`` (float64), and its permutation
     ``perm``: a stable least-significant-digit radix sort, a byte a pass, of order-preserving
     integer keys of the float bits ``bits`` (``-0`` read as ``+0``, NaN first), with

@@ -92,27 +92,13 @@ def _out(like: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor
     return torch.empty(like.shape, dtype=dtype if dtype in (torch.float32, torch.float64) else torch.float64)
 
 
-@functools.cache
-def _key_constants(dtype: torch.dtype):
-    """The unsigned type of ``dtype``'s bits and :func:`sorted_rows`' constants in it: the sign bit,
-    all bits, the magnitude bits, the bits of ``inf``, a byte's mask, 8."""
-    import numpy as np  # present: the kernels' numba needs it
-
-    unsigned = np.uint32 if dtype == torch.float32 else np.uint64
-    width = 8 * np.dtype(unsigned).itemsize
-    high, full = 1 << (width - 1), (1 << width) - 1
-    inf = int(np.array(np.inf, np.float32 if dtype == torch.float32 else np.float64).view(unsigned))
-    return unsigned, tuple(unsigned(c) for c in (high, full, full ^ high, inf, 255, 8))
-
-
 def sorted_rows(x: torch.Tensor, sign: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``sign * x`` of the float32 or float64 CPU rows ``x`` (B, n) sorted in decreasing order, in
     float64, and the permutation: a radix sort of the float bits (``isotonic_kernels.sorted_rows``;
     ties in their order in the row)."""
-    unsigned, constants = _key_constants(x.dtype)
     values = _array(x)
     s, perm = torch.empty(x.shape, dtype=torch.float64), torch.empty(x.shape, dtype=torch.int64)
-    _kernel("sorted_rows")(values.view(unsigned), values, sign, constants, perm.numpy(), s.numpy())
+    _kernel("sorted_rows")(*_kernel("sort_keys")(values), values, sign, perm.numpy(), s.numpy())
     return s, perm
 
 
