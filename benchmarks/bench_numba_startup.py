@@ -5,8 +5,9 @@ Usage::
     python benchmarks/bench_numba_startup.py      # -> results/numba_startup.md
 
 Each measurement is a fresh Python process that imports softtopk and times ``soft_rank`` fwd+bwd
-at ``randn(64, 1000)`` three times: the first call (numba's import, its compiler's start-up and the
-kernels' compilation or loading) and the median of the next calls. Numba's cache goes to an empty
+at ``randn(64, 1000)`` several times, each on another input (``_inputs.py`` says why): the first
+call (numba's import, its compiler's start-up and the kernels' compilation or loading) and the
+median of the next calls. Numba's cache goes to an empty
 temporary directory (``NUMBA_CACHE_DIR``): the first process compiles ("cold"), the next ones load
 what it wrote ("cached", what every later process of a user pays). Without numba installed the
 script says so and writes nothing.
@@ -32,9 +33,10 @@ t0 = time.perf_counter()
 import torch, softtopk
 imported = time.perf_counter() - t0
 torch.set_num_threads(1)
-x = torch.randn(64, 1000, requires_grad=True)
+calls = int(sys.argv[1])
+inputs = [torch.randn(64, 1000, requires_grad=True) for _ in range(calls)]  # each call another input
 times = []
-for _ in range(int(sys.argv[1])):
+for x in inputs:
     t = time.perf_counter()
     softtopk.soft_rank(x).sum().backward()
     times.append(time.perf_counter() - t)
