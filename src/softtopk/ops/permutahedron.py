@@ -82,11 +82,14 @@ def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor,
     if plain:
         if isotonic_numba.available():  # a radix sort, several times faster than torch.sort on a CPU
             s, perm = isotonic_numba.sorted_rows(rows, sign)
-            return s, perm, torch.zeros_like(s[:, :1], dtype=torch.bool)
-        s, perm = sort_rows(rows if sign == 1 else rows * sign, descending=True, finite=True)
+        else:
+            s, perm = sort_rows(rows if sign == 1 else rows * sign, descending=True, finite=True)
         return s.to(torch.float64), perm, torch.zeros_like(s[:, :1], dtype=torch.bool)
     nan = rows.isnan()
-    s, perm = sort_rows(torch.where(nan, 0.0, rows * sign), descending=True)
+    if can_inspect(rows) and isotonic_numba.available():
+        s, perm = isotonic_numba.sorted_rows(torch.where(nan, 0.0, rows), sign)
+    else:
+        s, perm = sort_rows(torch.where(nan, 0.0, rows * sign), descending=True)
     return s.to(torch.float64), perm, nan.any(-1, keepdim=True)
 
 
