@@ -9,10 +9,12 @@ On a CPU some ATen kernels are much slower than other calls that give the same v
 once ``k`` nears ``n / 64`` (it leaves its partial sort for ``nth_element``), the float ``sort`` (its
 comparator places NaN), ``exp`` (not vectorised here, where ``exp2`` is), ``addcmul`` with two
 broadcast operands and the batched one-row ``bmm``. The library takes the faster call on the CPU
-only (``ops.compute.on_cpu``); this script shows each choice on the shapes the kernels meet. One
-more row times the host cost of applying an autograd Function: torch's ``Function.apply``, which
-binds the arguments to ``forward``'s signature at every call, against the library's base class
-(``ops._function``), which skips that where it changes nothing (on any device).
+only (``ops.compute.on_cpu``); this script shows each choice on the shapes the kernels meet. With
+numba installed, it also times the soft sorts' radix sort (``ops.isotonic_numba.sorted_rows``)
+against ``torch.sort`` around the row lengths where it starts to pay. One more row times the host
+cost of applying an autograd Function: torch's ``Function.apply``, which binds the arguments to
+``forward``'s signature at every call, against the library's base class (``ops._function``),
+which skips that where it changes nothing (on any device).
 Forward only, float32 unless noted, one thread;
 per repeat both calls of a row are timed once, in alternating order, each on the next input of a
 pool of distinct ones (``_inputs.py``: on an input it has just met, a sort or a top-k runs on
@@ -35,7 +37,7 @@ import torch
 from _inputs import Pool
 from _machine import machine_info, steady_malloc
 
-from softtopk.ops import compute
+from softtopk.ops import compute, isotonic_numba
 from softtopk.ops._function import Function
 
 LOG2E = 1.0 / math.log(2.0)
@@ -106,6 +108,18 @@ def cases() -> list[tuple[str, str, Callable, Callable, Pool]]:
             lambda gen, rows=rows, n=n, dtype=dtype: torch.randn(rows, n, generator=gen).to(dtype),
             rows * n,
         )
+    if isotonic_numba.available():  # the soft sorts' radix sort (numba), where it starts to pay
+        for rows, n, dtype in [(64, m, torch.float32) for m in (32, 48, 100, 1000)] + [
+            (64, m, torch.float64) for m in (128, 160, 1000)
+        ]:
+            add(
+                "radix sort",
+                f"{rows}×{n} {str(dtype).removeprefix('torch.')}",
+                lambda x: x.sort(-1, descending=True),
+                lambda x: isotonic_numba.sorted_rows(x, 1.0),
+                lambda gen, rows=rows, n=n, dtype=dtype: torch.randn(rows, n, generator=gen).to(dtype),
+                rows * n,
+            )
     for dtype in (torch.float32, torch.float64):
         add(
             "exp",
@@ -186,6 +200,7 @@ def write(out: Path, rows: list[dict], args: argparse.Namespace, malloc: str) ->
     names = {
         "topk": ("`x.topk(k, -1)`", "`topk_rows` (block maxima where it pays)"),
         "sort": ("`x.sort(-1)`", "`sort_rows` (integer keys)"),
+        "radix sort": ("`x.sort(-1, descending=True)`", "`isotonic_numba.sorted_rows` (radix, float64 out)"),
         "exp": ("`x.exp()`", "`x.mul(log2 e).exp2_()`"),
         "muladd": ("`addcmul` with two (B, 1) operands", "`muladd_rows` (product, in-place sum)"),
         "row dot": ("`bmm` of one-row products", "`row_dot` (`vecdot`)"),

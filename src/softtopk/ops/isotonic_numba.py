@@ -92,6 +92,17 @@ def _out(like: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor
     return torch.empty(like.shape, dtype=dtype if dtype in (torch.float32, torch.float64) else torch.float64)
 
 
+# the shortest rows the radix sort takes: below, torch.sort's comparisons cost less than its passes
+# over 256 buckets (one a byte: 4 for float32, 8 for float64; benchmarks/results/cpu_steps.md)
+_RADIX_MIN = {torch.float32: 48, torch.float64: 160}
+
+
+def radix_pays(x: torch.Tensor) -> bool:
+    """Whether :func:`sorted_rows` is faster than ``torch.sort`` for the rows ``x``: float32 or
+    float64 rows long enough (with the kernels available: the caller asks :func:`available`)."""
+    return x.shape[-1] >= _RADIX_MIN.get(x.dtype, torch.inf)
+
+
 def sorted_rows(x: torch.Tensor, sign: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``sign * x`` of the float32 or float64 CPU rows ``x`` (B, n) sorted in decreasing order, in
     float64, and the permutation: a radix sort of the float bits (``isotonic_kernels.sorted_rows``;
