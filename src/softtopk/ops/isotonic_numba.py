@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 
+from .compute import can_inspect
+
 ENABLED = os.environ.get("SOFTTOPK_NUMBA") != "0"
 
 
@@ -98,9 +100,10 @@ _RADIX_MIN = {torch.float32: 48, torch.float64: 160}
 
 
 def radix_pays(x: torch.Tensor) -> bool:
-    """Whether :func:`sorted_rows` is faster than ``torch.sort`` for the rows ``x``: float32 or
-    float64 rows long enough (with the kernels available: the caller asks :func:`available`)."""
-    return x.shape[-1] >= _RADIX_MIN.get(x.dtype, torch.inf)
+    """Whether :func:`sorted_rows` may sort the rows ``x`` and is faster there than ``torch.sort``:
+    the kernels are available, ``x``'s values may be read (:func:`~softtopk.ops.compute.can_inspect`)
+    and its float32 or float64 rows are long enough."""
+    return x.shape[-1] >= _RADIX_MIN.get(x.dtype, torch.inf) and can_inspect(x) and available()
 
 
 def sorted_rows(x: torch.Tensor, sign: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -80,13 +80,13 @@ def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor,
     """``sign * rows`` sorted in decreasing order (float64; NaN read as 0), its permutation, the
     rows holding a NaN (B, 1)."""
     if plain:
-        if isotonic_numba.available() and isotonic_numba.radix_pays(rows):  # faster than torch.sort
+        if isotonic_numba.radix_pays(rows):  # faster than torch.sort
             s, perm = isotonic_numba.sorted_rows(rows, sign)
         else:
             s, perm = sort_rows(rows if sign == 1 else rows * sign, descending=True, finite=True)
         return s.to(torch.float64), perm, torch.zeros_like(s[:, :1], dtype=torch.bool)
     nan = rows.isnan()
-    if can_inspect(rows) and isotonic_numba.available() and isotonic_numba.radix_pays(rows):
+    if isotonic_numba.radix_pays(rows):
         s, perm = isotonic_numba.sorted_rows(torch.where(nan, 0.0, rows), sign)
     else:
         s, perm = sort_rows(torch.where(nan, 0.0, rows * sign), descending=True)
