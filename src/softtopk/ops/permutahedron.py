@@ -78,19 +78,16 @@ def _ranks_again(x, eps, sign: float, perm, v, r, theta, plain: bool, kl: bool):
 
 def _sorted(rows: torch.Tensor, sign: float, plain: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``sign * rows`` sorted in decreasing order (float64; NaN read as 0), its permutation, the
-    rows holding a NaN (B, 1)."""
-    if plain:
-        if isotonic_numba.radix_pays(rows):  # faster than torch.sort
-            s, perm = isotonic_numba.sorted_rows(rows, sign)
-        else:
-            s, perm = sort_rows(rows if sign == 1 else rows * sign, descending=True, finite=True)
-        return s.to(torch.float64), perm, torch.zeros_like(s[:, :1], dtype=torch.bool)
-    nan = rows.isnan()
+    rows holding a NaN (B, 1): by the radix sort where it pays (faster than ``torch.sort``), else
+    by :func:`~softtopk.ops.compute.sort_rows`."""
+    nan = None if plain else rows.isnan()
+    clean = rows if nan is None else torch.where(nan, 0.0, rows)
     if isotonic_numba.radix_pays(rows):
-        s, perm = isotonic_numba.sorted_rows(torch.where(nan, 0.0, rows), sign)
+        s, perm = isotonic_numba.sorted_rows(clean, sign)
     else:
-        s, perm = sort_rows(torch.where(nan, 0.0, rows * sign), descending=True)
-    return s.to(torch.float64), perm, nan.any(-1, keepdim=True)
+        s, perm = sort_rows(clean if sign == 1 else clean * sign, descending=True, finite=plain)
+    flags = torch.zeros_like(s[:, :1], dtype=torch.bool) if nan is None else nan.any(-1, keepdim=True)
+    return s.to(torch.float64), perm, flags
 
 
 def _prepared(x: torch.Tensor, eps: float | torch.Tensor, sign: float, plain: bool):
