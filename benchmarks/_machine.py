@@ -81,12 +81,11 @@ def machine_info(*packages: str) -> dict:
     }
 
 
-def jax_provenance(info: dict) -> str:
-    """The opening of a JAX result's first line, from :func:`machine_info` ``("jax")``: the command as
-    run, the CPU, jax's version, softtopk's commit (``(src modified)`` where ``src`` was dirty) and
-    the date."""
+def provenance(info: dict, *packages: str) -> str:
+    """The opening of a result's first line, from :func:`machine_info`: the command as run, the CPU,
+    the versions of ``packages`` (keys of ``info``), softtopk's commit (``(src modified)`` where
+    ``src`` was dirty) and the date."""
     dirty = " (src modified)" if info["git_src_dirty"] else ""
-    return (
-        f"`python benchmarks/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}`: {info['cpu_model']}, "
-        f"jax {info['jax']}, softtopk commit {info['git_commit']}{dirty}, {info['date']}"
-    )
+    command = " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    versions = "".join(f", {name} {info[name]}" for name in packages)
+    return f"`{command}`: {info['cpu_model']}{versions}, softtopk commit {info['git_commit']}{dirty}, {info['date']}"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from _inputs import Pool, pool_size
-from _machine import machine_info, steady_malloc
+from _machine import machine_info, provenance, steady_malloc
 
 import softtopk
 
@@ -74,14 +74,12 @@ def run(blocks: int, calls: int) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], args: argparse.Namespace) -> str:
+def markdown(rows: list[dict]) -> str:
     info = machine_info()
-    dirty = " (src modified)" if info["git_src_dirty"] else ""
     lines = [
         "# One fixed input against a pool of inputs",
         "",
-        f"`python benchmarks/bench_input_pool.py --blocks {args.blocks} --calls {args.calls}`: {info['cpu_model']}, "
-        f"torch {info['torch']}, one thread, softtopk commit {info['git_commit']}{dirty}, {info['date']}. "
+        f"{provenance(info, 'torch')}; one thread. "
         "Median time per call of calls timed back to back: fixed, always the same input; pool, distinct "
         "inputs in turn, as every benchmark of this folder takes them (`_inputs.py`).",
         "",
@@ -103,7 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     steady_malloc()
     torch.set_num_threads(1)
-    text = markdown(run(args.blocks, args.calls), args)
+    text = markdown(run(args.blocks, args.calls))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
     print(text)

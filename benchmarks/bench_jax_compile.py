@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _machine import jax_provenance, machine_info
+from _machine import machine_info, provenance
 
 K = 10
 
@@ -111,7 +111,7 @@ def main() -> None:
     lines = [
         "# softtopk.jax: compile time of each program",
         "",
-        f"{jax_provenance(info)}. `randn(64, n)` float32, "
+        f"{provenance(info, 'jax')}. `randn(64, n)` float32, "
         f"k = 10, one thread; the median of {args.repeats} fresh processes per program (no persistent cache).",
         "",
         "| n | operator | program | lower (s) | compile (s) |",

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import diffsort  # noqa: E402,F401  (the tests' oracle for DiffSortNet)
 from _inputs import Pool  # noqa: E402
-from _machine import machine_info, steady_malloc  # noqa: E402
+from _machine import machine_info, provenance, steady_malloc  # noqa: E402
 from bench_topk import difftopk  # noqa: E402  (installs the torch_sparse stand-in first)
 
 import softtopk  # noqa: E402
@@ -182,10 +182,6 @@ if __name__ == "__main__":
     network_loss_gap()
     smooth_losses()
     info = machine_info("difftopk", "diffsort")
-    dirty = " (src modified)" if info["git_src_dirty"] else ""
-    head = (
-        f"# docs/compat.md's figures\n\n`python benchmarks/compat_report.py`: {info['cpu_model']}, torch "
-        f"{info['torch']}, difftopk {info['difftopk']}, diffsort {info['diffsort']}, softtopk commit "
-        f"{info['git_commit']}{dirty}, {info['date']}; malloc: {malloc}.\n\n```text"
-    )
+    opening = provenance(info, "torch", "difftopk", "diffsort")
+    head = f"# docs/compat.md's figures\n\n{opening}; malloc: {malloc}.\n\n```text"
     OUT.write_text("\n".join([head, *(line.lstrip("\n") for line in LINES), "```", ""]))

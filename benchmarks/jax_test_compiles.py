@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _machine import jax_provenance, machine_info
+from _machine import machine_info, provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ("test_jax.py", "test_jax_compat.py", "test_jax_mirror.py", "test_jax_sorting.py", "test_jax_torch.py")
@@ -66,7 +66,7 @@ def main() -> None:
     lines = [
         "# The JAX tests' XLA compiles",
         "",
-        f"{jax_provenance(info)}. The five JAX test files, serially in one process (pytest exit code {int(code)}).",
+        f"{provenance(info, 'jax')}. The five JAX test files, serially in one process (pytest exit code {int(code)}).",
         "",
         f"Wall time {wall:.1f} s; {len(counter.durations)} backend compiles, {total:.1f} s.",
         "",

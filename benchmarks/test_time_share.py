@@ -22,7 +22,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from _machine import jax_provenance, machine_info
+from _machine import machine_info, provenance
 from jax_test_compiles import FILES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ def main() -> None:
     lines = [
         "# The JAX tests' share of the suite's time",
         "",
-        f"{jax_provenance(info)}; {how}.",
+        f"{provenance(info, 'jax')}; {how}.",
         "",
         f"Tests' durations add up to {total:.0f} s over {sum(count.values())} tests; the five JAX files "
         f"take {jax:.0f} s, **{100 * jax / total:.1f}%** (issue 23's target: under 20%).",
