@@ -179,7 +179,7 @@ def test_neuralsort_hard_gradient(tau):
     mine, my_grad, cot = _run(compat.NeuralSort(tau, hard=True), x)
     _, their_grad, _ = _run(difftopk.NeuralSort(tau, hard=True), x, cot)
     torch.testing.assert_close(my_grad, their_grad, atol=1e-5, rtol=1e-5)
-    # at a small τ the logits are thousands of times the scores, and difftopk's float32 gradient
+    # at a small τ the logits are hundreds of times the scores, and difftopk's float32 gradient
     # carries their rounding, larger or smaller as the machine's BLAS orders its sums; ours is the
     # float64 value to float32 rounding, so each is held to the float64 value with its own bound
     separated = _scores(12, "logistic_phi", seed=3)
