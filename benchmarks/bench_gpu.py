@@ -9,8 +9,8 @@ Usage::
 
 Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven repeats):
 
-* masks: ``soft_topk`` lapsum (tau 1; on CUDA by its Triton kernels, and by the torch path),
-  ``sparse_topk_mask`` (l 0.1, p 4/3), NeuralSort, SoftSort, gumbel (tau 1), and torchsort's
+* masks: ``soft_topk`` lapsum (tau 1) and ``sparse_topk_mask`` (l 0.1, p 4/3), each on CUDA by
+  its Triton kernels and by the torch path, NeuralSort, SoftSort, gumbel (tau 1), and torchsort's
   soft-rank mask and SoftTorch where importable, at 64 x 100 (k = 10), 64 x 1e3/1e4/1e5 (k = 10
   and 1000 where k < n), 16384 x 64 (k = 2, 8) and 65536 x 256 (k = 8), float32 and bfloat16
   (``--quick``: k = 10 at 64 x n, k = 2 at 16384 x 64, bfloat16 at 64 x 1000 only); fwd+bwd is
@@ -132,14 +132,14 @@ def _topk_scatter(x, k):
 
 
 def _torch_path(fn: Callable) -> Callable:
-    """``fn`` with the Laplace mask's Triton kernels (its default on CUDA) switched off."""
+    """``fn`` with the masks' Triton kernels (their default on CUDA) switched off."""
 
     def call(x, k):
-        from softtopk.ops import lapsum_triton
+        from softtopk.ops import triton_gate
 
         if x.device.type != "cuda" or importlib.util.find_spec("triton") is None:
-            raise Skip("the same as lapsum here: the Triton kernels run on CUDA with triton installed")
-        with lapsum_triton.torch_path():
+            raise Skip("the same as the kernels' row here: they run on CUDA with triton installed")
+        with triton_gate.torch_path():
             return fn(x, k)
 
     return call
@@ -184,11 +184,15 @@ def mask_cases() -> dict[str, Callable]:
     def topk_method(method, **params):
         return lambda x, k: softtopk.soft_topk(x, k, method=method, **params)
 
+    def sparse(x, k):
+        return softtopk.sparse_topk_mask(x, k, l=0.1, p=4.0 / 3.0)
+
     return {
         "torch.topk+scatter": _mask_case(_topk_scatter),
         "lapsum": _mask_case(topk_method("lapsum", tau=1.0)),
         "lapsum (torch path)": _mask_case(_torch_path(topk_method("lapsum", tau=1.0))),
-        "sparse p=4/3": _mask_case(lambda x, k: softtopk.sparse_topk_mask(x, k, l=0.1, p=4.0 / 3.0)),
+        "sparse p=4/3": _mask_case(sparse),
+        "sparse p=4/3 (torch path)": _mask_case(_torch_path(sparse)),
         "neuralsort": _mask_case(_dense(topk_method("neuralsort", tau=1.0))),
         "softsort": _mask_case(_dense(topk_method("softsort", tau=1.0))),
         "gumbel": _mask_case(topk_method("gumbel", tau=1.0), stochastic=True),

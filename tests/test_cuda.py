@@ -8,13 +8,14 @@ Skipped without CUDA."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import pytest
 import torch
 
 import softtopk
-from softtopk.ops import lapsum_triton
+from softtopk.ops import triton_gate
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -38,7 +39,7 @@ def _mask(fn: Callable, shape=(ROWS, N), stochastic: bool = False):
 
 def _torch_lapsum(x: torch.Tensor) -> torch.Tensor:
     """The Laplace mask by the torch path (where triton is installed, the default is its kernels)."""
-    with lapsum_triton.torch_path():
+    with triton_gate.torch_path():
         return softtopk.soft_topk(x, K, tau=1.0)
 
 
@@ -225,7 +226,7 @@ def test_inductor_fullgraph_equals_eager_on_the_device(name):
 
 def test_the_triton_kernels_equal_the_torch_path_on_the_device():
     pytest.importorskip("triton", reason="the Triton kernels need triton")
-    assert lapsum_triton.usable(_scores(), K, 1.0)  # the default on a GPU
+    assert triton_gate.usable(_scores(), K, 1.0)  # the default on a GPU
     x = _scores()
     g = torch.randn_like(x)
     torch_mask = _torch_lapsum(x)
@@ -234,3 +235,19 @@ def test_the_triton_kernels_equal_the_torch_path_on_the_device():
     (triton_grad,) = torch.autograd.grad((triton_mask * g).sum(), x)
     torch.testing.assert_close(triton_mask, torch_mask, rtol=0, atol=2e-6)
     torch.testing.assert_close(triton_grad, torch_grad, rtol=1e-5, atol=1e-4)
+
+
+def test_the_sparse_kernel_equals_the_torch_path_on_the_device():
+    pytest.importorskip("triton", reason="the Triton kernels need triton")
+    x = _scores()
+    assert triton_gate.usable(x, K, 1.0)  # the default on a GPU
+    g = torch.randn_like(x)
+    results = []
+    for kernels in (True, False):
+        with contextlib.nullcontext() if kernels else triton_gate.torch_path():
+            mask = softtopk.soft_topk(x, K, method="sparse")
+        (grad,) = torch.autograd.grad((mask * g).sum(), x)
+        results.append((mask, grad))
+    (mask_k, grad_k), (mask_t, grad_t) = results
+    torch.testing.assert_close(mask_k, mask_t, rtol=0, atol=2e-6)
+    torch.testing.assert_close(grad_k, grad_t, rtol=1e-5, atol=1e-4)

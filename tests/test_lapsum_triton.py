@@ -1,34 +1,29 @@
-"""The Triton kernels of the Laplace mask against the torch path, values and gradients.
-
-Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors; on a
-CUDA machine they run compiled on the device."""
+"""The Triton kernels of the Laplace mask against the torch path, values and gradients (in Triton's
+interpreter without a GPU: ``triton_kernels.py``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
 import softtopk
-from softtopk.ops import lapsum, lapsum_triton
+from softtopk.ops import lapsum, lapsum_triton, triton_gate
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="triton is not installed (it comes with the test extra on Linux)"
-)
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on the CPU: the interpreter (conftest.py)
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
+from triton_kernels import DEVICE, count_kernels, needs_triton  # noqa: E402
+
+pytestmark = needs_triton
 
 INF = float("inf")
 CONSTANTS = {"clamp": lapsum._C, "floor": lapsum._FLOOR}
 
 
 def _on_the_torch_path(fn, *args, **kwargs):
-    with lapsum_triton.torch_path():  # on a GPU the kernels are the default
+    with triton_gate.torch_path():  # on a GPU the kernels are the default
         return fn(*args, **kwargs)
 
 
@@ -110,34 +105,17 @@ def test_an_empty_batch():
 
 @pytest.fixture
 def kernel_launches(monkeypatch):
-    """Routes the public operators' CPU rows to the kernels and counts kernel launches (a list of
-    grids); the interpreter's own data moves are hidden from the dispatch counter."""
+    """Routes the public operators' CPU rows to the kernels and counts kernel launches (grids)."""
     from softtopk.ops import lapsum_kernels
 
-    launched = []
-
-    class Counted:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            launched.append(grid)
-
-            def launch(*args, **kwargs):
-                with _disable_current_modes():  # a GPU launch dispatches no aten op
-                    return self.kernel[grid](*args, **kwargs)
-
-            return launch
-
-    for name in ("mask_forward", "mask_backward"):
-        monkeypatch.setattr(lapsum_kernels, name, Counted(getattr(lapsum_kernels, name)))
-    monkeypatch.setattr(lapsum_triton, "usable", lambda x, k, tau: isinstance(k, int) and isinstance(tau, float))
+    launched = count_kernels(monkeypatch, lapsum_kernels, "mask_forward", "mask_backward")
+    monkeypatch.setattr(triton_gate, "usable", lambda x, k, tau: isinstance(k, int) and isinstance(tau, float))
     return launched
 
 
 def test_topk_weights_through_the_kernels_equal_the_torch_path(kernel_launches, monkeypatch):
     route = [True]
-    monkeypatch.setattr(lapsum_triton, "usable", lambda x, k, tau: route[0] and isinstance(tau, float))
+    monkeypatch.setattr(triton_gate, "usable", lambda x, k, tau: route[0] and isinstance(tau, float))
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     g = torch.randn(8, 4, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     for hard in (False, True):
@@ -172,22 +150,22 @@ def test_the_kernels_meet_the_launch_budgets(kernel_launches, name):
 
 
 def test_the_kernels_are_on_unless_switched_off():
-    assert lapsum_triton.switched_on(None) and lapsum_triton.switched_on("1")
-    assert not lapsum_triton.switched_on("0")
+    assert triton_gate.switched_on(None) and triton_gate.switched_on("1")
+    assert not triton_gate.switched_on("0")
 
 
 def test_the_torch_path_runs_off_cuda_and_for_tensor_arguments(monkeypatch):
     x = torch.randn(2, 8)
-    monkeypatch.setattr(lapsum_triton, "ENABLED", True)
-    assert not lapsum_triton.usable(x, 2, 1.0)  # a CPU tensor
+    monkeypatch.setattr(triton_gate, "ENABLED", True)
+    assert not triton_gate.usable(x, 2, 1.0)  # a CPU tensor
     cuda_like = x.to("meta")
-    assert not lapsum_triton.usable(cuda_like, 2, 1.0)
-    assert not lapsum_triton.usable(x, torch.tensor([[2.0]]), 1.0)  # a tensor k
-    assert not lapsum_triton.usable(x, 2, torch.tensor(1.0))  # a tensor tau
+    assert not triton_gate.usable(cuda_like, 2, 1.0)
+    assert not triton_gate.usable(x, torch.tensor([[2.0]]), 1.0)  # a tensor k
+    assert not triton_gate.usable(x, 2, torch.tensor(1.0))  # a tensor tau
 
 
 def test_the_kernels_need_an_nvidia_gpu_of_capability_8(monkeypatch):
-    check = lapsum_triton._supported.__wrapped__  # the cached check, uncached
+    check = triton_gate._supported.__wrapped__  # the cached check, uncached
     monkeypatch.setattr(torch.version, "hip", None)
     for capability, expected in (((7, 5), False), ((8, 0), True), ((9, 0), True)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, c=capability: c)

@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from . import lapsum_triton
+from . import lapsum_triton, triton_gate
 from ._function import Function
 from .compute import LOG2E, compute_dtype, constant, muladd_rows, put_rows, row_dot, scan_rows, sort_rows, topk_rows
 
@@ -229,7 +229,7 @@ def lapsum_topk(
     rows = rows if largest else -rows
     tau = tau.to(rows.dtype) if isinstance(tau, torch.Tensor) else tau
     values, index = rows.topk(k, -1)
-    if isinstance(tau, float) and lapsum_triton.usable(rows, k, tau) and k < rows.shape[-1]:
+    if isinstance(tau, float) and triton_gate.usable(rows, k, tau) and k < rows.shape[-1]:
         weights = lapsum_triton.triton_mask(rows, k, tau, hard=hard, clamp=_C, floor=_FLOOR).gather(-1, index)
     elif 2 * k <= rows.shape[-1]:
         weights = _LaplaceWeights.apply(rows, tau, k, index, hard)[0]
@@ -293,7 +293,7 @@ def lapsum_mask(
         return torch.where(full, torch.where(neg, share + 1, 1.0), mask)
     if k >= n:
         return torch.where(x.isnan(), x, 1.0)
-    if isinstance(tau, float) and lapsum_triton.usable(x, k, tau):
+    if isinstance(tau, float) and triton_gate.usable(x, k, tau):
         return lapsum_triton.triton_mask(x, k, tau, hard=hard, clamp=_C, floor=_FLOOR)
     if 2 * k > n:
         return _LaplaceMask.apply(x, tau, n - k, min(2 * (n - k), n), True, k if hard else 0)[0]

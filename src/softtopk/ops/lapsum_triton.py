@@ -16,9 +16,9 @@ degenerate rows solve as ties at its ends and get ``d = 0``.
 
 Scope: an int ``k`` and a float ``τ`` (the common case); :func:`lapsum_mask` keeps the torch
 path for a tensor ``k`` or ``τ``, under ``torch.compile`` (Inductor fuses that path itself) and
-under ``vmap``. They run by default wherever they can, on an NVIDIA GPU of compute capability 8.0
-or more with triton installed (:data:`ENABLED`; the environment variable ``SOFTTOPK_TRITON=0``
-turns them off): ``benchmarks/bench_gpu.py`` measured them faster than the
+under ``vmap``. They run by default wherever they can (:mod:`softtopk.ops.triton_gate`: an NVIDIA
+GPU of compute capability 8.0 or more with triton installed; ``SOFTTOPK_TRITON=0`` turns them
+off): ``benchmarks/bench_gpu.py`` measured them faster than the
 torch path, forward and backward, at every mask shape it times (``benchmarks/results/gpu.md``).
 The tests run them under ``TRITON_INTERPRET=1`` on the CPU against the torch path, values and
 gradients, and compiled on a GPU where one is lent (``benchmarks/run_gpu.sh``).
@@ -26,63 +26,42 @@ gradients, and compiled on a GPU where one is lent (``benchmarks/run_gpu.sh``).
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib.util
-import os
-from collections.abc import Iterator
-
 import torch
 
 from ._function import Function
+from .triton_gate import BLOCK, block_for
 
 
-def switched_on(setting: str | None) -> bool:
-    """Whether the kernels may run, from the value of ``SOFTTOPK_TRITON``: unless it is ``"0"``."""
-    return setting != "0"
+class ImplicitMask(Function):
+    """A mask whose forward returns ``(mask, d)``, ``d`` its slope on the row, and whose threshold
+    keeps each row's sum at ``k``: the backward is ``d ⊙ (g - Σ d g / Σ d)`` per row, one kernel
+    (the Laplace mask's, and the sparse mask's of :mod:`softtopk.ops.sparse_triton`); only the
+    first input, the rows, gets a gradient."""
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(output[1])
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(output[1])
+        ctx.inputs = len(inputs)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, _d):
+        from . import lapsum_kernels as kernels
+
+        (d,) = ctx.saved_tensors
+        rest = (None,) * (ctx.inputs - 1)
+        if grad is None or not ctx.needs_input_grad[0]:
+            return (None, *rest)
+        out = torch.empty(d.shape, dtype=grad.dtype, device=d.device)
+        if d.shape[0]:
+            kernels.mask_backward[(d.shape[0],)](
+                d, grad.contiguous(), out, d.shape[1], torch.finfo(d.dtype).tiny, BLOCK=block_for(d.shape[1])
+            )
+        return (out, *rest)
 
 
-ENABLED = switched_on(os.environ.get("SOFTTOPK_TRITON"))
-
-
-@contextlib.contextmanager
-def torch_path() -> Iterator[None]:
-    """Within the block the Laplace mask takes the torch path (to compare it with the kernels)."""
-    global ENABLED
-    enabled, ENABLED = ENABLED, False
-    try:
-        yield
-    finally:
-        ENABLED = enabled
-
-
-_BLOCK = 1024  # entries per step of a row pass
-
-
-@functools.cache
-def _has_triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-@functools.cache
-def _supported(device: torch.device) -> bool:
-    """An NVIDIA GPU of compute capability 8.0 or more, the hardware Triton supports (the kernels
-    were run on Hopper only; ROCm builds keep the torch path)."""
-    return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 0)
-
-
-def usable(x: torch.Tensor, k: object, tau: object) -> bool:
-    """Whether :func:`softtopk.ops.lapsum.lapsum_mask` hands rows ``x`` to the kernels: enabled,
-    triton installed, a CUDA tensor outside compile and vmap on a supported GPU, an int ``k`` and a
-    float ``τ``."""
-    if not (ENABLED and x.is_cuda and isinstance(k, int) and isinstance(tau, float)):
-        return False
-    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
-        return False
-    return _has_triton() and _supported(x.device)
-
-
-class TritonLaplaceMask(Function):
+class TritonLaplaceMask(ImplicitMask):
     """``lapsum._LaplaceMask`` for an int ``k`` and a float ``τ``: ``(x (B, n), τ, k, K, negate,
     hard, C, floor)`` → the mask (B, n) and the kernels' ``d``, saved for the backward."""
 
@@ -109,33 +88,13 @@ class TritonLaplaceMask(Function):
                 info.max,
                 NEGATE=negate,
                 KB=1 << big.bit_length(),
-                BLOCK=_BLOCK,
+                BLOCK=BLOCK,
                 C=clamp,
                 FLOOR=floor,
             )  # KB: a power of 2 > big
         if hard:
             mask = torch.zeros_like(x).scatter_(-1, x.topk(hard, -1).indices, 1.0)
         return mask, d
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(output[1])
-        ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(output[1])
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor, _d):
-        from . import lapsum_kernels as kernels
-
-        (d,) = ctx.saved_tensors
-        if grad is None or not ctx.needs_input_grad[0]:
-            return (None,) * 8
-        out = torch.empty_like(d)
-        if d.shape[0]:
-            kernels.mask_backward[(d.shape[0],)](
-                d, grad.contiguous(), out, d.shape[1], torch.finfo(d.dtype).tiny, BLOCK=_BLOCK
-            )
-        return (out,) + (None,) * 7
 
 
 def triton_mask(x: torch.Tensor, k: int, tau: float, *, hard: bool, clamp: float, floor: float) -> torch.Tensor:

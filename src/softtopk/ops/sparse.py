@@ -44,6 +44,7 @@ from typing import cast
 import torch
 
 from .._window import window_power, window_root
+from . import sparse_triton, triton_gate
 from ._function import Function
 from .compute import can_inspect, scan_rows, sort_rows, topk_rows
 from .cubic import cubic_root
@@ -344,6 +345,8 @@ def sparse_mask_rows(
     if k >= x.shape[-1]:
         return _ones(x)
     r = exponent(p)
+    if (solver != "dykstra" or hard) and triton_gate.usable(x, k, l):
+        return sparse_triton.triton_mask(x, k, cast(float, l), r, hard=hard)
     exact, degenerate = _exact_mask(x, k, l, r, hard)
     if solver != "dykstra" or hard:
         return exact

@@ -1,0 +1,66 @@
+"""When softtopk's optional Triton kernels run (:mod:`softtopk.ops.lapsum_triton`,
+:mod:`softtopk.ops.sparse_triton`): on an NVIDIA GPU of compute capability 8.0 or more with
+triton installed, for a CUDA tensor outside ``torch.compile`` (Inductor fuses the torch path
+itself) and ``vmap``, unless the environment variable ``SOFTTOPK_TRITON`` is ``"0"``. The torch
+path stays the reference and the path on every other device."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import os
+from collections.abc import Iterator
+
+import torch
+
+
+def switched_on(setting: str | None) -> bool:
+    """Whether the kernels may run, from the value of ``SOFTTOPK_TRITON``: unless it is ``"0"``."""
+    return setting != "0"
+
+
+ENABLED = switched_on(os.environ.get("SOFTTOPK_TRITON"))
+
+
+@contextlib.contextmanager
+def torch_path() -> Iterator[None]:
+    """Within the block the masks take the torch path (to compare it with the kernels)."""
+    global ENABLED
+    enabled, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = enabled
+
+
+BLOCK = 1024  # entries per step of a row pass
+
+
+def block_for(n: int) -> int:
+    """Entries per step of a pass over rows of ``n``: ``n`` rounded up to a power of 2 (at least
+    16), at most :data:`BLOCK` (short rows, e.g. 64 experts, waste no lanes)."""
+    return min(BLOCK, 1 << max(4, (n - 1).bit_length()))
+
+
+@functools.cache
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+@functools.cache
+def _supported(device: torch.device) -> bool:
+    """An NVIDIA GPU of compute capability 8.0 or more, the hardware Triton supports (the kernels
+    were run on Hopper only; ROCm builds keep the torch path)."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def usable(x: torch.Tensor, k: object, scale: object) -> bool:
+    """Whether a mask hands rows ``x`` to its kernels: enabled, triton installed, a CUDA tensor
+    outside compile and vmap on a supported GPU, an int ``k`` and a float scale (the Laplace
+    mask's ``τ``, the sparse mask's ``λ``)."""
+    if not (ENABLED and x.is_cuda and isinstance(k, int) and isinstance(scale, float)):
+        return False
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return False
+    return _has_triton() and _supported(x.device)
