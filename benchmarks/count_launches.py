@@ -7,7 +7,9 @@ counter the test suite's budgets use), so they need no GPU and do not depend on 
 
 "accelerator path" counts what a CUDA tensor runs: the CPU-only argument checks and the CPU
 shortcuts of the sparse and isotonic solvers are switched off, and the isotonic solver takes an
-accelerator's segment size, as they do for every non-CPU tensor.
+accelerator's segment size, as they do for every non-CPU tensor. "with the Triton kernels" counts
+it once more with the masks' Triton kernels routed in (their default on a CUDA GPU with triton;
+here in Triton's interpreter), each kernel launch counted as one launch beside the aten ops.
 
 Run ``python benchmarks/count_launches.py``; writes ``benchmarks/results/launches.{json,md}``.
 """
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from unittest import mock
@@ -25,6 +29,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "tests"))  # one counter for the tests and this script
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 from _machine import machine_info  # noqa: E402
 
@@ -103,6 +109,27 @@ def _accelerator_path():
         yield
 
 
+def _with_kernels(fn, x: torch.Tensor) -> int | None:
+    """Launches of one fwd+bwd on the accelerator path with the masks' Triton kernels routed in
+    (aten ops plus kernel launches); None without triton."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    import pytest  # its MonkeyPatch restores every attribute set (the test extra has it)
+
+    from softtopk.ops import lapsum_kernels, sparse_kernels, triton_gate
+    from triton_kernels import count_kernels
+
+    with pytest.MonkeyPatch.context() as patch:
+        launched = count_kernels(patch, lapsum_kernels, "mask_forward", "mask_backward")
+        count_kernels(patch, sparse_kernels, "mask_forward", launched=launched)
+        patch.setattr(triton_gate, "usable", lambda v, k, scale: isinstance(k, int) and isinstance(scale, float))
+        fn(x)  # the kernels of one forward: count_call runs a warm-up forward first
+        forward = len(launched)
+        launched.clear()
+        counts = count_call(fn, x)
+    return counts.launches + len(launched) - forward
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "launches")
@@ -115,17 +142,19 @@ def main() -> None:
         cpu = count_call(fn, x)
         with _accelerator_path():
             accel = count_call(fn, x)
+            kernels = _with_kernels(fn, x)
         rows.append(
             {
                 "case": name,
                 "launches": accel.launches,
+                "with_kernels": kernels,
                 "views": accel.views,
                 "reads": accel.reads,
                 "cpu_reads": cpu.reads,
                 "budget": BUDGETS.get(name),
             }
         )
-        print(f"{name:42s} {accel.launches:5d} launches {accel.reads} reads (CPU tensors: {cpu.reads})")
+        print(f"{name:42s} {accel.launches:5d} launches ({kernels} with kernels) {accel.reads} reads (CPU {cpu.reads})")
     info = machine_info()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1) + "\n")
@@ -137,15 +166,19 @@ def main() -> None:
         "`TorchDispatchMode`; on a GPU each launch is a kernel and each read a host synchronisation.",
         "Counted on the accelerator path (the CPU-only argument checks and the CPU shortcuts of the",
         "sparse and isotonic solvers off, the isotonic solver's accelerator segment size);",
-        f"torch {torch.__version__}. Budget: issue 21's target.",
+        f'torch {torch.__version__}. Budget: issue 21\'s target. "With the Triton kernels": the same path',
+        "with the lapsum and sparse masks' kernels, their default on a CUDA GPU with triton (aten ops plus",
+        "kernel launches; counted in Triton's interpreter).",
         "",
-        "| case | launches | views | host reads | reads on CPU tensors | budget |",
-        "|---|---|---|---|---|---|",
+        "| case | launches | with the Triton kernels | views | host reads | reads on CPU tensors | budget |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         budget = "—" if row["budget"] is None else str(row["budget"])
+        kernels = "—" if row["with_kernels"] is None else str(row["with_kernels"])
         lines.append(
-            f"| {row['case']} | {row['launches']} | {row['views']} | {row['reads']} | {row['cpu_reads']} | {budget} |"
+            f"| {row['case']} | {row['launches']} | {kernels} | {row['views']} | {row['reads']} | {row['cpu_reads']}"
+            f" | {budget} |"
         )
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
