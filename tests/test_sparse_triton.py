@@ -53,7 +53,17 @@ def _close(x, k, lam, p, hard=False, rows=None):
 @pytest.mark.parametrize("p", [4 / 3, 2.0])
 @pytest.mark.parametrize(
     ("n", "k", "lam"),
-    [(50, 5, 1.0), (50, 25, 0.3), (7, 2, 1e-3), (3000, 10, 0.5), (9, 8, 2.0), (2, 1, 1.0), (100, 10, 100.0)],
+    # 3000: candidates packed over three steps of 1024, few (l = 0.5) or all (l = 50) of the row
+    [
+        (50, 5, 1.0),
+        (50, 25, 0.3),
+        (7, 2, 1e-3),
+        (3000, 10, 0.5),
+        (3000, 10, 50.0),
+        (9, 8, 2.0),
+        (2, 1, 1.0),
+        (100, 10, 100.0),
+    ],
 )
 def test_the_kernel_equals_the_torch_path(dtype, p, n, k, lam):
     x = torch.randn(4, n, generator=torch.Generator().manual_seed(n + k), dtype=dtype).to(DEVICE)

@@ -7,14 +7,14 @@ import triton.language as tl
 
 
 @triton.jit
-def _sums(x_ptr, row, n, sk, lam, a, R: tl.constexpr, BLOCK: tl.constexpr):
+def _sums(cand_ptr, row, n, kept, sk, lam, a, R: tl.constexpr, BLOCK: tl.constexpr):
     """``F(a) = Σ clip(v - a, 0, 1)^R`` and ``D(a) = Σ_{0 < v - a < 1} R (v - a)^{R-1}`` over the
-    row, ``v = (x - s_k)/λ`` (float64; ``-F'(a) = D``)."""
+    row's ``kept`` candidates, ``v = (x - s_k)/λ`` (float64; ``-F'(a) = D``)."""
     total = tl.zeros([BLOCK], dtype=tl.float64)
     slope = tl.zeros([BLOCK], dtype=tl.float64)
-    for start in range(0, n, BLOCK):
+    for start in range(0, kept, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        y = tl.load(x_ptr + row * n + offs, mask=offs < n, other=-float("inf")).to(tl.float64)
+        y = tl.load(cand_ptr + row * n + offs, mask=offs < kept, other=-float("inf")).to(tl.float64)
         z = (y - sk) / lam - a
         inside = (z > 0) & (z < 1)
         zc = tl.where(inside, z, 0.0)
@@ -31,6 +31,7 @@ def _sums(x_ptr, row, n, sk, lam, a, R: tl.constexpr, BLOCK: tl.constexpr):
 def mask_forward(
     x_ptr,
     vals_ptr,
+    cand_ptr,  # scratch (B, n): each row's candidates, packed at its start
     mask_ptr,
     d_ptr,
     n,
@@ -41,25 +42,33 @@ def mask_forward(
     MAX_STEPS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    # the row's +inf, -inf and NaN counts (softtopk._extended's degenerate rows)
+    # s_k and the (k+1)-th largest from the top-k values; rows whose k largest saturate before the
+    # (k+1)-th starts are the hard k-hot mask, any a in [gap, -1] exact: the midpoint (at most 2 away)
+    sk = tl.load(vals_ptr + row * (k + 1) + k - 1).to(tl.float64)
+    gap = (tl.load(vals_ptr + row * (k + 1) + k).to(tl.float64) - sk) / lam
+    # one pass: the row's +inf, -inf and NaN counts (softtopk._extended's degenerate rows), and its
+    # candidates packed into the scratch row, the entries with v > -1 (the others are 0 for every
+    # a >= -1 the steps below try, so the steps pass over the candidates only)
     plus = tl.zeros([BLOCK], dtype=tl.int32)
     minus = tl.zeros([BLOCK], dtype=tl.int32)
     nans = tl.zeros([BLOCK], dtype=tl.int32)
+    kept = tl.sum(plus, 0)
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        y = tl.load(x_ptr + row * n + offs, mask=offs < n, other=0.0)
+        inrow = offs < n
+        y = tl.load(x_ptr + row * n + offs, mask=inrow, other=0.0)
         plus += (y == float("inf")).to(tl.int32)
         minus += (y == -float("inf")).to(tl.int32)
         nans += (y != y).to(tl.int32)
+        keep = inrow & ((y.to(tl.float64) - sk) / lam > -1.0)
+        slot = kept + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(cand_ptr + row * n + slot, y, mask=keep)
+        kept += tl.sum(keep.to(tl.int32), 0)
     p = tl.sum(plus, 0)
     q = tl.sum(minus, 0)
     bad = tl.sum(nans, 0) > 0
     full = p >= k
     short = (n - q <= k) & (p < k)
-    # s_k and the (k+1)-th largest from the candidates; rows whose k largest saturate before the
-    # (k+1)-th starts are the hard k-hot mask, any a in [gap, -1] exact: the midpoint (at most 2 away)
-    sk = tl.load(vals_ptr + row * (k + 1) + k - 1).to(tl.float64)
-    gap = (tl.load(vals_ptr + row * (k + 1) + k).to(tl.float64) - sk) / lam
     degenerate = bad | full | short
     hard = gap <= -1.0
     zero = tl.sum(tl.zeros([BLOCK], dtype=tl.float64), 0)  # float64 scalars start here (a constant is float32)
@@ -74,7 +83,7 @@ def mask_forward(
     steps = p * 0
     go = ~(degenerate | hard)
     while go:
-        f, slope = _sums(x_ptr, row, n, sk, lam, a, R, BLOCK)
+        f, slope = _sums(cand_ptr, row, n, kept, sk, lam, a, R, BLOCK)
         excess = f - kf
         above = excess >= 0
         lo = tl.where(above, a, lo)

@@ -5,11 +5,12 @@ searches, tens of small ops. Here one ``torch.topk`` of ``k + 1`` values (``s_k`
 is followed by one program per row that
 
 1. counts the row's ``+inf``, ``-inf`` and NaN entries (the degenerate rows of
-   :mod:`softtopk._extended`, written by their rule as in the torch path),
-2. solves ``Σ_i clip(v_i - a, 0, 1)^r = k`` for ``a`` in ``[-1, 0)``, ``v = (x - s_k)/λ``, in
-   float64 by Newton's steps on the row, safeguarded by bisection (the sum is monotone in ``a``;
-   rows whose ``k`` largest saturate before the next starts are the hard mask, as in the torch
-   path), and
+   :mod:`softtopk._extended`, written by their rule as in the torch path) and, in the same pass,
+   packs its candidates, the entries with ``v = (x - s_k)/λ > -1`` (the others are 0 for every
+   threshold in the bracket), into a scratch row,
+2. solves ``Σ_i clip(v_i - a, 0, 1)^r = k`` for ``a`` in ``[-1, 0)`` over the candidates, in
+   float64 by Newton's steps safeguarded by bisection (the sum is monotone in ``a``; rows whose
+   ``k`` largest saturate before the next starts are the hard mask, as in the torch path), and
 3. writes the mask ``clip(v - a, 0, 1)^r`` and ``d = r clip(v - a)^{r-1}/λ`` on the interior.
 
 The backward is the Laplace mask's kernel (:class:`~softtopk.ops.lapsum_triton.ImplicitMask`,
@@ -46,7 +47,10 @@ class TritonSparseMask(ImplicitMask):
         mask, d = torch.empty_like(x), torch.empty_like(x, dtype=torch.promote_types(x.dtype, torch.float32))
         if rows:
             block = block_for(n)
-            sparse_kernels.mask_forward[(rows,)](x, vals, mask, d, n, k, lam, R=r, BLOCK=block, MAX_STEPS=MAX_STEPS)
+            scratch = torch.empty_like(x)  # each row's candidates
+            sparse_kernels.mask_forward[(rows,)](
+                x, vals, scratch, mask, d, n, k, lam, R=r, BLOCK=block, MAX_STEPS=MAX_STEPS
+            )
         if hard:
             mask = torch.zeros_like(x).scatter_(-1, x.topk(k, -1).indices, 1.0)
         return mask, d
