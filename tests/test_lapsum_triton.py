@@ -172,3 +172,20 @@ def test_the_kernels_need_an_nvidia_gpu_of_capability_8(monkeypatch):
         assert check(torch.device("cuda")) is expected
     monkeypatch.setattr(torch.version, "hip", "6.2")
     assert check(torch.device("cuda")) is False
+
+
+@pytest.mark.parametrize("mask", ["sparse", "lapsum"])
+def test_a_second_derivative_raises_instead_of_being_zero(mask):
+    """The kernels' backward (``ImplicitMask``, both masks') is not differentiable: double backward
+    raises, as PyTorch's once-differentiable kernels do, where a silent zero would be wrong."""
+    from softtopk.ops import sparse_triton
+
+    x = torch.randn(3, 20, generator=torch.Generator().manual_seed(8), dtype=torch.float64).to(DEVICE)
+    x.requires_grad_()
+    if mask == "sparse":
+        out = sparse_triton.triton_mask(x, 4, 0.5, 3, hard=False)
+    else:
+        out = lapsum_triton.triton_mask(x, 4, 0.5, hard=False, clamp=lapsum._C, floor=lapsum._FLOOR)
+    (grad,) = torch.autograd.grad((out * out).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.sum().backward()

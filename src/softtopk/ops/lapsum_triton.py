@@ -36,7 +36,8 @@ class ImplicitMask(Function):
     """A mask whose forward returns ``(mask, d)``, ``d`` its slope on the row, and whose threshold
     keeps each row's sum at ``k``: the backward is ``d ⊙ (g - Σ d g / Σ d)`` per row, one kernel
     (the Laplace mask's, and the sparse mask's of :mod:`softtopk.ops.sparse_triton`); only the
-    first input, the rows, gets a gradient."""
+    first input, the rows, gets a gradient, and only once (a second derivative raises; none is
+    promised on any path)."""
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -46,6 +47,7 @@ class ImplicitMask(Function):
         ctx.inputs = len(inputs)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises instead of being 0
     def backward(ctx, grad: torch.Tensor, _d):
         from . import lapsum_kernels as kernels
 
