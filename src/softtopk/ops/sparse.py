@@ -345,10 +345,11 @@ def sparse_mask_rows(
     if k >= x.shape[-1]:
         return _ones(x)
     r = exponent(p)
-    if (solver != "dykstra" or hard) and triton_gate.usable(x, k, l):
+    exact_only = solver != "dykstra" or hard  # the exact mask is the answer (hard: its gradient)
+    if exact_only and triton_gate.usable(x, k, l):
         return sparse_triton.triton_mask(x, k, cast(float, l), r, hard=hard)
     exact, degenerate = _exact_mask(x, k, l, r, hard)
-    if solver != "dykstra" or hard:
+    if exact_only:
         return exact
     # not clamped: every iterate sums to k, and before convergence it may leave [0, 1] (the
     # original's README prints 1.0000229 after 100 projections); no graph through its iterations
