@@ -9,13 +9,15 @@ Runs the suite as the README's test command does (``pytest -n 2``) with a JUnit 
 up each test file's durations (a test's setup, call and teardown, as pytest reports them). The
 share is the JAX files' sum over the whole suite's sum: the durations of the two workers add up,
 so it is the share of the CPU time the suite's tests hold, whichever worker ran them. The table
-lists the JAX files and the files that take longest.
+lists the JAX files and the files that take longest. XLA compiles with the suite's options
+(tests/conftest.py) unless ``XLA_FLAGS`` is set (``XLA_FLAGS= python ...``: XLA's defaults).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,7 +56,9 @@ def main() -> None:
         junit = Path(tempfile.mkdtemp()) / "suite.xml"
         command = [sys.executable, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
         code = subprocess.run(command, cwd=ROOT).returncode
-        how = f"`pytest -n 2 -q` run by the script (exit code {code})"
+        flags = os.environ.get("XLA_FLAGS")
+        options = "tests/conftest.py's" if flags is None else f"`XLA_FLAGS={flags!r}`"
+        how = f"`pytest -n 2 -q` run by the script (exit code {code}), XLA compiler options {options}"
     seconds, count = file_seconds(junit)
     total = sum(seconds.values())
     jax = sum(seconds[f"tests/{name}"] for name in FILES)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -12,6 +14,19 @@ from softtopk.ops.swaps import DISTRIBUTIONS
 # one thread per test process: the suite runs under pytest-xdist on 2 cores, and torch's default
 # thread pool would oversubscribe them
 torch.set_num_threads(1)
+
+# XLA's CPU compiler options for the JAX tests: no LLVM optimisation of the generated code. The
+# tests compile hundreds of small programs and run each a few times, so compiling is most of their
+# time; the option changes how fast the machine code runs, not what a program computes
+# (tests/test_jax.py::test_the_test_compiler_options_change_no_value compares it with the defaults).
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def pytest_configure(config) -> None:
+    """Set the test compiler options before any test module imports JAX (each xdist worker runs
+    this too); a user's own ``XLA_FLAGS`` are kept."""
+    os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
+
 
 # deterministic ranks methods (the stochastic gumbel method has its own tests: tests/test_gumbel.py)
 RANK_METHODS = tuple(

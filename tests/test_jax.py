@@ -5,9 +5,11 @@ and gradients) and tests/test_jax_mirror.py (values and every error message)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.test_util import check_grads  # noqa: E402
 
 import softtopk.jax as sj  # noqa: E402
+import xla_options_probe  # noqa: E402
 from pav_reference import pav_mag, pav_mask  # noqa: E402
 from softtopk.jax import operators as _operators  # noqa: E402
 from softtopk.jax.ops import sparse as _sparse  # noqa: E402
@@ -382,3 +385,22 @@ def test_dykstra_on_an_empty_batch(fn):
     op = getattr(sj, fn)
     assert op(x, 2, p=2, solver="dykstra").shape == (0, 5)
     assert jax.grad(lambda v: op(v, 2, p=2, solver="dykstra").sum())(x).shape == (0, 5)
+
+
+# ------------------------------------------------------------------------------ compiler options
+
+
+def test_the_test_compiler_options_change_no_value(tmp_path):
+    """The compiler options this suite runs XLA with (tests/conftest.py) give the values and
+    gradients of XLA's defaults, to a few roundings (tests/xla_options_probe.py's cases)."""
+    env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    probe = Path(__file__).with_name("xla_options_probe.py")
+    default = subprocess.Popen([sys.executable, str(probe), str(tmp_path / "default.npz")], env=env)
+    ours = xla_options_probe.values()  # while the other process compiles its own
+    assert default.wait(timeout=600) == 0
+    theirs = np.load(tmp_path / "default.npz")
+    assert set(ours) == set(theirs.files)
+    for name, value in ours.items():
+        tol = 1e-12 if "float64" in name else 1e-5
+        scale = max(1.0, float(np.abs(value).max()))
+        np.testing.assert_allclose(value, theirs[name], rtol=0, atol=tol * scale, err_msg=name)
