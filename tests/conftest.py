@@ -17,8 +17,9 @@ torch.set_num_threads(1)
 
 # XLA's CPU compiler options for the JAX tests: no LLVM optimisation of the generated code. The
 # tests compile hundreds of small programs and run each a few times, so compiling is most of their
-# time; the option changes how fast the machine code runs, not what a program computes
-# (tests/test_jax.py::test_the_test_compiler_options_change_no_value compares it with the defaults).
+# time. The option changes the speed of the code and the last rounding of some float32 results (an
+# ulp or two), nothing else: tests/test_jax.py::test_the_test_compiler_options_agree_with_the_defaults
+# compares it with XLA's defaults.
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
