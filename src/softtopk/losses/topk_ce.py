@@ -166,6 +166,7 @@ class _Head(Function):
         ctx.weights, ctx.p1, ctx.smce = inputs[4:]
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # q and the mass are saved without their graph
     def backward(ctx, grad, *_unused):
         if grad is None:
             return None, None, None, None, None, None, None

@@ -11,7 +11,9 @@ functorch transforms (``vmap``, ``grad``; there ``torch.autograd.Function.apply`
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,3 +45,21 @@ class Function(torch.autograd.Function):
             return super().apply(*args, **kwargs)
         # what torch.autograd.Function.apply does once its binding has returned the arguments as given
         return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))  # type: ignore[misc]
+
+
+def once_differentiable_unless(exact: Callable[[Any], bool]) -> Callable:
+    """Decorator of a ``backward``: where ``exact(ctx)`` holds, the graph it records (under
+    ``create_graph``) is its exact derivative and a second derivative goes through it; elsewhere it
+    uses tensors saved without their graph, and runs as ``torch.autograd.function.once_differentiable``
+    (differentiating through its result raises instead of being wrong)."""
+
+    def decorate(backward: Callable) -> Callable:
+        once = torch.autograd.function.once_differentiable(backward)
+
+        @functools.wraps(backward)
+        def wrapper(ctx: Any, *grads: Any) -> Any:
+            return (backward if exact(ctx) else once)(ctx, *grads)
+
+        return wrapper
+
+    return decorate

@@ -171,6 +171,7 @@ class _LaplaceMask(Function):
         ctx.mark_non_differentiable(*output[1:])
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # d is saved without its graph: a second derivative raises
     def backward(ctx, grad: torch.Tensor, *_):
         x, d, ref, drop, tau_t = ctx.saved_tensors
         none = (None,) * (len(ctx.needs_input_grad) - 3)
@@ -202,6 +203,7 @@ class _LaplaceWeights(Function):
         ctx.mark_non_differentiable(*output[1:])
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # d is saved without its graph: a second derivative raises
     def backward(ctx, grad: torch.Tensor, *_):
         x, index, d, picked, ref, drop, tau_t = ctx.saved_tensors
         if grad is None:

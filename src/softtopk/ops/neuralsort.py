@@ -104,6 +104,7 @@ class _NeuralSort(Function):
         ctx.save_for_backward(*output[1:], tau if ctx.tau_tensor else None)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # P is saved without its graph: a second derivative raises
     def backward(ctx, grad, *_):
         if grad is None:
             return None, None, None, None

@@ -85,6 +85,7 @@ class _SoftSort(Function):
         ctx.save_for_backward(ranks, slope, index, chosen, tau if ctx.tau_tensor else None)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # P is saved without its graph: a second derivative raises
     def backward(ctx, grad, *_):
         if grad is None:
             return None, None, None, None, None

@@ -45,7 +45,7 @@ import torch
 
 from .._window import window_power, window_root
 from . import sparse_triton, triton_gate
-from ._function import Function
+from ._function import Function, once_differentiable_unless
 from .compute import can_inspect, scan_rows, sort_rows, topk_rows
 from .cubic import cubic_root
 from .dykstra import dykstra_mag_rows, dykstra_mask_rows
@@ -222,6 +222,7 @@ class _MaskFn(Function):
         ctx.lam_value, ctx.r = (None if ctx.tensor_lam else lam), r
 
     @staticmethod
+    @once_differentiable_unless(lambda ctx: ctx.r == 1)  # p = 2: w is piecewise constant in x
     def backward(ctx, grad: torch.Tensor, _w: torch.Tensor):
         w, *lam_x = ctx.saved_tensors
         lam = lam_x[0] if lam_x else ctx.lam_value
@@ -258,6 +259,7 @@ class _MagFn(Function):
         ctx.lam, ctx.r = lam, r
 
     @staticmethod
+    @once_differentiable_unless(lambda ctx: ctx.r == 1)  # p = 2: e = 1/(λθ) inside, recorded through θ
     def backward(ctx, grad: torch.Tensor, _z: torch.Tensor):
         # on the interior I (0 < z < 1), with e = r z^{r-1} / (λ θ^{1/r}) and g~ = g sign(x):
         #   ∂L/∂s = g~ (1 + θ e) + e c / Σ_I e β,  c = -Σ_I g~ (1 + θ e),  β = 1 + z λ θ^{1/r} / (r θ)
