@@ -14,23 +14,27 @@ import numpy as np
 
 import softtopk.jax as sj
 
+# the programs probed per dtype: the sparse threshold and the isotonic regression in float64, the
+# closed form in float32
+CASES = {
+    "float64": {
+        "mask": lambda v: sj.sparse_topk_mask(v, 4, l=0.3),
+        "rank": lambda v: sj.soft_rank(v, strength=0.3),
+    },
+    "float32": {"laplace": lambda v: sj.soft_topk(v, 4, tau=0.3)},
+}
+
 
 def values() -> dict[str, np.ndarray]:
     """``{"<family> <dtype> value" | "... grad": array}`` on rows at scales 1e-3, 1 and 30, one with a tie."""
     out = {}
-    for dtype in ("float64", "float32"):
+    for dtype, cases in CASES.items():
         with jax.enable_x64(dtype == "float64"):
             rng = np.random.default_rng(21)
             rows = rng.standard_normal((4, 13)) * np.array([[1e-3], [1.0], [30.0], [1.0]])
             rows[3, 2] = rows[3, 5]
             x = jnp.asarray(rows.astype(dtype))
             g = jnp.asarray(rng.standard_normal((4, 13)).astype(dtype))
-            cases = {  # the sparse threshold and the isotonic regression in float64, the closed form in float32
-                "mask": lambda v: sj.sparse_topk_mask(v, 4, l=0.3),
-                "rank": lambda v: sj.soft_rank(v, strength=0.3),
-            }
-            if dtype == "float32":
-                cases = {"laplace": lambda v: sj.soft_topk(v, 4, tau=0.3)}
             for name, fn in cases.items():
                 value, vjp = jax.vjp(fn, x)
                 out[f"{name} {dtype} value"] = np.asarray(value)

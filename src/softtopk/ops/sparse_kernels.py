@@ -52,7 +52,7 @@ def mask_forward(
     plus = tl.zeros([BLOCK], dtype=tl.int32)
     minus = tl.zeros([BLOCK], dtype=tl.int32)
     nans = tl.zeros([BLOCK], dtype=tl.int32)
-    kept = tl.sum(plus, 0)
+    kept = tl.sum(plus, 0)  # the candidates packed so far: an int32 scalar 0
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         inrow = offs < n
