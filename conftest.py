@@ -12,4 +12,4 @@ if not torch.cuda.is_available():
 
 collect_ignore_glob = [] if importlib.util.find_spec("jax") else ["src/softtopk/jax/*"]
 if importlib.util.find_spec("triton") is None:
-    collect_ignore_glob += ["src/softtopk/ops/lapsum_kernels.py", "src/softtopk/ops/sparse_kernels.py"]
+    collect_ignore_glob += [f"src/softtopk/ops/{name}_kernels.py" for name in ("lapsum", "sparse", "networks")]

@@ -17,8 +17,9 @@ Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven rep
   ``f(x, k).backward(g)``. Baseline: ``zeros_like(x).scatter(-1, i, v)`` of ``torch.topk``. The
   O(n k) methods are skipped where ``rows n k`` exceeds 2^31 (recorded).
 * losses at 512 x 1000 and 4096 x 1000 (float32): ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16,
-  splitter network and NeuralSort), ``SmoothTopKSVM(k=5)``, ``BalNoisedTopK(5, epsilon=1,
-  n_samples=5)``, pytopk's ``BalNoisedTopK`` and difftopk's NeuralSort loss where importable.
+  splitter network, on CUDA by its Triton kernels and by the torch path, and NeuralSort),
+  ``SmoothTopKSVM(k=5)``, ``BalNoisedTopK(5, epsilon=1, n_samples=5)``, pytopk's ``BalNoisedTopK``
+  and difftopk's NeuralSort loss where importable.
   Baseline: ``F.cross_entropy``; a row of cross-entropy plus the draw of five noise samples per
   score shows the floor of every noised loss.
 * router: 16384 tokens (``--quick``: 2048), d = 1024, 64 experts, k = 2, bfloat16: ``TopKRouter``
@@ -256,14 +257,34 @@ def _noise_floor(device):
     return loss
 
 
+def _loss_torch_path(make: Callable) -> Callable:
+    """A loss made by ``make(device)`` with the Triton kernels (their default on CUDA) switched off."""
+
+    def build(device):
+        if torch.device(device).type != "cuda" or importlib.util.find_spec("triton") is None:
+            raise Skip("the same as the kernels' row here: they run on CUDA with triton installed")
+        loss = make(device)
+
+        def call(x, target):
+            from softtopk.ops import triton_gate
+
+            with triton_gate.torch_path():
+                return loss(x, target)
+
+        return call
+
+    return build
+
+
 def loss_cases() -> dict[str, Callable]:
     def topk_ce(method):
-        return _loss_case(lambda d: softtopk.TopKCrossEntropyLoss([0.2] * 5, method=method, m=16))
+        return lambda d: softtopk.TopKCrossEntropyLoss([0.2] * 5, method=method, m=16)
 
     return {
         "cross_entropy": _loss_case(lambda d: F.cross_entropy),
-        "TopKCE splitter m=16": topk_ce("splitter_selection"),
-        "TopKCE neuralsort m=16": topk_ce("neuralsort"),
+        "TopKCE splitter m=16": _loss_case(topk_ce("splitter_selection")),
+        "TopKCE splitter m=16 (torch path)": _loss_case(_loss_torch_path(topk_ce("splitter_selection"))),
+        "TopKCE neuralsort m=16": _loss_case(topk_ce("neuralsort")),
         "SmoothTopKSVM k=5": _loss_case(lambda d: softtopk.SmoothTopKSVM(k=5)),
         "BalNoisedTopK k=5 eps=1 S=5": _loss_case(
             lambda d: softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5), stochastic=True

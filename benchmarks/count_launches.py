@@ -8,7 +8,7 @@ counter the test suite's budgets use), so they need no GPU and do not depend on 
 "accelerator path" counts what a CUDA tensor runs: the CPU-only argument checks and the CPU
 shortcuts of the sparse and isotonic solvers are switched off, and the isotonic solver takes an
 accelerator's segment size, as they do for every non-CPU tensor. "with the Triton kernels" counts
-it once more with the masks' Triton kernels routed in (their default on a CUDA GPU with triton;
+it once more with the Triton kernels routed in (their default on a CUDA GPU with triton;
 here in Triton's interpreter), each kernel launch counted as one launch beside the aten ops.
 
 Run ``python benchmarks/count_launches.py``; writes ``benchmarks/results/launches.{json,md}``.
@@ -110,18 +110,19 @@ def _accelerator_path():
 
 
 def _with_kernels(fn, x: torch.Tensor) -> int | None:
-    """Launches of one fwd+bwd on the accelerator path with the masks' Triton kernels routed in
+    """Launches of one fwd+bwd on the accelerator path with the Triton kernels routed in
     (aten ops plus kernel launches); None without triton."""
     if importlib.util.find_spec("triton") is None:
         return None
     import pytest  # its MonkeyPatch restores every attribute set (the test extra has it)
 
-    from softtopk.ops import lapsum_kernels, sparse_kernels, triton_gate
+    from softtopk.ops import lapsum_kernels, networks_kernels, sparse_kernels, triton_gate
     from triton_kernels import count_kernels
 
     with pytest.MonkeyPatch.context() as patch:
         launched = count_kernels(patch, lapsum_kernels, "mask_forward", "mask_backward")
         count_kernels(patch, sparse_kernels, "mask_forward", launched=launched)
+        count_kernels(patch, networks_kernels, "label_forward", "label_backward", launched=launched)
         patch.setattr(triton_gate, "usable", lambda v, k, scale: isinstance(k, int) and isinstance(scale, float))
         fn(x)  # the kernels of one forward: count_call runs a warm-up forward first
         forward = len(launched)
@@ -167,8 +168,8 @@ def main() -> None:
         "Counted on the accelerator path (the CPU-only argument checks and the CPU shortcuts of the",
         "sparse and isotonic solvers off, the isotonic solver's accelerator segment size);",
         f'torch {torch.__version__}. Budget: issue 21\'s target. "With the Triton kernels": the same path',
-        "with the lapsum and sparse masks' kernels, their default on a CUDA GPU with triton (aten ops plus",
-        "kernel launches; counted in Triton's interpreter).",
+        "with the lapsum and sparse masks' kernels and the networks' label sweep (top-k CE), their default",
+        "on a CUDA GPU with triton (aten ops plus kernel launches; counted in Triton's interpreter).",
         "",
         "| case | launches | with the Triton kernels | views | host reads | reads on CPU tensors | budget |",
         "|---|---|---|---|---|---|---|",

@@ -45,6 +45,7 @@ import operator
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import networks_triton
 from ._function import Function
 from .networks import build_network, layer_tensors
 from .swaps import ART_DELTA, signed_swap_probability, swap_slope
@@ -382,4 +383,7 @@ def network_label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, *, netw
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` lands, in one sweep."""
     params, scale = _split_scale(params, x)
     mode = _infinities(x, params)
+    if scale is None and networks_triton.usable(x, k, params, mode):
+        plan = _plan(*_key(network, x, k), str(x.device), str(x.dtype))
+        return networks_triton.label_sweep(x, position, plan, params["steepness"], _far(x.dtype))
     return _LabelSweep.apply(x, scale, _key(network, x, k), params, mode, position)[0].T

@@ -1,8 +1,9 @@
 """When softtopk's optional Triton kernels run (:mod:`softtopk.ops.lapsum_triton`,
-:mod:`softtopk.ops.sparse_triton`): on an NVIDIA GPU of compute capability 8.0 or more with
-triton installed, for a CUDA tensor outside ``torch.compile`` (Inductor fuses the torch path
-itself) and ``vmap``, unless the environment variable ``SOFTTOPK_TRITON`` is ``"0"``. The torch
-path stays the reference and the path on every other device."""
+:mod:`softtopk.ops.sparse_triton`, :mod:`softtopk.ops.networks_triton`): on an NVIDIA GPU of
+compute capability 8.0 or more with triton installed, for a CUDA tensor outside
+``torch.compile`` (Inductor fuses the torch path itself) and ``vmap``, unless the environment
+variable ``SOFTTOPK_TRITON`` is ``"0"``. The torch path stays the reference and the path on every
+other device."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ ENABLED = switched_on(os.environ.get("SOFTTOPK_TRITON"))
 
 @contextlib.contextmanager
 def torch_path() -> Iterator[None]:
-    """Within the block the masks take the torch path (to compare it with the kernels)."""
+    """Within the block every operator takes the torch path (to compare it with the kernels)."""
     global ENABLED
     enabled, ENABLED = ENABLED, False
     try:
@@ -56,9 +57,9 @@ def _supported(device: torch.device) -> bool:
 
 
 def usable(x: torch.Tensor, k: object, scale: object) -> bool:
-    """Whether a mask hands rows ``x`` to its kernels: enabled, triton installed, a CUDA tensor
-    outside compile and vmap on a supported GPU, an int ``k`` and a float scale (the Laplace
-    mask's ``τ``, the sparse mask's ``λ``)."""
+    """Whether an operator hands rows ``x`` to its kernels: enabled, triton installed, a CUDA
+    tensor outside compile and vmap on a supported GPU, an int ``k`` and a float scale (the Laplace
+    mask's ``τ``, the sparse mask's ``λ``, the networks' steepness)."""
     if not (ENABLED and x.is_cuda and isinstance(k, int) and isinstance(scale, float)):
         return False
     if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):

@@ -1,0 +1,176 @@
+"""Triton kernels of the networks' label sweep (see :mod:`softtopk.ops.networks_triton`, which
+launches them; importing this module imports triton). A program holds ``ROWS`` rows of ``W`` wires
+(a power of 2 at least the row length ``n``; the spare wires idle) in registers and runs every
+layer of the network on them: one launch forward, one backward."""
+
+import triton
+import triton.language as tl
+
+# a rational approximation of atan on [0, 0.66] in the form of Cephes' atan (S. L. Moshier), after
+# the reductions atan t = π/4 + atan((t - 1)/(t + 1)) and π/2 - atan(1/t): within an ulp of float64.
+# Globals of a kernel are constexpr; a float literal alone would be a float32 constant in Triton.
+_P0 = tl.constexpr(-8.750608600031904122785e-1)
+_P1 = tl.constexpr(-1.615753718733365076637e1)
+_P2 = tl.constexpr(-7.500855792314704667340e1)
+_P3 = tl.constexpr(-1.228866684490136173410e2)
+_P4 = tl.constexpr(-6.485021904942025371773e1)
+_Q0 = tl.constexpr(2.485846490142306297962e1)
+_Q1 = tl.constexpr(1.650270098316988542046e2)
+_Q2 = tl.constexpr(4.328810604912902668951e2)
+_Q3 = tl.constexpr(4.853903996359136964868e2)
+_Q4 = tl.constexpr(1.945506571482613964425e2)
+_TAN_3PI_8 = tl.constexpr(2.41421356237309504880)
+_QUARTER_PI = tl.constexpr(0.78539816339744830962)
+_HALF_PI_LOW = tl.constexpr(6.123233995736765886130e-17)  # π/2 minus its float64 rounding
+_INV_PI = tl.constexpr(0.31830988618379067154)
+
+
+@triton.jit
+def _atan(v):
+    """``atan(v)`` in float64 for a float64 ``v`` (Triton's interpreter has no libdevice atan)."""
+    t = tl.abs(v)
+    big = t > _TAN_3PI_8
+    mid = (t > 0.66) & (t <= _TAN_3PI_8)
+    quarters = tl.where(big, 2.0, tl.where(mid, 1.0, 0.0)).to(tl.float64)  # the reduction's π/4 multiples
+    u = tl.where(big, -1.0 / tl.where(big, t, 1.0), tl.where(mid, (t - 1.0) / (t + 1.0), t))
+    z = u * u
+    num = (((_P0 * z + _P1) * z + _P2) * z + _P3) * z + _P4
+    den = ((((z + _Q0) * z + _Q1) * z + _Q2) * z + _Q3) * z + _Q4
+    r = quarters * _QUARTER_PI + (u * (z * num / den) + quarters * (0.5 * _HALF_PI_LOW)) + u
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def _lerp(start, end, w):
+    """``torch.lerp(start, end, w)``: exact at ``w`` 0 and 1."""
+    return tl.where(w < 0.5, start + w * (end - start), end - (end - start) * (1.0 - w))
+
+
+@triton.jit
+def _stand_in(v, far):
+    """``v`` clamped to ``[-F, F]``: ``±inf`` as ``±F``, NaN kept (as ``torch.clamp``)."""
+    return tl.minimum(tl.maximum(v, -far, propagate_nan=tl.PropagateNan.ALL), far, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _tile(rows_total, n, ROWS: tl.constexpr, W: tl.constexpr):
+    """This program's rows ``(ROWS, 1)``, the wires ``(1, W)`` and where both are in range."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
+    wires = tl.arange(0, W)[None, :]
+    return rows, wires, (rows < rows_total) & (wires < n)
+
+
+@triton.jit
+def _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS: tl.constexpr, W: tl.constexpr):
+    """Layer ``layer``'s partners ``(ROWS, W)`` (a spare wire is its own) and signs ``(1, W)``."""
+    inside = wires < n
+    partner = tl.load(partner_ptr + layer * n + wires, mask=inside, other=0)
+    partner = tl.where(inside, partner, wires).to(tl.int32)
+    sign = tl.load(sign_ptr + layer * n + wires, mask=inside, other=0.0)
+    return tl.broadcast_to(partner, (ROWS, W)), sign
+
+
+@triton.jit
+def label_forward(
+    x_ptr,  # (B, n) scores
+    pos_ptr,  # (B,) the label's wire
+    partner_ptr,  # (L, n) each layer's partner wires
+    sign_ptr,  # (L, n) +1 on a comparator's max wire, -1 on its min wire, 0 idle
+    outw_ptr,  # (k,) the wires of ranks 0..k-1
+    out_ptr,  # (B, k) where the label lands
+    d_ptr,  # (L, B, W) saved: the values' differences z - z[p]
+    a_ptr,  # (L, B, W) saved: the swap probabilities
+    e_ptr,  # (L, B, W) saved: the riding row's differences
+    rows_total,
+    n,
+    k,
+    depth,
+    plane,  # rows_total * W: one layer's saved entries
+    beta,
+    far,
+    ROWS: tl.constexpr,
+    W: tl.constexpr,
+    KW: tl.constexpr,
+):
+    rows, wires, inside = _tile(rows_total, n, ROWS, W)
+    x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)
+    z = _stand_in(x * beta, far)  # every comparison with ±F saturates
+    pos = tl.load(pos_ptr + rows, mask=rows < rows_total, other=0)
+    r = tl.where(wires == pos, 1.0, 0.0).to(z.dtype)  # the label's one-hot row rides along
+    saved = rows * W + wires
+    for layer in range(depth):
+        partner, sign = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
+        pulled = tl.gather(z, partner, 1)
+        d = z - pulled
+        odd = _atan(d.to(tl.float64)) * _INV_PI  # atan(d)/π
+        alpha = (0.5 + sign * odd).to(z.dtype)
+        # beyond F/2 only an infinity's stand-in differs: the comparison is decided, as in the torch path
+        alpha = tl.where(tl.abs(d) > 0.5 * far, tl.where(sign * d > 0, 1.0, tl.where(sign == 0, 0.5, 0.0)), alpha)
+        alpha = alpha.to(z.dtype)
+        pulled_r = tl.gather(r, partner, 1)
+        offset = layer * plane
+        tl.store(d_ptr + offset + saved, d, mask=inside)
+        tl.store(a_ptr + offset + saved, alpha, mask=inside)
+        tl.store(e_ptr + offset + saved, r - pulled_r, mask=inside)
+        z = _lerp(pulled, z, alpha)
+        r = _lerp(pulled_r, r, alpha)
+    # out[:, j] = r[:, outw[j]]: one term of each sum is the wire's (a where, so a NaN stays in its wire)
+    ranks = tl.arange(0, KW)[None, None, :]
+    outw = tl.load(outw_ptr + ranks, mask=ranks < k, other=-1)
+    picked = tl.sum(tl.where(wires[:, :, None] == outw, r[:, :, None], 0.0), 1)
+    ranks2 = tl.arange(0, KW)[None, :]
+    tl.store(out_ptr + rows * k + ranks2, picked, mask=(rows < rows_total) & (ranks2 < k))
+
+
+@triton.jit
+def label_backward(
+    grad_ptr,  # (B, k) the gradient of the output
+    x_ptr,  # (B, n) scores
+    partner_ptr,
+    sign_ptr,
+    outw_ptr,
+    d_ptr,
+    a_ptr,
+    e_ptr,
+    gx_ptr,  # (B, n) the gradient of the scores
+    rows_total,
+    n,
+    k,
+    depth,
+    plane,
+    beta,
+    far,
+    ROWS: tl.constexpr,
+    W: tl.constexpr,
+    KW: tl.constexpr,
+):
+    rows, wires, inside = _tile(rows_total, n, ROWS, W)
+    # the riding row's gradient: the output's at the output wires
+    ranks = tl.arange(0, KW)[None, None, :]
+    outw = tl.load(outw_ptr + ranks, mask=ranks < k, other=-1)
+    given = (rows[:, :, None] < rows_total) & (ranks < k)
+    grad = tl.load(grad_ptr + rows[:, :, None] * k + ranks, mask=given, other=0.0)
+    g1 = tl.sum(tl.where(wires[:, :, None] == outw, grad, 0.0), 2)
+    g0 = tl.zeros_like(g1)
+    saved = rows * W + wires
+    for step in range(depth):
+        layer = depth - 1 - step
+        partner, sign = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
+        offset = layer * plane
+        d = tl.load(d_ptr + offset + saved, mask=inside, other=0.0)
+        alpha = tl.load(a_ptr + offset + saved, mask=inside, other=0.5)
+        e = tl.load(e_ptr + offset + saved, mask=inside, other=0.0)
+        # ∂α/∂d = sign / (π (1 + d²)), as (1/d²) / (1/d² + 1) beyond 1 (no overflow); 0 where an
+        # infinity decided the comparison
+        size = tl.abs(d)
+        short = tl.where(size > 1.0, 1.0 / tl.where(size > 1.0, size, 1.0), size)
+        square = short * short
+        fraction = tl.where(size > 1.0, square / (square + 1.0), 1.0 / (square + 1.0))
+        slope = tl.where(size > 0.5 * far, 0.0, sign * _INV_PI * fraction).to(d.dtype)
+        grad_d = g0 * (alpha + d * slope) + g1 * (e * slope)
+        grad_e = g1 * alpha
+        g0 = grad_d + tl.gather(g0 - grad_d, partner, 1)
+        g1 = grad_e + tl.gather(g1 - grad_e, partner, 1)
+    x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)
+    z = _stand_in(x * beta, far)
+    tl.store(gx_ptr + rows * n + wires, tl.where(tl.abs(z) < far, g0, 0.0) * beta, mask=inside)
