@@ -1,8 +1,10 @@
-"""The Triton kernels of the networks' label sweep (top-k cross-entropy's relaxation) against the
-torch path, values and gradients (in Triton's interpreter without a GPU: ``triton_kernels.py``)."""
+"""The Triton kernels of the networks' label sweep (top-k cross-entropy's relaxation) and mask
+(``soft_topk`` with a network) against the torch path, values and gradients (in Triton's
+interpreter without a GPU: ``triton_kernels.py``)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import torch
 
 import softtopk
 from softtopk import _validation
-from softtopk.ops import networks_triton, sorting_networks, triton_gate
+from softtopk.ops import networks_kernels, sorting_networks, triton_gate
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
@@ -21,14 +23,14 @@ pytestmark = needs_triton
 
 INF = float("inf")
 NETWORKS = ("splitter_selection", "bitonic", "odd_even")
+KERNELS = ("label_forward", "label_backward", "mask_forward", "mask_backward")
+SWEEPS = ("label", "mask")  # the label's ranks (top-k CE) and the mask (soft_topk)
 
 
 @pytest.fixture
 def kernel_launches(monkeypatch):
     """Routes CPU rows to the kernels (as a CUDA tensor goes) and counts their launches."""
-    from softtopk.ops import networks_kernels
-
-    launched = count_kernels(monkeypatch, networks_kernels, "label_forward", "label_backward")
+    launched = count_kernels(monkeypatch, networks_kernels, *KERNELS)
     monkeypatch.setattr(triton_gate, "usable", _usable_on_any_device)
     return launched
 
@@ -40,22 +42,27 @@ def _usable_on_any_device(x, k, scale):
     return isinstance(k, int) and isinstance(scale, float)
 
 
-def _both(x, position, k, network, steepness=10.0, distribution="cauchy"):
-    """(ranks, grad) of the torch path and of the kernels for one upstream gradient."""
-    g = torch.randn((x.shape[0], k), generator=torch.Generator().manual_seed(1), dtype=x.dtype).to(x.device)
+def _both(x, position, k, network, steepness=10.0):
+    """(output, grad) of the torch path and of the kernels for one upstream gradient: the label's
+    ranks ``P[b, position[b], :k]`` (B, k) for a ``position``, else the mask (B, n)."""
+    params = {"distribution": "cauchy", "steepness": steepness, "art_lambda": 0.25}
+
+    def call(leaf):
+        if position is None:
+            return sorting_networks.network_mask(leaf, k, network=network, **params)
+        return sorting_networks.network_label_ranks(leaf, position, k, network=network, **params)
+
     out = []
     for kernels in (False, True):
         leaf = x.detach().clone().requires_grad_()
-        params = {"distribution": distribution, "steepness": steepness, "art_lambda": 0.25}
-        if kernels:
-            plan = sorting_networks._plan(network, x.shape[-1], k, str(x.device), str(x.dtype))
-            far = torch.finfo(x.dtype).max / 8
-            ranks = networks_triton.label_sweep(leaf, position, plan, steepness, far)
-        else:
-            with triton_gate.torch_path():
-                ranks = sorting_networks.network_label_ranks(leaf, position, k, network=network, **params)
-        (ranks * g).sum().backward()
-        out.append((ranks.detach(), leaf.grad))
+        with pytest.MonkeyPatch.context() as patch:
+            launched = count_kernels(patch, networks_kernels, *KERNELS)
+            patch.setattr(triton_gate, "usable", _usable_on_any_device if kernels else lambda *args: False)
+            value = call(leaf)
+            g = torch.randn(value.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype).to(x.device)
+            (value * g).sum().backward()
+        assert len(launched) == (2 if kernels else 0)  # one forward, one backward
+        out.append((value.detach(), leaf.grad))
     return out
 
 
@@ -76,36 +83,57 @@ def _close(x, position, k, network, steepness=10.0):
     return r1, g1
 
 
-def _rows(rows, n, dtype, seed=0):
+def _rows(rows, n, dtype, sweep, seed=0):
+    """Scores (top-k CE feeds its selected scores sorted; the mask takes them as they come) and,
+    for the label sweep, a label position per row (None for the mask)."""
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, n, generator=generator, dtype=dtype).sort(-1).values
-    return x.to(DEVICE), torch.randint(0, n, (rows,), generator=generator).to(DEVICE)
+    x = torch.randn(rows, n, generator=generator, dtype=dtype)
+    if sweep == "mask":
+        return x.to(DEVICE), None
+    return x.sort(-1).values.to(DEVICE), torch.randint(0, n, (rows,), generator=generator).to(DEVICE)
+
+
+# (rows, n, k): W a power of 2 with spare wires idle, a last program with fewer rows than the others
+# (13 rows of 16: eight per program); the mask up to the 1024 wires of a program
+SIZES = {
+    "label": [(13, 16, 5), (3, 7, 3), (3, 40, 10), (2, 64, 20), (4, 2, 1), (3, 1, 1)],
+    "mask": [(13, 16, 5), (3, 7, 3), (2, 20, 18), (2, 300, 10), (1, 1000, 10)],
+}
+CASES = [
+    (sweep, network, *size)
+    for sweep in SWEEPS
+    for network in NETWORKS
+    for size in SIZES[sweep]
+    if network != "odd_even" or size[1] <= 64  # odd_even has n layers
+]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("network", NETWORKS)
-@pytest.mark.parametrize(("rows", "n", "k"), [(13, 16, 5), (3, 7, 3), (3, 40, 10), (2, 64, 20), (4, 2, 1), (3, 1, 1)])
-def test_the_kernels_equal_the_torch_path(dtype, network, rows, n, k):
-    """Rows of n wires (W a power of 2, spare wires idle), a last program with fewer rows than
-    the others (13 rows of 16: eight per program)."""
-    x, position = _rows(rows, n, dtype, seed=n + k)
-    ranks, _ = _close(x, position, k, network)
-    assert bool((ranks.sum(-1) <= 1 + 1e-5).all()) and bool((ranks >= -1e-7).all())
+@pytest.mark.parametrize(("sweep", "network", "rows", "n", "k"), CASES)
+def test_the_kernels_equal_the_torch_path(dtype, sweep, network, rows, n, k):
+    x, position = _rows(rows, n, dtype, sweep, seed=n + k)
+    out, _ = _close(x, position, k, network)
+    if sweep == "label":
+        assert bool((out.sum(-1) <= 1 + 1e-5).all()) and bool((out >= -1e-7).all())
+    else:
+        torch.testing.assert_close(out.sum(-1), torch.full_like(out[:, 0], float(k)), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("sweep", SWEEPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("steepness", [1e-3, 1.0, 1e3])
 @pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
-def test_scales_and_steepness(dtype, steepness, scale):
-    x, position = _rows(6, 16, dtype, seed=3)
+def test_scales_and_steepness(sweep, dtype, steepness, scale):
+    x, position = _rows(6, 16, dtype, sweep, seed=3)
     _close(x * scale, position, 5, "splitter_selection", steepness)
 
 
 # the interpreter computes with numpy, which warns where the largest scores times the steepness
 # overflow to inf (then clamped to F, as in the torch path)
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("sweep", SWEEPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_ties_and_infinities(dtype):
+def test_ties_and_infinities(sweep, dtype):
     """Tied scores, and ±inf (±F in both paths: every comparison with them saturates, and their
     gradient is 0); the largest finite float32 scores times the steepness overflow to the same."""
     big = torch.finfo(dtype).max
@@ -118,15 +146,16 @@ def test_ties_and_infinities(dtype):
         ],
         dtype=dtype,
     ).to(DEVICE)
-    position = torch.tensor([3, 0, 1, 6]).to(DEVICE)
+    position = torch.tensor([3, 0, 1, 6]).to(DEVICE) if sweep == "label" else None
     ranks, grad = _close(x, position, 3, "splitter_selection")
     assert bool(ranks.isfinite().all()) and bool(grad.isfinite().all())
     assert bool((grad[x.isinf()] == 0).all())
 
 
-def test_nan_stays_in_its_row():
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_nan_stays_in_its_row(sweep):
     """A NaN score spreads through the comparators it meets, as in the torch path, and nowhere else."""
-    x, position = _rows(3, 16, torch.float32)
+    x, position = _rows(3, 16, torch.float32, sweep)
     x[1, 4] = float("nan")
     (r0, g0), (r1, g1) = _both(x, position, 5, "splitter_selection")
     torch.testing.assert_close(r1, r0, rtol=0, atol=2e-6, equal_nan=True)
@@ -134,15 +163,20 @@ def test_nan_stays_in_its_row():
     torch.testing.assert_close(g1[[0, 2]], g0[[0, 2]], rtol=0, atol=2e-5)
 
 
-def test_a_second_derivative_raises():
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_a_second_derivative_raises(sweep, kernel_launches):
     """As the torch path's: the first derivative taken with ``create_graph`` is the plain one, and
     backpropagating through it raises."""
-    x, position = _rows(2, 16, torch.float64)
+    x, position = _rows(2, 16, torch.float64, sweep)
     x.requires_grad_()
-    plan = sorting_networks._plan("splitter_selection", 16, 5, str(x.device), str(x.dtype))
-    ranks = networks_triton.label_sweep(x, position, plan, 10.0, torch.finfo(x.dtype).max / 8)
-    w = torch.randn(ranks.shape, dtype=ranks.dtype).to(DEVICE).requires_grad_()
-    (grad,) = torch.autograd.grad((ranks * w).sum(), x, create_graph=True)
+    params = {"network": "splitter_selection", "distribution": "cauchy", "steepness": 10.0, "art_lambda": 0.25}
+    if sweep == "mask":
+        out = sorting_networks.network_mask(x, 5, **params)
+    else:
+        out = sorting_networks.network_label_ranks(x, position, 5, **params)
+    w = torch.randn(out.shape, dtype=out.dtype).to(DEVICE).requires_grad_()
+    (grad,) = torch.autograd.grad((out * w).sum(), x, create_graph=True)
+    assert len(kernel_launches) == 2
     with pytest.raises(RuntimeError, match="differentiate twice"):
         grad.sum().backward()
 
@@ -161,23 +195,38 @@ def test_topk_cross_entropy_runs_the_kernels_within_the_launch_budget(kernel_lau
     kernels = len(kernel_launches) - 1  # count_call runs a warm-up forward first
     assert kernels == 2 and counts.reads == 0
     assert counts.launches + kernels <= 96, counts.ops
-    values = []
-    for kernels_on in (False, True):
-        leaf = logits.clone().requires_grad_()
-        with triton_gate.torch_path() if not kernels_on else _nothing():
-            value = loss(leaf)
-        value.backward()
-        values.append((value.detach(), leaf.grad))
-    torch.testing.assert_close(values[1][0], values[0][0], rtol=1e-6, atol=0)
-    torch.testing.assert_close(values[1][1], values[0][1], rtol=0, atol=1e-7)
+    _same_with_and_without_kernels(loss, logits, rtol=1e-6, atol=1e-7)
 
 
-class _nothing:
-    def __enter__(self):
-        return None
+def test_the_network_mask_runs_the_kernels_within_the_launch_budget(kernel_launches):
+    """``soft_topk(x, 10, method='splitter_selection')`` on rows of 1000: the two kernels and the
+    rule for rows of infinities (issue 21's budget for the splitter network at 64 x 1000: 256).
+    Two rows, not 64: the launches do not depend on the row count, and the interpreter runs each
+    row's program in turn (64 rows take minutes)."""
+    x = torch.randn(2, 1000, generator=torch.Generator().manual_seed(2)).to(DEVICE)
 
-    def __exit__(self, *exc):
-        return False
+    def mask(v):
+        return softtopk.soft_topk(v, 10, method="splitter_selection")
+
+    counts = count_call(mask, x)
+    kernels = len(kernel_launches) - 1  # count_call runs a warm-up forward first
+    assert kernels == 2 and counts.reads == 0
+    assert counts.launches + kernels <= 256, counts.ops
+    _same_with_and_without_kernels(mask, x, rtol=0, atol=2e-6)
+
+
+def _same_with_and_without_kernels(fn, x, rtol, atol):
+    """``fn(x)`` and its gradient for ``<fn(x), g>`` by the torch path and by the kernels."""
+    results = []
+    for route in (triton_gate.torch_path(), contextlib.nullcontext()):
+        leaf = x.clone().requires_grad_()
+        with route:
+            value = fn(leaf)
+        (value * torch.ones_like(value)).sum().backward()
+        results.append((value.detach(), leaf.grad))
+    (v0, g0), (v1, g1) = results
+    torch.testing.assert_close(v1, v0, rtol=rtol, atol=atol)
+    torch.testing.assert_close(g1, g0, rtol=0, atol=atol * max(1.0, float(g0.abs().max())))
 
 
 @pytest.mark.parametrize(
@@ -196,12 +245,26 @@ def test_the_torch_path_stays_outside_the_kernels_scope(kernel_launches, params)
     assert kernel_launches == []
 
 
-def test_vmap_keeps_the_torch_path(kernel_launches):
-    x, position = _rows(4, 16, torch.float32)
-    params = {"distribution": "cauchy", "steepness": 10.0, "art_lambda": 0.25}
+@pytest.mark.parametrize(
+    ("n", "params"),
+    [(2000, {}), (100, {"distribution": "logistic"}), (100, {"steepness": torch.full((4,), 5.0)})],
+    ids=["2000 wires", "logistic", "tensor steepness"],
+)
+def test_the_mask_keeps_the_torch_path_outside_the_kernels_scope(kernel_launches, n, params):
+    params = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in params.items()}
+    softtopk.soft_topk(torch.randn(4, n).to(DEVICE), 5, method="splitter_selection", **params)
+    assert kernel_launches == []
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_vmap_keeps_the_torch_path(kernel_launches, sweep):
+    x, position = _rows(4, 16, torch.float32, "label")
+    params = {"network": "bitonic", "distribution": "cauchy", "steepness": 10.0, "art_lambda": 0.25}
 
     def one(row, pos):
-        return sorting_networks.network_label_ranks(row[None], pos[None], 5, network="bitonic", **params)[0]
+        if sweep == "mask":
+            return sorting_networks.network_mask(row[None], 5, **params)[0]
+        return sorting_networks.network_label_ranks(row[None], pos[None], 5, **params)[0]
 
     torch.func.vmap(one)(x, position)
     assert kernel_launches == []

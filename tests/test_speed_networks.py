@@ -61,7 +61,8 @@ def test_mask_launches_per_layer(method):
 def test_splitter_mask_launches():
     counts = count_call(lambda t: softtopk.soft_topk(t, 10, method="splitter_selection"), torch.randn(64, 1000))
     assert counts.reads == 0
-    assert counts.launches <= 500  # the budget is 256 (see the per-layer test above)
+    # the torch path (the budget, 256, is met on CUDA by the kernels: test_networks_triton.py)
+    assert counts.launches <= 500
 
 
 @pytest.mark.parametrize("method", NETWORK_TYPES)

@@ -1,5 +1,5 @@
-"""Triton kernels of the networks' label sweep (see :mod:`softtopk.ops.networks_triton`, which
-launches them; importing this module imports triton). A program holds ``ROWS`` rows of ``W`` wires
+"""Triton kernels of the networks' label and mask sweeps (see :mod:`softtopk.ops.networks_triton`,
+which launches them; importing this module imports triton). A program holds ``ROWS`` rows of ``W`` wires
 (a power of 2 at least the row length ``n``; the spare wires idle) in registers and runs every
 layer of the network on them: one launch forward, one backward."""
 
@@ -38,6 +38,27 @@ def _atan(v):
     den = ((((z + _Q0) * z + _Q1) * z + _Q2) * z + _Q3) * z + _Q4
     r = quarters * _QUARTER_PI + (u * (z * num / den) + quarters * (0.5 * _HALF_PI_LOW)) + u
     return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def _swap(d, sign, far):
+    """The Cauchy swap probability ``1/2 + sign atan(d)/π`` of differences ``d`` (in ``d``'s dtype,
+    atan in float64); beyond ``F/2`` only an infinity's stand-in differs: the comparison is decided
+    (0 or 1), as the torch path's saturates."""
+    alpha = (0.5 + sign * (_atan(d.to(tl.float64)) * _INV_PI)).to(d.dtype)
+    decided = tl.where(sign * d > 0, 1.0, tl.where(sign == 0, 0.5, 0.0))
+    return tl.where(tl.abs(d) > 0.5 * far, decided, alpha).to(d.dtype)
+
+
+@triton.jit
+def _slope(d, sign, far):
+    """``∂α/∂d = sign / (π (1 + d²))``, as ``(1/d²) / (1/d² + 1)`` beyond 1 (no overflow); 0 where
+    an infinity decided the comparison."""
+    size = tl.abs(d)
+    short = tl.where(size > 1.0, 1.0 / tl.where(size > 1.0, size, 1.0), size)
+    square = short * short
+    fraction = tl.where(size > 1.0, square / (square + 1.0), 1.0 / (square + 1.0))
+    return tl.where(size > 0.5 * far, 0.0, sign * _INV_PI * fraction).to(d.dtype)
 
 
 @triton.jit
@@ -102,11 +123,7 @@ def label_forward(
         partner, sign = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
         pulled = tl.gather(z, partner, 1)
         d = z - pulled
-        odd = _atan(d.to(tl.float64)) * _INV_PI  # atan(d)/π
-        alpha = (0.5 + sign * odd).to(z.dtype)
-        # beyond F/2 only an infinity's stand-in differs: the comparison is decided, as in the torch path
-        alpha = tl.where(tl.abs(d) > 0.5 * far, tl.where(sign * d > 0, 1.0, tl.where(sign == 0, 0.5, 0.0)), alpha)
-        alpha = alpha.to(z.dtype)
+        alpha = _swap(d, sign, far)
         pulled_r = tl.gather(r, partner, 1)
         offset = layer * plane
         tl.store(d_ptr + offset + saved, d, mask=inside)
@@ -160,13 +177,7 @@ def label_backward(
         d = tl.load(d_ptr + offset + saved, mask=inside, other=0.0)
         alpha = tl.load(a_ptr + offset + saved, mask=inside, other=0.5)
         e = tl.load(e_ptr + offset + saved, mask=inside, other=0.0)
-        # ∂α/∂d = sign / (π (1 + d²)), as (1/d²) / (1/d² + 1) beyond 1 (no overflow); 0 where an
-        # infinity decided the comparison
-        size = tl.abs(d)
-        short = tl.where(size > 1.0, 1.0 / tl.where(size > 1.0, size, 1.0), size)
-        square = short * short
-        fraction = tl.where(size > 1.0, square / (square + 1.0), 1.0 / (square + 1.0))
-        slope = tl.where(size > 0.5 * far, 0.0, sign * _INV_PI * fraction).to(d.dtype)
+        slope = _slope(d, sign, far)
         grad_d = g0 * (alpha + d * slope) + g1 * (e * slope)
         grad_e = g1 * alpha
         g0 = grad_d + tl.gather(g0 - grad_d, partner, 1)
@@ -174,3 +185,91 @@ def label_backward(
     x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)
     z = _stand_in(x * beta, far)
     tl.store(gx_ptr + rows * n + wires, tl.where(tl.abs(z) < far, g0, 0.0) * beta, mask=inside)
+
+
+@triton.jit
+def mask_forward(
+    x_ptr,  # (B, n) scores
+    start_ptr,  # (n,) the indicator of the wires of ranks 0..k-1
+    partner_ptr,  # (L, n)
+    sign_ptr,  # (L, n)
+    mask_ptr,  # (B, n) the mask
+    d_ptr,  # (L, B, W) saved: the values' differences
+    a_ptr,  # (L, B, W) saved: the swap probabilities
+    c_ptr,  # (L, B, W) saved: the mask column entering each layer of the reverse sweep
+    rows_total,
+    n,
+    depth,
+    plane,
+    beta,
+    far,
+    ROWS: tl.constexpr,
+    W: tl.constexpr,
+):
+    rows, wires, inside = _tile(rows_total, n, ROWS, W)
+    x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)
+    z = _stand_in(x * beta, far)
+    saved = rows * W + wires
+    for layer in range(depth):  # the value sweep
+        partner, sign = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
+        pulled = tl.gather(z, partner, 1)
+        d = z - pulled
+        alpha = _swap(d, sign, far)
+        tl.store(d_ptr + layer * plane + saved, d, mask=inside)
+        tl.store(a_ptr + layer * plane + saved, alpha, mask=inside)
+        z = _lerp(pulled, z, alpha)
+    # the column of the mask, c_(l-1) = M_l c_l from the output wires back to the inputs
+    c = tl.broadcast_to(tl.load(start_ptr + wires, mask=wires < n, other=0.0), (ROWS, W)).to(z.dtype)
+    for step in range(depth):
+        layer = depth - 1 - step
+        partner, _ = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
+        tl.store(c_ptr + layer * plane + saved, c, mask=inside)
+        alpha = tl.load(a_ptr + layer * plane + saved, mask=inside, other=0.5)
+        c = _lerp(tl.gather(c, partner, 1), c, alpha)
+    tl.store(mask_ptr + rows * n + wires, c, mask=inside)
+
+
+@triton.jit
+def mask_backward(
+    grad_ptr,  # (B, n) the gradient of the mask
+    x_ptr,
+    partner_ptr,
+    sign_ptr,
+    d_ptr,
+    a_ptr,
+    c_ptr,
+    ag_ptr,  # (L, B, W) scratch: ∂L/∂α of each layer
+    gx_ptr,  # (B, n) the gradient of the scores
+    rows_total,
+    n,
+    depth,
+    plane,
+    beta,
+    far,
+    ROWS: tl.constexpr,
+    W: tl.constexpr,
+):
+    rows, wires, inside = _tile(rows_total, n, ROWS, W)
+    saved = rows * W + wires
+    # r_0 = ∂L/∂c_0, r_l = M_l r_(l-1); ∂L/∂α_l = r_l (c_l - c_l[p])
+    r = tl.load(grad_ptr + rows * n + wires, mask=inside, other=0.0)
+    for layer in range(depth):
+        partner, _ = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
+        c = tl.load(c_ptr + layer * plane + saved, mask=inside, other=0.0)
+        alpha = tl.load(a_ptr + layer * plane + saved, mask=inside, other=0.5)
+        tl.store(ag_ptr + layer * plane + saved, r * (c - tl.gather(c, partner, 1)), mask=inside)
+        r = _lerp(tl.gather(r, partner, 1), r, alpha)
+    # the value sweep backwards: g_d = ∂L/∂α_l α' + g (α + d α'), g_(l-1) = g_d + (g - g_d)[p]
+    g = tl.zeros_like(r)
+    for step in range(depth):
+        layer = depth - 1 - step
+        partner, sign = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
+        d = tl.load(d_ptr + layer * plane + saved, mask=inside, other=0.0)
+        alpha = tl.load(a_ptr + layer * plane + saved, mask=inside, other=0.5)
+        slope = _slope(d, sign, far)
+        bias = tl.load(ag_ptr + layer * plane + saved, mask=inside, other=0.0) * slope
+        grad_d = bias + g * (alpha + d * slope)
+        g = grad_d + tl.gather(g - grad_d, partner, 1)
+    x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)
+    z = _stand_in(x * beta, far)
+    tl.store(gx_ptr + rows * n + wires, tl.where(tl.abs(z) < far, g, 0.0) * beta, mask=inside)

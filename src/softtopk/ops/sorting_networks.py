@@ -357,6 +357,12 @@ def _columns(x: torch.Tensor, k: int, network: str, params: dict, ranks: bool) -
     return _ColumnSweep.apply(x, scale, _key(network, x, k), params, mode, ranks)[0]
 
 
+def _kernel_plan(x: torch.Tensor, k: int, network: str, params: dict, wires: int) -> tuple | None:
+    """The network's plan where its sweep of ``x`` runs on the Triton kernels (:mod:`.networks_triton`)."""
+    usable = networks_triton.usable(x, k, params, _infinities(x, params), wires)
+    return _plan(*_key(network, x, k), str(x.device), str(x.dtype)) if usable else None
+
+
 def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """Relaxed top-k attribution ``(B, n, k)`` of a sorting/selection network for ``x`` (B, n);
     ``steepness`` a float or a per-row (B, 1) tensor (with gradients)."""
@@ -369,7 +375,11 @@ def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Te
     rows with ``p`` entries at ``+inf`` and ``q`` at ``-inf`` when ``p < k < n - q``; where ``p >= k``
     the ``+inf`` entries share ``k`` equally, and where ``n - q <= k`` every entry above ``-inf``
     has mask 1 and the ``-inf`` entries share the rest, all with gradient 0."""
-    mask = _columns(x, k, network, params, ranks=False)[:, 0].T
+    plan = _kernel_plan(x, k, network, params, networks_triton.MAX_MASK_WIRES)
+    if plan is None:
+        mask = _columns(x, k, network, params, ranks=False)[:, 0].T
+    else:
+        mask = networks_triton.mask_sweep(x, k, plan, params["steepness"], _far(x.dtype))
     n = x.shape[-1]
     positive, negative = x == float("inf"), x == float("-inf")
     p = positive.sum(-1, keepdim=True, dtype=x.dtype)
@@ -381,9 +391,9 @@ def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Te
 
 def network_label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` lands, in one sweep."""
+    plan = _kernel_plan(x, k, network, params, networks_triton.MAX_WIRES)
+    if plan is not None:
+        return networks_triton.label_sweep(x, position, plan, params["steepness"], _far(x.dtype))
     params, scale = _split_scale(params, x)
     mode = _infinities(x, params)
-    if scale is None and networks_triton.usable(x, k, params, mode):
-        plan = _plan(*_key(network, x, k), str(x.device), str(x.dtype))
-        return networks_triton.label_sweep(x, position, plan, params["steepness"], _far(x.dtype))
     return _LabelSweep.apply(x, scale, _key(network, x, k), params, mode, position)[0].T
