@@ -17,7 +17,7 @@ from softtopk.ops import networks_kernels, sorting_networks, triton_gate
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
-from triton_kernels import DEVICE, count_kernels, needs_triton  # noqa: E402
+from triton_kernels import DEVICE, both_paths, needs_triton, route_kernels  # noqa: E402
 
 pytestmark = needs_triton
 
@@ -30,16 +30,7 @@ SWEEPS = ("label", "mask")  # the label's ranks (top-k CE) and the mask (soft_to
 @pytest.fixture
 def kernel_launches(monkeypatch):
     """Routes CPU rows to the kernels (as a CUDA tensor goes) and counts their launches."""
-    launched = count_kernels(monkeypatch, networks_kernels, *KERNELS)
-    monkeypatch.setattr(triton_gate, "usable", _usable_on_any_device)
-    return launched
-
-
-def _usable_on_any_device(x, k, scale):
-    """``triton_gate.usable`` without its device test: the same scope, compile and vmap excluded."""
-    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
-        return False
-    return isinstance(k, int) and isinstance(scale, float)
+    return route_kernels(monkeypatch, networks_kernels, *KERNELS)
 
 
 def _both(x, position, k, network, steepness=10.0):
@@ -52,18 +43,7 @@ def _both(x, position, k, network, steepness=10.0):
             return sorting_networks.network_mask(leaf, k, network=network, **params)
         return sorting_networks.network_label_ranks(leaf, position, k, network=network, **params)
 
-    out = []
-    for kernels in (False, True):
-        leaf = x.detach().clone().requires_grad_()
-        with pytest.MonkeyPatch.context() as patch:
-            launched = count_kernels(patch, networks_kernels, *KERNELS)
-            patch.setattr(triton_gate, "usable", _usable_on_any_device if kernels else lambda *args: False)
-            value = call(leaf)
-            g = torch.randn(value.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype).to(x.device)
-            (value * g).sum().backward()
-        assert len(launched) == (2 if kernels else 0)  # one forward, one backward
-        out.append((value.detach(), leaf.grad))
-    return out
+    return both_paths(networks_kernels, KERNELS, call, x)
 
 
 def _close(x, position, k, network, steepness=10.0):

@@ -41,3 +41,40 @@ def count_kernels(monkeypatch, module, *names: str, launched: list | None = None
     for name in names:
         monkeypatch.setattr(module, name, Counted(getattr(module, name), launched))
     return launched
+
+
+def usable_on_any_device(x, k, scale):
+    """``triton_gate.usable`` without its device test: the same scope (an int ``k``, a float
+    scale), compile and vmap excluded; patched in, it routes CPU rows to the kernels."""
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return False
+    return isinstance(k, int) and isinstance(scale, float)
+
+
+def route_kernels(monkeypatch, module, *names: str) -> list:
+    """Routes CPU rows to the kernels (as a CUDA tensor goes) and counts the launches of
+    ``module``'s kernels ``names``."""
+    from softtopk.ops import triton_gate
+
+    launched = count_kernels(monkeypatch, module, *names)
+    monkeypatch.setattr(triton_gate, "usable", usable_on_any_device)
+    return launched
+
+
+def both_paths(module, names, call, x) -> list:
+    """``[(value, grad)]`` of ``call(x)`` by the torch path, then by ``module``'s kernels ``names``
+    (which must run once forward and once backward), for one seeded upstream gradient."""
+    from softtopk.ops import triton_gate
+
+    out = []
+    for kernels in (False, True):
+        leaf = x.detach().clone().requires_grad_()
+        with pytest.MonkeyPatch.context() as patch:
+            launched = count_kernels(patch, module, *names)
+            patch.setattr(triton_gate, "usable", usable_on_any_device if kernels else lambda *args: False)
+            value = call(leaf)
+            g = torch.randn(value.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype).to(x.device)
+            (value * g).sum().backward()
+        assert len(launched) == (2 if kernels else 0)
+        out.append((value.detach(), leaf.grad))
+    return out

@@ -46,6 +46,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import neuralsort_triton
 from ._function import Function
 from .compute import scan_rows, sort_rows, unsort
 
@@ -144,4 +145,6 @@ def neuralsort_mask(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> to
     with at most ``k`` entries above ``-inf`` selects them all, the ``-inf`` entries share the rest)."""
     if k == x.shape[-1]:  # every row selects all (NaN stays in its row)
         return torch.where(x == x, 1.0, x)
+    if isinstance(tau, float) and neuralsort_triton.usable(x, k, tau):
+        return neuralsort_triton.triton_mask(x, k, tau, min(_FAR, torch.finfo(x.dtype).max))
     return _NeuralSort.apply(x, tau, k, True)[0]

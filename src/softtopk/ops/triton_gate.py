@@ -1,9 +1,9 @@
 """When softtopk's optional Triton kernels run (:mod:`softtopk.ops.lapsum_triton`,
-:mod:`softtopk.ops.sparse_triton`, :mod:`softtopk.ops.networks_triton`): on an NVIDIA GPU of
-compute capability 8.0 or more with triton installed, for a CUDA tensor outside
-``torch.compile`` (Inductor fuses the torch path itself) and ``vmap``, unless the environment
-variable ``SOFTTOPK_TRITON`` is ``"0"``. The torch path stays the reference and the path on every
-other device."""
+:mod:`softtopk.ops.sparse_triton`, :mod:`softtopk.ops.networks_triton`,
+:mod:`softtopk.ops.neuralsort_triton`): on an NVIDIA GPU of compute capability 8.0 or more with
+triton installed, for a CUDA tensor outside ``torch.compile`` (Inductor fuses the torch path
+itself) and ``vmap``, unless the environment variable ``SOFTTOPK_TRITON`` is ``"0"``. The torch
+path stays the reference and the path on every other device."""
 
 from __future__ import annotations
 

@@ -1,0 +1,128 @@
+"""The Triton kernels of the NeuralSort mask against the torch path, values and gradients (in
+Triton's interpreter without a GPU: ``triton_kernels.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import softtopk
+from softtopk.ops import neuralsort_kernels
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dispatch_counter import count_call  # noqa: E402
+from triton_kernels import DEVICE, both_paths, needs_triton, route_kernels  # noqa: E402
+
+pytestmark = needs_triton
+
+INF = float("inf")
+KERNELS = ("mask_forward", "mask_backward")
+
+
+@pytest.fixture
+def kernel_launches(monkeypatch):
+    """Routes CPU rows to the kernels (as a CUDA tensor goes) and counts their launches."""
+    return route_kernels(monkeypatch, neuralsort_kernels, *KERNELS)
+
+
+def _both(x, k, tau):
+    """(mask, grad) of the torch path and of the kernels."""
+    return both_paths(neuralsort_kernels, KERNELS, lambda v: softtopk.soft_topk(v, k, method="neuralsort", tau=tau), x)
+
+
+def _close(x, k, tau=1.0):
+    """Both compute in float64 (the kernels' prefix sums add in another order: relative 1e-16 of
+    the row's sums, which the logits' cancellation turns into about 1e-12 of the mask)."""
+    (m0, g0), (m1, g1) = _both(x, k, tau)
+    tol = 1e-10 if x.dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(m1, m0, rtol=0, atol=tol, equal_nan=True)
+    scale = max(1.0, float(g0.nan_to_num().abs().max()))
+    torch.testing.assert_close(g1, g0, rtol=0, atol=tol * scale, equal_nan=True)
+    return m1, g1
+
+
+def _rows(rows, n, dtype, seed=0):
+    return torch.randn(rows, n, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("rows", "n", "k", "tau"),
+    [(5, 16, 5, 1.0), (3, 7, 6, 10.0), (2, 100, 10, 0.1), (2, 1000, 10, 1.0), (1, 2048, 3, 1.0), (3, 2, 1, 1.0)],
+)
+def test_the_kernels_equal_the_torch_path(dtype, rows, n, k, tau):
+    mask, _ = _close(_rows(rows, n, dtype, seed=n + k), k, tau)
+    torch.testing.assert_close(mask.sum(-1), torch.full_like(mask[:, 0], float(k)), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
+@pytest.mark.parametrize("tau", [1e-4, 1.0, 1e4])
+def test_scales_and_temperatures(dtype, scale, tau):
+    x = _rows(3, 40, dtype, seed=2) * scale
+    mask, grad = _close(x, 4, tau * scale)
+    assert bool(mask.isfinite().all()) and bool(grad.isfinite().all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ties_and_infinities(dtype):
+    """Ties; ``±inf`` as ``M`` and ``-M/2``; a row with at most k entries above ``-inf`` selects
+    them with gradient 0; ``+inf`` entries share the first ranks; all-tied rows."""
+    x = torch.tensor(
+        [
+            [-INF, -1.0, 0.0, 0.0, 2.0, INF, 3.0, 3.0],
+            [-INF, -INF, -INF, -INF, -INF, -INF, 1.0, 2.0],
+            [INF, INF, INF, INF, 0.0, 1.0, -INF, 2.0],
+            [0.0] * 8,
+            [-INF] * 8,
+        ],
+        dtype=dtype,
+    ).to(DEVICE)
+    mask, grad = _close(x, 3)
+    assert bool(mask.isfinite().all()) and bool(grad.isfinite().all())
+    assert bool((grad[x.isinf()] == 0).all())
+    torch.testing.assert_close(mask[1, 6:], torch.ones(2, dtype=dtype).to(DEVICE))
+
+
+def test_nan_makes_its_row_nan():
+    x = _rows(3, 16, torch.float32)
+    x[1, 4] = float("nan")
+    mask, _ = _close(x, 5)
+    assert bool(mask[1].isnan().all()) and bool(mask[[0, 2]].isfinite().all())
+
+
+def test_a_second_derivative_raises(kernel_launches):
+    x = _rows(2, 16, torch.float64).requires_grad_()
+    mask = softtopk.soft_topk(x, 5, method="neuralsort")
+    w = torch.randn(mask.shape, dtype=mask.dtype).to(DEVICE).requires_grad_()
+    (grad,) = torch.autograd.grad((mask * w).sum(), x, create_graph=True)
+    assert len(kernel_launches) == 2
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad.sum().backward()
+
+
+def test_the_mask_runs_the_kernels_within_the_launch_budget(kernel_launches):
+    """``soft_topk(x, 10, method='neuralsort')`` on rows of 1000: a sort and the two kernels
+    (issue 21's budget at 64 x 1000: 24; the launches do not depend on the row count, and the
+    interpreter runs each row's program in turn)."""
+    x = _rows(2, 1000, torch.float32, seed=3)
+    counts = count_call(lambda v: softtopk.soft_topk(v, 10, method="neuralsort"), x)
+    kernels = len(kernel_launches) - 1  # count_call runs a warm-up forward first
+    assert kernels == 2 and counts.reads == 0
+    assert counts.launches + kernels <= 24, counts.ops
+
+
+@pytest.mark.parametrize(("n", "tau"), [(3000, 1.0), (50, torch.full((4,), 0.5))], ids=["3000 entries", "tensor tau"])
+def test_the_torch_path_stays_outside_the_kernels_scope(kernel_launches, n, tau):
+    tau = tau.to(DEVICE) if isinstance(tau, torch.Tensor) else tau
+    softtopk.soft_topk(torch.randn(4, n).to(DEVICE), 5, method="neuralsort", tau=tau)
+    softtopk.soft_topk_ranks(torch.randn(4, 50).to(DEVICE), 5, method="neuralsort")
+    assert kernel_launches == []
+
+
+def test_vmap_keeps_the_torch_path(kernel_launches):
+    torch.func.vmap(lambda row: softtopk.soft_topk(row, 5, method="neuralsort"))(_rows(4, 16, torch.float32))
+    assert kernel_launches == []
