@@ -9,8 +9,8 @@ Usage::
 
 Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven repeats):
 
-* masks: ``soft_topk`` lapsum (tau 1) and ``sparse_topk_mask`` (l 0.1, p 4/3), each on CUDA by
-  its Triton kernels and by the torch path, NeuralSort, SoftSort, gumbel (tau 1), and torchsort's
+* masks: ``soft_topk`` lapsum (tau 1), ``sparse_topk_mask`` (l 0.1, p 4/3) and NeuralSort, each
+  on CUDA by its Triton kernels and by the torch path, SoftSort, gumbel (tau 1), and torchsort's
   soft-rank mask and SoftTorch where importable, at 64 x 100 (k = 10), 64 x 1e3/1e4/1e5 (k = 10
   and 1000 where k < n), 16384 x 64 (k = 2, 8) and 65536 x 256 (k = 8), float32 and bfloat16
   (``--quick``: k = 10 at 64 x n, k = 2 at 16384 x 64, bfloat16 at 64 x 1000 only); fwd+bwd is
@@ -195,6 +195,7 @@ def mask_cases() -> dict[str, Callable]:
         "sparse p=4/3": _mask_case(sparse),
         "sparse p=4/3 (torch path)": _mask_case(_torch_path(sparse)),
         "neuralsort": _mask_case(_dense(topk_method("neuralsort", tau=1.0))),
+        "neuralsort (torch path)": _mask_case(_torch_path(_dense(topk_method("neuralsort", tau=1.0)))),
         "softsort": _mask_case(_dense(topk_method("softsort", tau=1.0))),
         "gumbel": _mask_case(topk_method("gumbel", tau=1.0), stochastic=True),
         "torchsort soft_rank clamp": lambda *a: _mask_case(_peer_torchsort())(*a),

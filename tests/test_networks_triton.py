@@ -181,8 +181,8 @@ def test_topk_cross_entropy_runs_the_kernels_within_the_launch_budget(kernel_lau
 def test_the_network_mask_runs_the_kernels_within_the_launch_budget(kernel_launches):
     """``soft_topk(x, 10, method='splitter_selection')`` on rows of 1000: the two kernels and the
     rule for rows of infinities (issue 21's budget for the splitter network at 64 x 1000: 256).
-    Two rows, not 64: the launches do not depend on the row count, and the interpreter runs each
-    row's program in turn (64 rows take minutes)."""
+    Two rows, not 64: this call launches the same ops at any row count (``launches.md`` counts 64),
+    and the interpreter runs each row's program in turn (64 rows take minutes)."""
     x = torch.randn(2, 1000, generator=torch.Generator().manual_seed(2)).to(DEVICE)
 
     def mask(v):

@@ -106,8 +106,8 @@ def test_a_second_derivative_raises(kernel_launches):
 
 def test_the_mask_runs_the_kernels_within_the_launch_budget(kernel_launches):
     """``soft_topk(x, 10, method='neuralsort')`` on rows of 1000: a sort and the two kernels
-    (issue 21's budget at 64 x 1000: 24; the launches do not depend on the row count, and the
-    interpreter runs each row's program in turn)."""
+    (issue 21's budget at 64 x 1000: 24; this call launches the same ops at any row count, as
+    ``launches.md``'s count at 64 rows shows, and the interpreter runs each row's program in turn)."""
     x = _rows(2, 1000, torch.float32, seed=3)
     counts = count_call(lambda v: softtopk.soft_topk(v, 10, method="neuralsort"), x)
     kernels = len(kernel_launches) - 1  # count_call runs a warm-up forward first
