@@ -124,7 +124,7 @@ def _with_kernels(fn, x: torch.Tensor) -> int | None:
         count_kernels(patch, sparse_kernels, "mask_forward", launched=launched)
         count_kernels(patch, networks_kernels, "label_forward", "label_backward", launched=launched)
         count_kernels(patch, networks_kernels, "mask_forward", "mask_backward", launched=launched)
-        count_kernels(patch, neuralsort_kernels, "mask_forward", "mask_backward", launched=launched)
+        count_kernels(patch, neuralsort_kernels, "mask_forward", "label_forward", "backward", launched=launched)
         patch.setattr(triton_gate, "usable", lambda v, k, scale: isinstance(k, int) and isinstance(scale, float))
         fn(x)  # the kernels of one forward: count_call runs a warm-up forward first
         forward = len(launched)
@@ -170,9 +170,9 @@ def main() -> None:
         "Counted on the accelerator path (the CPU-only argument checks and the CPU shortcuts of the",
         "sparse and isotonic solvers off, the isotonic solver's accelerator segment size);",
         f'torch {torch.__version__}. Budget: issue 21\'s target. "With the Triton kernels": the same path',
-        "with the Triton kernels (the lapsum, sparse, NeuralSort and network masks, the networks' label",
-        "sweep of top-k CE), their default on a CUDA GPU with triton: aten ops plus kernel launches,",
-        "counted in Triton's interpreter.",
+        "with the Triton kernels (the lapsum, sparse, NeuralSort and network masks, the label's ranks of",
+        "top-k CE by networks and NeuralSort), their default on a CUDA GPU with triton: aten ops plus",
+        "kernel launches, counted in Triton's interpreter.",
         "",
         "| case | launches | with the Triton kernels | views | host reads | reads on CPU tensors | budget |",
         "|---|---|---|---|---|---|---|",

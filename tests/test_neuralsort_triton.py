@@ -1,5 +1,6 @@
-"""The Triton kernels of the NeuralSort mask against the torch path, values and gradients (in
-Triton's interpreter without a GPU: ``triton_kernels.py``)."""
+"""The Triton kernels of the NeuralSort mask and of the label's ranks (top-k cross-entropy's
+NeuralSort) against the torch path, values and gradients (in Triton's interpreter without a GPU:
+``triton_kernels.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 import softtopk
-from softtopk.ops import neuralsort_kernels
+from softtopk import _validation
+from softtopk.ops import neuralsort, neuralsort_kernels
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
@@ -19,7 +21,7 @@ from triton_kernels import DEVICE, both_paths, needs_triton, route_kernels  # no
 pytestmark = needs_triton
 
 INF = float("inf")
-KERNELS = ("mask_forward", "mask_backward")
+KERNELS = ("mask_forward", "label_forward", "backward")
 
 
 @pytest.fixture
@@ -125,4 +127,56 @@ def test_the_torch_path_stays_outside_the_kernels_scope(kernel_launches, n, tau)
 
 def test_vmap_keeps_the_torch_path(kernel_launches):
     torch.func.vmap(lambda row: softtopk.soft_topk(row, 5, method="neuralsort"))(_rows(4, 16, torch.float32))
+    assert kernel_launches == []
+
+
+def _label_close(x, position, k, tau):
+    (r0, g0), (r1, g1) = both_paths(
+        neuralsort_kernels, KERNELS, lambda v: neuralsort.neuralsort_label_ranks(v, position, k, tau=tau), x
+    )
+    tol = 1e-10 if x.dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(r1, r0, rtol=0, atol=tol)
+    torch.testing.assert_close(g1, g0, rtol=0, atol=tol * max(1.0, float(g0.abs().max())))
+    return r1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("rows", "n", "k", "tau"), [(6, 16, 5, 1.0), (3, 7, 6, 10.0), (2, 100, 10, 0.1)])
+def test_the_label_kernels_equal_the_torch_path(dtype, rows, n, k, tau):
+    """Top-k CE feeds its m selected scores sorted; any order works (the kernels sort)."""
+    x = _rows(rows, n, dtype, seed=n)
+    position = torch.randint(0, n, (rows,), generator=torch.Generator().manual_seed(n)).to(DEVICE)
+    ranks = _label_close(x.sort(-1).values, position, k, tau)
+    assert bool((ranks >= 0).all()) and bool((ranks <= 1).all())  # an item's ranks may sum past 1
+    _label_close(x, position, k, tau)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_label_kernels_with_ties_and_infinities(dtype):
+    x = torch.tensor(
+        [[-INF, -1.0, 0.0, 0.0, 2.0, INF, 3.0, 3.0], [0.0] * 8, [INF, INF, 1.0, 2.0, -INF, 0.0, 0.0, 5.0]],
+        dtype=dtype,
+    ).to(DEVICE)
+    _label_close(x, torch.tensor([2, 5, 0]).to(DEVICE), 3, 1.0)
+
+
+def test_topk_cross_entropy_neuralsort_runs_the_label_kernels(kernel_launches, monkeypatch):
+    """One fwd+bwd at 64 rows x 1000 classes, m = 16: the selection, the head, the reduction and
+    the two kernels (85 launches on the torch path, ``launches.md``); the same loss and gradient."""
+    monkeypatch.setattr(_validation, "values_checked", lambda value: False)
+    logits = _rows(64, 1000, torch.float32, seed=1)
+    target = torch.randint(0, 1000, (64,), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    loss = softtopk.TopKCrossEntropyLoss([0.2] * 5, method="neuralsort")
+    counts = count_call(lambda s: loss(s, target), logits)
+    assert len(kernel_launches) - 1 == 2 and counts.reads == 0
+    assert counts.launches + 2 <= 60, counts.ops
+    (v0, g0), (v1, g1) = both_paths(neuralsort_kernels, KERNELS, lambda s: loss(s, target), logits)
+    torch.testing.assert_close(v1, v0, rtol=1e-6, atol=0)
+    torch.testing.assert_close(g1, g0, rtol=0, atol=1e-7)
+
+
+def test_hard_label_ranks_take_the_straight_through_ranks(kernel_launches):
+    """``hard=True`` needs every row of the ranks (straight-through): the torch path."""
+    logits, target = _rows(4, 50, torch.float32), torch.tensor([0, 5, 9, 49]).to(DEVICE)
+    softtopk.TopKCrossEntropyLoss([0.5, 0.5], method="neuralsort", hard=True)(logits, target)
     assert kernel_launches == []

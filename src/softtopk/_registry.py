@@ -28,7 +28,7 @@ from .ops._straight_through import straight_through_mask, straight_through_ranks
 from .ops.gumbel import RELAXATIONS, gumbel_keys, gumbel_ranks_rows
 from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
-from .ops.neuralsort import neuralsort_mask, neuralsort_ranks
+from .ops.neuralsort import neuralsort_label_ranks, neuralsort_mask, neuralsort_ranks
 from .ops.perturbed import NOISE_KINDS, perturbed_topk_rows
 from .ops.softsort import softsort_mask, softsort_ranks
 from .ops.sorting_networks import network_label_ranks, network_mask, network_ranks
@@ -110,6 +110,20 @@ def _ranks_with_hard(ranks: Callable[..., torch.Tensor]) -> Callable[..., torch.
     return hard_or_soft
 
 
+def _label_with_hard(
+    ranks: Callable[..., torch.Tensor], label: Callable[..., torch.Tensor]
+) -> Callable[..., torch.Tensor]:
+    """``P[b, position[b], :k]`` by ``label`` (one row of the ranks), or from the ranks of every row
+    with ``hard`` (the straight-through ranks need them all)."""
+
+    def hard_or_soft(x: torch.Tensor, position: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
+        if hard:
+            return ranks(x, k, hard=True, **params).gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
+        return label(x, position, k, **params)
+
+    return hard_or_soft
+
+
 def _exact_with_hard(kernel: Callable[..., torch.Tensor], *, ranks: bool) -> Callable[..., torch.Tensor]:
     """A mask (``ranks=False``) or rank kernel that is exact on every row itself (the ``±inf``
     semantics of :mod:`softtopk._extended` inside the kernel, no value read), with the
@@ -156,10 +170,7 @@ def _network_mask(kind: str) -> Callable[..., torch.Tensor]:
 def _network_method(kind: str) -> _Method:
     ranks = _ranks_with_hard(functools.partial(network_ranks, network=kind))
 
-    def label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
-        if hard:  # the straight-through ranks need every row of the network
-            return ranks(x, k, hard=True, **params).gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
-        return network_label_ranks(x, position, k, network=kind, **params)
+    label_ranks = _label_with_hard(ranks, functools.partial(network_label_ranks, network=kind))
 
     info = MethodInfo(
         name=kind,
@@ -183,9 +194,13 @@ def _network_method(kind: str) -> _Method:
 _REGISTRY: dict[str, _Method] = {kind: _network_method(kind) for kind in NETWORK_TYPES}
 
 
-def _permutation_method(name: str, paper: str, cost: str, ranks, mask, **extra: tuple[Any, Callable]) -> _Method:
-    """NeuralSort and SoftSort: exact on every row, ``tau`` a float or per-row tensor; ``extra``
-    maps further parameters to ``(default, check)``."""
+def _permutation_method(
+    name: str, paper: str, cost: str, ranks, mask, label=None, **extra: tuple[Any, Callable]
+) -> _Method:
+    """NeuralSort and SoftSort: exact on every row, ``tau`` a float or per-row tensor; ``label``
+    the label's row of the ranks where the method has its own; ``extra`` maps further parameters
+    to ``(default, check)``."""
+    rank_kernel = _exact_with_hard(ranks, ranks=True)
     return _Method(
         MethodInfo(
             name=name,
@@ -196,8 +211,9 @@ def _permutation_method(name: str, paper: str, cost: str, ranks, mask, **extra: 
             summary=f"{paper}; permutation equivariant; rank columns sum to 1, an item's mask may exceed 1; "
             "tau may be a per-row tensor (with gradients)",
         ),
-        _exact_with_hard(ranks, ranks=True),
+        rank_kernel,
         _exact_with_hard(mask, ranks=False),
+        None if label is None else _label_with_hard(rank_kernel, label),
         checks={
             "tau": check_positive_or_tensor,
             "hard": check_bool,
@@ -213,6 +229,7 @@ _REGISTRY["neuralsort"] = _permutation_method(
     "O(n log n + n k) time, O(n k) memory per row",
     neuralsort_ranks,
     neuralsort_mask,
+    neuralsort_label_ranks,
 )
 _REGISTRY["softsort"] = _permutation_method(
     "softsort",

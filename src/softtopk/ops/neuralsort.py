@@ -140,6 +140,16 @@ def neuralsort_ranks(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> t
     return _NeuralSort.apply(x, tau, k, False)[0].transpose(-1, -2)
 
 
+def neuralsort_label_ranks(
+    x: torch.Tensor, position: torch.Tensor, k: int, *, tau: float | torch.Tensor
+) -> torch.Tensor:
+    """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` (B,) lands among the top-k
+    ranks of ``x`` (B, n) (top-k cross-entropy's label), the rows of :func:`neuralsort_ranks`."""
+    if isinstance(tau, float) and neuralsort_triton.usable(x, k, tau):
+        return neuralsort_triton.triton_label_ranks(x, position, k, tau, min(_FAR, torch.finfo(x.dtype).max))
+    return neuralsort_ranks(x, k, tau=tau).gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
+
+
 def neuralsort_mask(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> torch.Tensor:
     """NeuralSort mask ``Σ_r P`` (B, n) of ``x`` (B, n) for every row (``±inf`` included; a row
     with at most ``k`` entries above ``-inf`` selects them all, the ``-inf`` entries share the rest)."""

@@ -87,11 +87,61 @@ def mask_forward(
 
 
 @triton.jit
-def mask_backward(
+def backward(
     s_ptr,
     order_ptr,
-    grad_ptr,  # (B, n) the gradient of the mask, in the row's order
+    pos_ptr,  # (B,) the label's index in its row (LABEL; the mask's launch passes any tensor)
+    grad_ptr,  # (B, n) the mask's gradient in the row's order, or (B, k) that of the label's ranks
     gx_ptr,  # (B, n) the gradient of the scores, in the row's order
+    n,
+    k,
+    tau,
+    big,
+    STEPS: tl.constexpr,
+    W: tl.constexpr,
+    WIDE: tl.constexpr,
+    LABEL: tl.constexpr,  # the label's ranks, else the mask
+):
+    row = tl.program_id(0).to(tl.int64)
+    s, base, far, below, inside, short = _row(s_ptr, row, n, k, big, STEPS, W)
+    lanes = tl.arange(0, W)
+    order = tl.load(order_ptr + row * n + lanes, mask=inside, other=-1)
+    if LABEL:
+        label = order == tl.load(pos_ptr + row)
+        g = tl.zeros([W], dtype=tl.float64)
+    else:  # every rank's column gets the mask's gradient; none where the row selects its entries
+        label = lanes < 0
+        g = tl.where(short, 0.0, tl.load(grad_ptr + row * n + order, mask=inside, other=0.0).to(tl.float64))
+    # γ = P (g - ḡ_r) per rank; α = Σ_r γ, β = Σ_r (ρ + 1/2) γ
+    alpha = tl.zeros([W], dtype=tl.float64)
+    beta = tl.zeros([W], dtype=tl.float64)
+    for rank in range(k):
+        p, shift = _ranks(base, far, inside, rank, n, tau, WIDE)
+        if LABEL:  # the column's gradient: the label's entry only
+            g = tl.where(label, tl.load(grad_ptr + row * k + rank).to(tl.float64), 0.0)
+        gamma = p * (g - tl.sum(p * g, 0))
+        alpha += gamma
+        beta += shift * gamma
+    grad = _scores_grad(s_ptr, row, n, s, far, below, alpha, beta, tau, STEPS)
+    tl.store(gx_ptr + row * n + order, grad.to(gx_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _scores_grad(s_ptr, row, n, s, far, below, alpha, beta, tau, STEPS: tl.constexpr):
+    """The sorted scores' gradient from ``α = Σ_r γ`` and ``β = Σ_r (ρ + 1/2) γ``:
+    ``-τ ∂s_i = Σ_{s_l < s_i} α_l + Σ_{s_l <= s_i} α_l + (ℓ_i + h_i) α_i - 2 β_i``, 0 at ``±inf``."""
+    at_most = _count_below(s_ptr + row * n, n, far, STEPS, True)
+    signs = _prefix(alpha, below) + _prefix(alpha, at_most)
+    grad = (signs + (below + at_most).to(tl.float64) * alpha - 2.0 * beta) / (-tau)
+    return tl.where((s == float("inf")) | (s == float("-inf")), 0.0, grad)
+
+
+@triton.jit
+def label_forward(
+    s_ptr,  # (B, n) the rows sorted ascending
+    order_ptr,  # (B, n) the sort's permutation
+    pos_ptr,  # (B,) the label's index in its row
+    out_ptr,  # (B, k) P[label, :k]
     n,
     k,
     tau,
@@ -103,20 +153,9 @@ def mask_backward(
     row = tl.program_id(0).to(tl.int64)
     s, base, far, below, inside, short = _row(s_ptr, row, n, k, big, STEPS, W)
     lanes = tl.arange(0, W)
-    order = tl.load(order_ptr + row * n + lanes, mask=inside, other=0)
-    g = tl.load(grad_ptr + row * n + order, mask=inside, other=0.0).to(tl.float64)
-    g = tl.where(short, 0.0, g)
-    # γ = P (g - ḡ_r) per rank; α = Σ_r γ, β = Σ_r (ρ + 1/2) γ
-    alpha = tl.zeros([W], dtype=tl.float64)
-    beta = tl.zeros([W], dtype=tl.float64)
+    order = tl.load(order_ptr + row * n + lanes, mask=inside, other=-1)
+    label = order == tl.load(pos_ptr + row)  # the label's lane in the sorted row
     for rank in range(k):
         p, shift = _ranks(base, far, inside, rank, n, tau, WIDE)
-        gamma = p * (g - tl.sum(p * g, 0))
-        alpha += gamma
-        beta += shift * gamma
-    # -τ ∂s_i = Σ_{s_l < s_i} α_l + Σ_{s_l <= s_i} α_l + (ℓ_i + h_i) α_i - 2 β_i
-    at_most = _count_below(s_ptr + row * n, n, far, STEPS, True)
-    signs = _prefix(alpha, below) + _prefix(alpha, at_most)
-    grad = (signs + (below + at_most).to(tl.float64) * alpha - 2.0 * beta) / (-tau)
-    grad = tl.where((s == float("inf")) | (s == float("-inf")), 0.0, grad)
-    tl.store(gx_ptr + row * n + order, grad.to(gx_ptr.dtype.element_ty), mask=inside)
+        picked = tl.sum(tl.where(label, p, 0.0), 0)
+        tl.store(out_ptr + row * k + rank, picked.to(out_ptr.dtype.element_ty))
