@@ -82,6 +82,14 @@ def _tile(rows_total, n, ROWS: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
+def _planes(saved_ptr, entry, depth, plane):
+    """Pointers to ``entry`` of layer 0 in each of the three saved ``(L, B, W)`` planes of
+    ``saved_ptr``; layer ``l`` is ``l * plane`` further."""
+    first = saved_ptr + entry
+    return first, first + depth * plane, first + 2 * depth * plane
+
+
+@triton.jit
 def _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS: tl.constexpr, W: tl.constexpr):
     """Layer ``layer``'s partners ``(ROWS, W)`` (a spare wire is its own) and signs ``(1, W)``."""
     inside = wires < n
@@ -99,14 +107,12 @@ def label_forward(
     sign_ptr,  # (L, n) +1 on a comparator's max wire, -1 on its min wire, 0 idle
     outw_ptr,  # (k,) the wires of ranks 0..k-1
     out_ptr,  # (B, k) where the label lands
-    d_ptr,  # (L, B, W) saved: the values' differences z - z[p]
-    a_ptr,  # (L, B, W) saved: the swap probabilities
-    e_ptr,  # (L, B, W) saved: the riding row's differences
+    saved_ptr,  # (3, L, B, W) saved: the differences z - z[p], swap probabilities, riding-row differences
     rows_total,
     n,
     k,
     depth,
-    plane,  # rows_total * W: one layer's saved entries
+    plane: tl.int64,  # rows_total * W: one layer's saved entries (int64: L B W may pass 2^31)
     beta,
     far,
     ROWS: tl.constexpr,
@@ -118,17 +124,16 @@ def label_forward(
     z = _stand_in(x * beta, far)  # every comparison with ±F saturates
     pos = tl.load(pos_ptr + rows, mask=rows < rows_total, other=0)
     r = tl.where(wires == pos, 1.0, 0.0).to(z.dtype)  # the label's one-hot row rides along
-    saved = rows * W + wires
+    d_ptr, a_ptr, e_ptr = _planes(saved_ptr, rows * W + wires, depth, plane)
     for layer in range(depth):
         partner, sign = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
         pulled = tl.gather(z, partner, 1)
         d = z - pulled
         alpha = _swap(d, sign, far)
         pulled_r = tl.gather(r, partner, 1)
-        offset = layer * plane
-        tl.store(d_ptr + offset + saved, d, mask=inside)
-        tl.store(a_ptr + offset + saved, alpha, mask=inside)
-        tl.store(e_ptr + offset + saved, r - pulled_r, mask=inside)
+        tl.store(d_ptr + layer * plane, d, mask=inside)
+        tl.store(a_ptr + layer * plane, alpha, mask=inside)
+        tl.store(e_ptr + layer * plane, r - pulled_r, mask=inside)
         z = _lerp(pulled, z, alpha)
         r = _lerp(pulled_r, r, alpha)
     # out[:, j] = r[:, outw[j]]: one term of each sum is the wire's (a where, so a NaN stays in its wire)
@@ -146,15 +151,13 @@ def label_backward(
     partner_ptr,
     sign_ptr,
     outw_ptr,
-    d_ptr,
-    a_ptr,
-    e_ptr,
+    saved_ptr,
     gx_ptr,  # (B, n) the gradient of the scores
     rows_total,
     n,
     k,
     depth,
-    plane,
+    plane: tl.int64,
     beta,
     far,
     ROWS: tl.constexpr,
@@ -169,14 +172,13 @@ def label_backward(
     grad = tl.load(grad_ptr + rows[:, :, None] * k + ranks, mask=given, other=0.0)
     g1 = tl.sum(tl.where(wires[:, :, None] == outw, grad, 0.0), 2)
     g0 = tl.zeros_like(g1)
-    saved = rows * W + wires
+    d_ptr, a_ptr, e_ptr = _planes(saved_ptr, rows * W + wires, depth, plane)
     for step in range(depth):
         layer = depth - 1 - step
         partner, sign = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
-        offset = layer * plane
-        d = tl.load(d_ptr + offset + saved, mask=inside, other=0.0)
-        alpha = tl.load(a_ptr + offset + saved, mask=inside, other=0.5)
-        e = tl.load(e_ptr + offset + saved, mask=inside, other=0.0)
+        d = tl.load(d_ptr + layer * plane, mask=inside, other=0.0)
+        alpha = tl.load(a_ptr + layer * plane, mask=inside, other=0.5)
+        e = tl.load(e_ptr + layer * plane, mask=inside, other=0.0)
         slope = _slope(d, sign, far)
         grad_d = g0 * (alpha + d * slope) + g1 * (e * slope)
         grad_e = g1 * alpha
@@ -194,13 +196,11 @@ def mask_forward(
     partner_ptr,  # (L, n)
     sign_ptr,  # (L, n)
     mask_ptr,  # (B, n) the mask
-    d_ptr,  # (L, B, W) saved: the values' differences
-    a_ptr,  # (L, B, W) saved: the swap probabilities
-    c_ptr,  # (L, B, W) saved: the mask column entering each layer of the reverse sweep
+    saved_ptr,  # (3, L, B, W) saved: the differences, swap probabilities, column entering each layer
     rows_total,
     n,
     depth,
-    plane,
+    plane: tl.int64,
     beta,
     far,
     ROWS: tl.constexpr,
@@ -209,22 +209,22 @@ def mask_forward(
     rows, wires, inside = _tile(rows_total, n, ROWS, W)
     x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)
     z = _stand_in(x * beta, far)
-    saved = rows * W + wires
+    d_ptr, a_ptr, c_ptr = _planes(saved_ptr, rows * W + wires, depth, plane)
     for layer in range(depth):  # the value sweep
         partner, sign = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
         pulled = tl.gather(z, partner, 1)
         d = z - pulled
         alpha = _swap(d, sign, far)
-        tl.store(d_ptr + layer * plane + saved, d, mask=inside)
-        tl.store(a_ptr + layer * plane + saved, alpha, mask=inside)
+        tl.store(d_ptr + layer * plane, d, mask=inside)
+        tl.store(a_ptr + layer * plane, alpha, mask=inside)
         z = _lerp(pulled, z, alpha)
     # the column of the mask, c_(l-1) = M_l c_l from the output wires back to the inputs
     c = tl.broadcast_to(tl.load(start_ptr + wires, mask=wires < n, other=0.0), (ROWS, W)).to(z.dtype)
     for step in range(depth):
         layer = depth - 1 - step
         partner, _ = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
-        tl.store(c_ptr + layer * plane + saved, c, mask=inside)
-        alpha = tl.load(a_ptr + layer * plane + saved, mask=inside, other=0.5)
+        tl.store(c_ptr + layer * plane, c, mask=inside)
+        alpha = tl.load(a_ptr + layer * plane, mask=inside, other=0.5)
         c = _lerp(tl.gather(c, partner, 1), c, alpha)
     tl.store(mask_ptr + rows * n + wires, c, mask=inside)
 
@@ -235,15 +235,13 @@ def mask_backward(
     x_ptr,
     partner_ptr,
     sign_ptr,
-    d_ptr,
-    a_ptr,
-    c_ptr,
+    saved_ptr,
     ag_ptr,  # (L, B, W) scratch: ∂L/∂α of each layer
     gx_ptr,  # (B, n) the gradient of the scores
     rows_total,
     n,
     depth,
-    plane,
+    plane: tl.int64,
     beta,
     far,
     ROWS: tl.constexpr,
@@ -251,23 +249,25 @@ def mask_backward(
 ):
     rows, wires, inside = _tile(rows_total, n, ROWS, W)
     saved = rows * W + wires
+    d_ptr, a_ptr, c_ptr = _planes(saved_ptr, saved, depth, plane)
+    ag_ptr += saved
     # r_0 = ∂L/∂c_0, r_l = M_l r_(l-1); ∂L/∂α_l = r_l (c_l - c_l[p])
     r = tl.load(grad_ptr + rows * n + wires, mask=inside, other=0.0)
     for layer in range(depth):
         partner, _ = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
-        c = tl.load(c_ptr + layer * plane + saved, mask=inside, other=0.0)
-        alpha = tl.load(a_ptr + layer * plane + saved, mask=inside, other=0.5)
-        tl.store(ag_ptr + layer * plane + saved, r * (c - tl.gather(c, partner, 1)), mask=inside)
+        c = tl.load(c_ptr + layer * plane, mask=inside, other=0.0)
+        alpha = tl.load(a_ptr + layer * plane, mask=inside, other=0.5)
+        tl.store(ag_ptr + layer * plane, r * (c - tl.gather(c, partner, 1)), mask=inside)
         r = _lerp(tl.gather(r, partner, 1), r, alpha)
     # the value sweep backwards: g_d = ∂L/∂α_l α' + g (α + d α'), g_(l-1) = g_d + (g - g_d)[p]
     g = tl.zeros_like(r)
     for step in range(depth):
         layer = depth - 1 - step
         partner, sign = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
-        d = tl.load(d_ptr + layer * plane + saved, mask=inside, other=0.0)
-        alpha = tl.load(a_ptr + layer * plane + saved, mask=inside, other=0.5)
+        d = tl.load(d_ptr + layer * plane, mask=inside, other=0.0)
+        alpha = tl.load(a_ptr + layer * plane, mask=inside, other=0.5)
         slope = _slope(d, sign, far)
-        bias = tl.load(ag_ptr + layer * plane + saved, mask=inside, other=0.0) * slope
+        bias = tl.load(ag_ptr + layer * plane, mask=inside, other=0.0) * slope
         grad_d = bias + g * (alpha + d * slope)
         g = grad_d + tl.gather(g - grad_d, partner, 1)
     x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)

@@ -61,7 +61,7 @@ class TritonLabelSweep(Function):
         saved = x.new_empty((3, depth, rows, wires))
         if rows:
             kernels.label_forward[(triton_grid(rows, per),)](
-                *(x, position.contiguous(), partner, sign, out_wires, out, saved[0], saved[1], saved[2]),
+                *(x, position.contiguous(), partner, sign, out_wires, out, saved),
                 *(rows, n, k, depth, rows * wires, beta, far),
                 ROWS=per,
                 W=wires,
@@ -91,7 +91,7 @@ class TritonLabelSweep(Function):
         grad_x = torch.empty_like(x)
         if rows:
             kernels.label_backward[(triton_grid(rows, per),)](
-                *(grad.contiguous(), x, partner, sign, out_wires, saved[0], saved[1], saved[2], grad_x),
+                *(grad.contiguous(), x, partner, sign, out_wires, saved, grad_x),
                 *(rows, n, k, depth, rows * wires, ctx.beta, ctx.far),
                 ROWS=per,
                 W=wires,
@@ -138,7 +138,7 @@ class TritonNetworkMask(Function):
         saved = x.new_empty((3, partner.shape[0], rows, wires))
         if rows:
             kernels.mask_forward[(triton_grid(rows, per),)](
-                *(x, start, partner, sign, mask, saved[0], saved[1], saved[2]),
+                *(x, start, partner, sign, mask, saved),
                 *(rows, n, partner.shape[0], rows * wires, beta, far),
                 ROWS=per,
                 W=wires,
@@ -167,7 +167,7 @@ class TritonNetworkMask(Function):
         if rows:
             scratch = torch.empty_like(saved[0])  # each layer's ∂L/∂α (the saved tensors stay as they are)
             kernels.mask_backward[(triton_grid(rows, per),)](
-                *(grad.contiguous(), x, partner, sign, saved[0], saved[1], saved[2], scratch, grad_x),
+                *(grad.contiguous(), x, partner, sign, saved, scratch, grad_x),
                 *(rows, n, partner.shape[0], rows * wires, ctx.beta, ctx.far),
                 ROWS=per,
                 W=wires,
