@@ -46,8 +46,8 @@ def _swap(d, sign, far):
     atan in float64); beyond ``F/2`` only an infinity's stand-in differs: the comparison is decided
     (0 or 1), as the torch path's saturates."""
     alpha = (0.5 + sign * (_atan(d.to(tl.float64)) * _INV_PI)).to(d.dtype)
-    decided = tl.where(sign * d > 0, 1.0, tl.where(sign == 0, 0.5, 0.0))
-    return tl.where(tl.abs(d) > 0.5 * far, decided, alpha).to(d.dtype)
+    # (an idle wire is its own partner: d = 0, never decided)
+    return tl.where(tl.abs(d) > 0.5 * far, tl.where(sign * d > 0, 1.0, 0.0), alpha).to(d.dtype)
 
 
 @triton.jit
@@ -79,6 +79,19 @@ def _tile(rows_total, n, ROWS: tl.constexpr, W: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
     wires = tl.arange(0, W)[None, :]
     return rows, wires, (rows < rows_total) & (wires < n)
+
+
+@triton.jit
+def _values(x_ptr, rows, wires, n, inside, beta, far):
+    """The wires' values ``β x`` with ``±inf`` as ``±F`` (every comparison with them saturates)."""
+    return _stand_in(tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0) * beta, far)
+
+
+@triton.jit
+def _store_input_grad(gx_ptr, x_ptr, rows, wires, n, inside, g, beta, far):
+    """The scores' gradient ``β g`` from the wires' ``g``: none for the infinities' stand-ins."""
+    z = _values(x_ptr, rows, wires, n, inside, beta, far)
+    tl.store(gx_ptr + rows * n + wires, tl.where(tl.abs(z) < far, g, 0.0) * beta, mask=inside)
 
 
 @triton.jit
@@ -120,8 +133,7 @@ def label_forward(
     KW: tl.constexpr,
 ):
     rows, wires, inside = _tile(rows_total, n, ROWS, W)
-    x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)
-    z = _stand_in(x * beta, far)  # every comparison with ±F saturates
+    z = _values(x_ptr, rows, wires, n, inside, beta, far)
     pos = tl.load(pos_ptr + rows, mask=rows < rows_total, other=0)
     r = tl.where(wires == pos, 1.0, 0.0).to(z.dtype)  # the label's one-hot row rides along
     d_ptr, a_ptr, e_ptr = _planes(saved_ptr, rows * W + wires, depth, plane)
@@ -184,9 +196,7 @@ def label_backward(
         grad_e = g1 * alpha
         g0 = grad_d + tl.gather(g0 - grad_d, partner, 1)
         g1 = grad_e + tl.gather(g1 - grad_e, partner, 1)
-    x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)
-    z = _stand_in(x * beta, far)
-    tl.store(gx_ptr + rows * n + wires, tl.where(tl.abs(z) < far, g0, 0.0) * beta, mask=inside)
+    _store_input_grad(gx_ptr, x_ptr, rows, wires, n, inside, g0, beta, far)
 
 
 @triton.jit
@@ -207,8 +217,7 @@ def mask_forward(
     W: tl.constexpr,
 ):
     rows, wires, inside = _tile(rows_total, n, ROWS, W)
-    x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)
-    z = _stand_in(x * beta, far)
+    z = _values(x_ptr, rows, wires, n, inside, beta, far)
     d_ptr, a_ptr, c_ptr = _planes(saved_ptr, rows * W + wires, depth, plane)
     for layer in range(depth):  # the value sweep
         partner, sign = _layer(partner_ptr, sign_ptr, layer, n, wires, ROWS, W)
@@ -270,6 +279,4 @@ def mask_backward(
         bias = tl.load(ag_ptr + layer * plane, mask=inside, other=0.0) * slope
         grad_d = bias + g * (alpha + d * slope)
         g = grad_d + tl.gather(g - grad_d, partner, 1)
-    x = tl.load(x_ptr + rows * n + wires, mask=inside, other=0.0)
-    z = _stand_in(x * beta, far)
-    tl.store(gx_ptr + rows * n + wires, tl.where(tl.abs(z) < far, g, 0.0) * beta, mask=inside)
+    _store_input_grad(gx_ptr, x_ptr, rows, wires, n, inside, g, beta, far)

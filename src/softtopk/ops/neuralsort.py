@@ -54,6 +54,11 @@ _WIDE = torch.float64
 _FAR = 2.0**600  # M for float64 scores (float32 ones take their largest finite value): M n / tau stays finite
 
 
+def _far(dtype: torch.dtype) -> float:
+    """``M``, the logits' stand-in for ``+inf`` scores in ``dtype`` (the kernels' too)."""
+    return min(_FAR, torch.finfo(dtype).max)
+
+
 class _NeuralSort(Function):
     """``(x (B, n), tau)`` → the mask ``Σ_r P`` (B, n) (``reduce``) or the ranks ``P`` laid out (B, k, n).
 
@@ -69,7 +74,7 @@ class _NeuralSort(Function):
         ordered, order = sort_rows(x)
         ordered = ordered.contiguous()  # for searchsorted (rows of a vmapped input may be strided)
         # the s_i factor: ±inf as ±M (-M/2 below, so that searchsorted counts the -inf entries)
-        big = min(_FAR, torch.finfo(x.dtype).max)
+        big = _far(x.dtype)
         far = ordered.nan_to_num(nan=float("nan"), posinf=big, neginf=-big / 2)
         below = torch.searchsorted(ordered, far)  # ℓ_i (+inf: the entries below +inf)
         cleaned = ordered.nan_to_num(nan=float("nan"), posinf=0.0, neginf=0.0)
@@ -146,7 +151,7 @@ def neuralsort_label_ranks(
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` (B,) lands among the top-k
     ranks of ``x`` (B, n) (top-k cross-entropy's label), the rows of :func:`neuralsort_ranks`."""
     if isinstance(tau, float) and neuralsort_triton.usable(x, k, tau):
-        return neuralsort_triton.triton_label_ranks(x, position, k, tau, min(_FAR, torch.finfo(x.dtype).max))
+        return neuralsort_triton.triton_label_ranks(x, position, k, tau, _far(x.dtype))
     return neuralsort_ranks(x, k, tau=tau).gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
 
 
@@ -156,5 +161,5 @@ def neuralsort_mask(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> to
     if k == x.shape[-1]:  # every row selects all (NaN stays in its row)
         return torch.where(x == x, 1.0, x)
     if isinstance(tau, float) and neuralsort_triton.usable(x, k, tau):
-        return neuralsort_triton.triton_mask(x, k, tau, min(_FAR, torch.finfo(x.dtype).max))
+        return neuralsort_triton.triton_mask(x, k, tau, _far(x.dtype))
     return _NeuralSort.apply(x, tau, k, True)[0]

@@ -50,13 +50,16 @@ def _row(s_ptr, row, n, k, big, STEPS: tl.constexpr, W: tl.constexpr):
 @triton.jit
 def _ranks(base, far, inside, rank, n, tau, WIDE: tl.constexpr):
     """Column ``rank`` of ``P`` over the sorted row, ``softmax_i(2 (base_i + (ρ + 1/2) s'_i)/τ)``
-    with ``ρ = n - 1 - rank``; for float64 scores from each rank's maximum before dividing by τ."""
+    with ``ρ = n - 1 - rank``, from the rank's maximum (for float64 scores subtracted before
+    dividing by τ, as the torch path does: no exponent range to spare)."""
     shift = (n - rank).to(tl.float64) - 0.5
     logits = tl.where(inside, base + shift * far, float("-inf"))
     if WIDE:
+        logits = (logits - tl.max(logits, 0)) * (2.0 / tau)
+    else:
+        logits = logits * (2.0 / tau)
         logits = logits - tl.max(logits, 0)
-    logits = logits * (2.0 / tau)
-    e = tl.exp(logits - tl.max(logits, 0))
+    e = tl.exp(logits)
     return e / tl.sum(e, 0), shift
 
 

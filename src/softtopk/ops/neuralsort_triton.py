@@ -38,62 +38,27 @@ def _launch(x: torch.Tensor) -> dict:
     return {"STEPS": n.bit_length(), "W": 1 << max(4, (n - 1).bit_length()), "WIDE": x.dtype == torch.float64}
 
 
-class TritonNeuralSortMask(Function):
-    """``(x (B, n), τ, k, M)`` → the mask (B, n), and the sorted rows and their permutation, saved
-    (``M`` the torch path's stand-in for ``+inf`` in the logits)."""
+class TritonNeuralSort(Function):
+    """``(x (B, n), position (B,) or None, τ, k, M)`` → the mask (B, n) for ``position`` None, else
+    ``P[b, position[b], :k]`` (B, k), where each row's label lands (top-k cross-entropy's
+    NeuralSort); and the sorted rows and their permutation, saved (``M`` the torch path's stand-in
+    for ``+inf`` in the logits)."""
 
     @staticmethod
-    def forward(x: torch.Tensor, tau: float, k: int, big: float):
+    def forward(x: torch.Tensor, position: torch.Tensor | None, tau: float, k: int, big: float):
         from . import neuralsort_kernels as kernels  # imports triton: only once a kernel runs
 
         ordered, order = sort_rows(x)
         ordered, order = ordered.contiguous(), order.contiguous()
-        mask = torch.empty_like(x)
+        args: tuple[torch.Tensor, ...]
+        if position is None:
+            out = torch.empty_like(x)
+            kernel, args = kernels.mask_forward, (ordered, order, out)
+        else:
+            out = x.new_empty((x.shape[0], k))
+            kernel, args = kernels.label_forward, (ordered, order, position.contiguous(), out)
         if x.shape[0]:
-            kernels.mask_forward[(x.shape[0],)](ordered, order, mask, x.shape[-1], k, tau, big, **_launch(x))
-        return mask, ordered, order
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        _, ctx.tau, ctx.k, ctx.big = inputs
-        ctx.mark_non_differentiable(output[1], output[2])
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(output[1], output[2])
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises
-    def backward(ctx, grad, *_):
-        from . import neuralsort_kernels as kernels
-
-        if grad is None or not ctx.needs_input_grad[0]:
-            return None, None, None, None
-        ordered, order = ctx.saved_tensors
-        grad_x = torch.empty_like(ordered)
-        if ordered.shape[0]:
-            kernels.backward[(ordered.shape[0],)](
-                *(ordered, order, order, grad.contiguous(), grad_x),
-                *(ordered.shape[-1], ctx.k, ctx.tau, ctx.big),
-                **_launch(ordered),
-                LABEL=False,
-            )
-        return grad_x, None, None, None
-
-
-class TritonNeuralSortLabel(Function):
-    """``(x (B, n), position (B,), τ, k, M)`` → ``P[b, position[b], :k]`` (B, k): where each row's
-    label lands (top-k cross-entropy's NeuralSort), and the sorted rows and their permutation, saved."""
-
-    @staticmethod
-    def forward(x: torch.Tensor, position: torch.Tensor, tau: float, k: int, big: float):
-        from . import neuralsort_kernels as kernels
-
-        ordered, order = sort_rows(x)
-        ordered, order = ordered.contiguous(), order.contiguous()
-        out = x.new_empty((x.shape[0], k))
-        if x.shape[0]:
-            kernels.label_forward[(x.shape[0],)](
-                ordered, order, position.contiguous(), out, x.shape[-1], k, tau, big, **_launch(x)
-            )
+            kernel[(x.shape[0],)](*args, x.shape[-1], k, tau, big, **_launch(x))
         return out, ordered, order
 
     @staticmethod
@@ -113,11 +78,12 @@ class TritonNeuralSortLabel(Function):
         ordered, order, position = ctx.saved_tensors
         grad_x = torch.empty_like(ordered)
         if ordered.shape[0]:
+            label = position is not None
             kernels.backward[(ordered.shape[0],)](
-                *(ordered, order, position.contiguous(), grad.contiguous(), grad_x),
+                *(ordered, order, position.contiguous() if label else order, grad.contiguous(), grad_x),
                 *(ordered.shape[-1], ctx.k, ctx.tau, ctx.big),
                 **_launch(ordered),
-                LABEL=True,
+                LABEL=label,
             )
         return grad_x, None, None, None, None
 
@@ -129,9 +95,9 @@ def usable(x: torch.Tensor, k: int, tau: object) -> bool:
 
 def triton_mask(x: torch.Tensor, k: int, tau: float, big: float) -> torch.Tensor:
     """The NeuralSort mask of rows ``x`` (B, n) by the kernels, ``M = big``."""
-    return TritonNeuralSortMask.apply(x, tau, k, big)[0]
+    return TritonNeuralSort.apply(x, None, tau, k, big)[0]
 
 
 def triton_label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, tau: float, big: float) -> torch.Tensor:
     """``P[b, position[b], :k]`` (B, k) of rows ``x`` (B, n) by the kernels, ``M = big``."""
-    return TritonNeuralSortLabel.apply(x, position, tau, k, big)[0]
+    return TritonNeuralSort.apply(x, position, tau, k, big)[0]
