@@ -86,6 +86,38 @@ def test_row_dot_on_either_path():
         torch.testing.assert_close(compute.row_dot(a, b), want, rtol=1e-14, atol=1e-14)
 
 
+@pytest.mark.parametrize(("rows", "n"), [(3, 7), (200, 1000), (5, 70000)])  # one block, 65 rows a block, a row a block
+@pytest.mark.parametrize("degree", [1, 5])
+def test_power_sums_on_either_path(rows, n, degree):
+    """``power_sums`` (by blocks of rows on the CPU, in place) gives float64 ``Σ y^m`` exactly as the
+    whole-batch products an accelerator makes, and leaves its argument unchanged."""
+    y = torch.rand(rows, n, generator=torch.Generator().manual_seed(n))
+    kept = y.clone()
+    want = torch.stack([(y.double() ** m).sum(-1) for m in range(1, degree + 1)], -1)
+    got = compute.power_sums(y, degree)
+    assert got.dtype == torch.float64 and got.shape == (rows, degree)
+    torch.testing.assert_close(got, want, rtol=1e-14, atol=0.0)
+    with accelerator_steps():
+        assert torch.equal(compute.power_sums(y, degree), got)  # the same products, summed per row
+    assert torch.equal(y, kept)
+
+
+def test_horner_step_on_either_path():
+    """``horner_step`` is ``addcmul`` to a rounding; on the CPU a ``(R, n)`` accumulator is written in
+    place, a per-row one is not."""
+    y, acc, shift = torch.rand(4, 300, dtype=torch.float64), torch.rand(4, 1, dtype=torch.float64), torch.rand(4, 1)
+    shift = shift.double()
+    first = compute.horner_step(shift, acc, y)
+    torch.testing.assert_close(first, torch.addcmul(shift, acc, y), rtol=1e-15, atol=1e-15)
+    want = torch.addcmul(shift, first, y)
+    second = compute.horner_step(shift, first, y)
+    assert second.data_ptr() == first.data_ptr()
+    torch.testing.assert_close(second, want, rtol=1e-15, atol=1e-15)
+    with accelerator_steps():
+        fresh = compute.horner_step(shift, acc.expand(4, 300).clone(), y)
+        assert torch.equal(fresh, torch.addcmul(shift, acc, y))
+
+
 def test_off_the_cpu_each_step_is_one_call():
     """On ``meta`` (as on an accelerator) the steps are ``topk``, ``sort`` and ``bmm`` themselves."""
     x = torch.empty(4, 1000, device="meta")

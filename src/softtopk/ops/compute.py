@@ -128,6 +128,41 @@ def muladd_rows(terms: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, v
     return torch.addcmul(shift, terms, scale, value=value)
 
 
+_BLOCK_ENTRIES = 1 << 16
+
+
+def power_sums(y: torch.Tensor, degree: int) -> torch.Tensor:
+    """``p_m = Σ_i y_i^m``, ``m = 1..degree``, over the last dim of rows ``y`` ``(R, n)``, in float64:
+    ``(R, degree)``, a product and a sum per power. On the CPU (not compiling) in blocks of rows of
+    at most ``2^15`` entries, each power raised in place in one buffer: float64 buffers of a whole
+    batch come back from the system page by page, which costs more than the products."""
+    block = max(1, _BLOCK_ENTRIES // max(1, y.shape[-1]))  # rows
+    if on_cpu(y) and not torch.compiler.is_compiling() and y.dim() == 2 and y.shape[0] > block:
+        return torch.cat([power_sums(rows, degree) for rows in y.split(block)])
+    base = y.to(torch.float64)
+    if not on_cpu(y) or torch.compiler.is_compiling():
+        sums, power = [base.sum(-1)], base
+        for _ in range(1, degree):
+            power = power * base
+            sums.append(power.sum(-1))
+        return torch.stack(sums, -1)
+    power = base.clone()
+    sums = [base.sum(-1)]
+    for _ in range(1, degree):
+        sums.append(power.mul_(base).sum(-1))
+    return torch.stack(sums, -1)
+
+
+def horner_step(shift: torch.Tensor, acc: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``shift + acc * y`` for rows ``y`` ``(R, n)`` and per-row ``shift`` ``(R, 1)``, ``acc`` ``(R, 1)``
+    or a ``(R, n)`` buffer the caller owns: one ``addcmul``; on the CPU a product and an in-place sum,
+    into ``acc`` once it is ``(R, n)`` (a fresh buffer per step of a Horner scheme costs more in
+    first-touch page faults than the step)."""
+    if not on_cpu(y):
+        return torch.addcmul(shift, acc, y)
+    return acc.mul_(y).add_(shift) if acc.shape == y.shape else muladd_rows(y, acc, shift)
+
+
 def put_rows(fresh: torch.Tensor, index: torch.Tensor, values: torch.Tensor | float, dim: int = -1) -> torch.Tensor:
     """``fresh`` with ``values`` written at ``index`` along ``dim``, for a tensor the caller has just
     made and owns: in place (no copy of the row), except inside a functorch transform (``vmap``),

@@ -10,7 +10,7 @@ import math
 import torch
 
 from ._function import Function
-from .compute import LOG2E, put_rows, topk_rows
+from .compute import LOG2E, horner_step, power_sums, put_rows, topk_rows
 from .esf import largest_log_binomial
 
 SUBSET_K = 8  # the top k's polynomials by brute force over their 2^k subsets up to here
@@ -79,14 +79,9 @@ def _newton_esf(y: torch.Tensor, degree: int) -> torch.Tensor:
     lower polynomials (``p_m <= p_1``). In :class:`_SmoothTopKRows` every ``e_c``, ``c < b``, enters
     ``ẽ_j >= 1`` with at least ``e_b``'s weight, so ``ẽ_j`` keeps a relative error of order
     ``k C eps64``, far below float32's rounding (for small degrees only: the error grows with them)."""
-    w = y.to(torch.float64)
-    columns, power = [w.sum(-1)], w
-    for _ in range(1, degree):
-        power = power * w
-        columns.append(power.sum(-1))
-    index, diagonal, sign = _newton_tables(degree, w.device)
+    sums = power_sums(y, degree)
+    index, diagonal, sign = _newton_tables(degree, y.device)
     # with g_b = (-1)^(b+1) e_b the identities read b g_b + Σ_{m<b} p_m g_{b-m} = p_b
-    sums = torch.stack(columns, -1)
     matrix = torch.nn.functional.pad(sums, (1, 0))[..., index] + diagonal  # p_0 = 0 on and above the diagonal
     e = torch.linalg.solve_triangular(matrix, sums.unsqueeze(-1), upper=False).squeeze(-1).mul_(sign)
     return torch.nn.functional.pad(e, (1, 0), value=1.0).to(y.dtype)
@@ -188,15 +183,15 @@ class _SmoothTopKRows(Function):
         # with k others at +inf (its finite scores have y = 0, its infinite ones gradient 0)
         ratio = e.unsqueeze(-1) * G[..., k - 1 :] / e[:, k - 1 :].unsqueeze(-2)
         d = (ratio.flatten(1) @ deflation).mul_(c.masked_fill(infinite[:, -1:], 0.0))
-        acc = d[:, k - 1 :]
+        acc = d[:, k - 1 :]  # the first step has two per-row operands: a product and a sum on the CPU
         for m in range(k - 2, -1, -1):
-            acc = torch.addcmul(d[:, m : m + 1], acc, y)
+            acc = horner_step(d[:, m : m + 1], acc, y)
         # top: pi^(k)_i - pi^(k-1)_i = ẽ^(-i)_{k-1} / ẽ_{k-1} - ẽ^(-i)_k / ẽ_k
         rest = (W @ without).view(-1, k, k + 1) @ GE[..., k - 1 :] / e[:, k - 1 :].unsqueeze(-2)
         top = (rest[..., 0] - rest[..., 1]).mul_(c).masked_fill_(infinite, 0.0)
         # a label at +inf has gradient 0, and so has a row beaten by k classes at +inf (its tail and
         # top are cut above)
-        grad_logits = put_rows(acc * y, index, top)
+        grad_logits = put_rows(acc.mul_(y) if k > 1 else acc * y, index, top)
         label_grad = c.neg().masked_fill_(fixed, 0.0)
         return put_rows(grad_logits, label.unsqueeze(-1), label_grad), None, None, None, None
 
