@@ -105,7 +105,12 @@ def test_generator_reproducibility_and_global_rng():
     c = bal_noised_topk(s, y, k=3, epsilon=1.0, generator=_gen(8))
     assert torch.equal(a, b) and not torch.equal(a, c)
     z = torch.randn(*s.shape, 5, generator=_gen(7))
+    kept = z.clone()
     assert torch.equal(a, bal_noised_topk(s, y, k=3, epsilon=1.0, noise=z))
+    # the loss scales and adds into its own draw in place, never into the caller's noise
+    half = bal_noised_topk(s, y, k=3, epsilon=0.3, generator=_gen(7), reduction="none")
+    assert torch.equal(half, bal_noised_topk(s, y, k=3, epsilon=0.3, noise=z, reduction="none"))
+    assert torch.equal(z, kept)
     torch.manual_seed(1)
     d = bal_noised_topk(s, y, k=3, epsilon=1.0)
     torch.manual_seed(1)

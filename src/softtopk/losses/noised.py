@@ -37,7 +37,7 @@ from .._validation import (
     check_real,
     check_scale,
 )
-from ..ops.compute import compute_dtype
+from ..ops.compute import compute_dtype, owns_rows
 from ..ops.noised_hinge import NoisedHinge
 from ._base import ClassLoss, class_loss
 
@@ -100,7 +100,10 @@ def noised_hinge(
         if epsilon == 0:  # exact (k+1)-th value; the RNG still advanced
             rows = rows[..., :1]
         margin = margins.to(logits)[label] if isinstance(margins, torch.Tensor) else margins
-        scaled = (epsilon * rows).to(compute_dtype(input.dtype))
+        if noise is None and compute_dtype(input.dtype) == torch.float32 and owns_rows(rows):
+            scaled = rows.mul_(epsilon)  # the draw is ours: scaled in place, with the same rounding
+        else:
+            scaled = (epsilon * rows).to(compute_dtype(input.dtype))  # a fresh tensor, never the caller's
         return NoisedHinge.apply(logits, label, scaled, margin, scale, k)[0]
 
     return class_loss(input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction)

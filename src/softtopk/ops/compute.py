@@ -163,12 +163,19 @@ def horner_step(shift: torch.Tensor, acc: torch.Tensor, y: torch.Tensor) -> torc
     return acc.mul_(y).add_(shift) if acc.shape == y.shape else muladd_rows(y, acc, shift)
 
 
+def owns_rows(fresh: torch.Tensor) -> bool:
+    """Whether a tensor the caller has just made may be written in place: not inside a functorch
+    transform (``vmap``: its operands may be batched where the buffer is not) and not under
+    ``torch.compile``, whose graphs are functional anyway."""
+    return not (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(fresh))
+
+
 def put_rows(fresh: torch.Tensor, index: torch.Tensor, values: torch.Tensor | float, dim: int = -1) -> torch.Tensor:
     """``fresh`` with ``values`` written at ``index`` along ``dim``, for a tensor the caller has just
     made and owns: in place (no copy of the row), except inside a functorch transform (``vmap``),
     where ``scatter_`` has no batching rule, and under ``torch.compile``, whose graphs are
     functional anyway: there the out-of-place ``scatter``."""
-    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(fresh):
+    if not owns_rows(fresh):
         return torch.scatter(fresh, dim, index, values)
     return fresh.scatter_(dim, index, values)
 

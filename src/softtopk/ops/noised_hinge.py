@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ._function import Function
+from .compute import owns_rows
 
 
 class NoisedHinge(Function):
@@ -19,7 +20,9 @@ class NoisedHinge(Function):
 
     @staticmethod
     def forward(logits, label, noise, margin, scale, k):
-        index = (logits.unsqueeze(-1) + noise).topk(k + 1, dim=1)
+        # the noise is the caller's fresh tensor: the scores are added into it where that is allowed
+        plus = noise.add_ if owns_rows(noise) else noise.add
+        index = plus(logits.unsqueeze(-1)).topk(k + 1, dim=1)  # s + eps Z: the sum commutes exactly
         draws = index.values.select(1, k)
         top = draws.mean(-1)  # pytopk's rounding; its sum overflows for draws near the float maximum:
         top = torch.where(top.isinf(), (draws / draws.shape[-1]).sum(-1), top)  # then the mean of draws / S
