@@ -6,6 +6,7 @@ on CPU tensors; on a CUDA machine they run compiled on the device."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 
 import pytest
 import torch
@@ -28,10 +29,26 @@ class Counted:
         self.launched.append(grid)
 
         def launch(*args, **kwargs):
+            if not isinstance(self.kernel, Counted):  # else the inner one checks
+                assert_floats_are_float64(self.kernel, args, kwargs)
             with _disable_current_modes():
                 return self.kernel[grid](*args, **kwargs)
 
         return launch
+
+
+def assert_floats_are_float64(kernel, args, kwargs) -> None:
+    """Every Python float a launch passes lands in a parameter annotated ``tl.float64`` (or a
+    ``constexpr``): compiled Triton types an unannotated float as float32, which the interpreter
+    does not (τ = 0.1 would lose its low bits on a GPU only, and ``2^600`` would become ``inf``)."""
+    import triton.language as tl
+
+    parameters = inspect.signature(kernel.fn).parameters
+    bound = dict(zip(parameters, args, strict=False)) | kwargs  # defaults may stay unpassed
+    for name, value in bound.items():
+        annotation = parameters[name].annotation
+        if isinstance(value, float) and annotation is not tl.constexpr:
+            assert annotation is tl.float64, f"{kernel.fn.__name__}({name}=float) needs `{name}: tl.float64`"
 
 
 def count_kernels(monkeypatch, module, *names: str, launched: list | None = None) -> list:

@@ -74,6 +74,15 @@ def _stand_in(v, far):
 
 
 @triton.jit
+def _in_dtype(value, x_ptr):
+    """A float64 argument in the rows' dtype, as ``x * steepness`` rounds it (a compile-time branch:
+    float64 rows keep it as it is)."""
+    if x_ptr.dtype.element_ty != tl.float64:
+        value = tl.cast(value, x_ptr.dtype.element_ty)
+    return value
+
+
+@triton.jit
 def _tile(rows_total, n, ROWS: tl.constexpr, W: tl.constexpr):
     """This program's rows ``(ROWS, 1)``, the wires ``(1, W)`` and where both are in range."""
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]
@@ -126,13 +135,14 @@ def label_forward(
     k,
     depth,
     plane: tl.int64,  # rows_total * W: one layer's saved entries (int64: L B W may pass 2^31)
-    beta,
-    far,
+    beta: tl.float64,  # a Python float would be passed as float32 (then cast to the rows' dtype)
+    far: tl.float64,
     ROWS: tl.constexpr,
     W: tl.constexpr,
     KW: tl.constexpr,
 ):
     rows, wires, inside = _tile(rows_total, n, ROWS, W)
+    beta, far = _in_dtype(beta, x_ptr), _in_dtype(far, x_ptr)
     z = _values(x_ptr, rows, wires, n, inside, beta, far)
     pos = tl.load(pos_ptr + rows, mask=rows < rows_total, other=0)
     r = tl.where(wires == pos, 1.0, 0.0).to(z.dtype)  # the label's one-hot row rides along
@@ -170,13 +180,14 @@ def label_backward(
     k,
     depth,
     plane: tl.int64,
-    beta,
-    far,
+    beta: tl.float64,  # a Python float would be passed as float32 (then cast to the rows' dtype)
+    far: tl.float64,
     ROWS: tl.constexpr,
     W: tl.constexpr,
     KW: tl.constexpr,
 ):
     rows, wires, inside = _tile(rows_total, n, ROWS, W)
+    beta, far = _in_dtype(beta, x_ptr), _in_dtype(far, x_ptr)
     # the riding row's gradient: the output's at the output wires
     ranks = tl.arange(0, KW)[None, None, :]
     outw = tl.load(outw_ptr + ranks, mask=ranks < k, other=-1)
@@ -211,12 +222,13 @@ def mask_forward(
     n,
     depth,
     plane: tl.int64,
-    beta,
-    far,
+    beta: tl.float64,  # a Python float would be passed as float32 (then cast to the rows' dtype)
+    far: tl.float64,
     ROWS: tl.constexpr,
     W: tl.constexpr,
 ):
     rows, wires, inside = _tile(rows_total, n, ROWS, W)
+    beta, far = _in_dtype(beta, x_ptr), _in_dtype(far, x_ptr)
     z = _values(x_ptr, rows, wires, n, inside, beta, far)
     d_ptr, a_ptr, c_ptr = _planes(saved_ptr, rows * W + wires, depth, plane)
     for layer in range(depth):  # the value sweep
@@ -251,12 +263,13 @@ def mask_backward(
     n,
     depth,
     plane: tl.int64,
-    beta,
-    far,
+    beta: tl.float64,  # a Python float would be passed as float32 (then cast to the rows' dtype)
+    far: tl.float64,
     ROWS: tl.constexpr,
     W: tl.constexpr,
 ):
     rows, wires, inside = _tile(rows_total, n, ROWS, W)
+    beta, far = _in_dtype(beta, x_ptr), _in_dtype(far, x_ptr)
     saved = rows * W + wires
     d_ptr, a_ptr, c_ptr = _planes(saved_ptr, saved, depth, plane)
     ag_ptr += saved

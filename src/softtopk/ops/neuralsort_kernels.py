@@ -70,8 +70,8 @@ def mask_forward(
     mask_ptr,  # (B, n) the mask, in the row's order
     n,
     k,
-    tau,
-    big,  # M
+    tau: tl.float64,  # a Python float would be passed as float32
+    big: tl.float64,  # M (2^600 for float64 rows)
     STEPS: tl.constexpr,
     W: tl.constexpr,
     WIDE: tl.constexpr,  # float64 scores
@@ -98,8 +98,8 @@ def backward(
     gx_ptr,  # (B, n) the gradient of the scores, in the row's order
     n,
     k,
-    tau,
-    big,
+    tau: tl.float64,
+    big: tl.float64,
     STEPS: tl.constexpr,
     W: tl.constexpr,
     WIDE: tl.constexpr,
@@ -147,8 +147,8 @@ def label_forward(
     out_ptr,  # (B, k) P[label, :k]
     n,
     k,
-    tau,
-    big,
+    tau: tl.float64,
+    big: tl.float64,
     STEPS: tl.constexpr,
     W: tl.constexpr,
     WIDE: tl.constexpr,
