@@ -18,7 +18,8 @@ Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven rep
   O(n k) methods are skipped where ``rows n k`` exceeds 2^31 (recorded).
 * losses at 512 x 1000 and 4096 x 1000 (float32): ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16,
   splitter network, on CUDA by its Triton kernels and by the torch path, and NeuralSort),
-  ``SmoothTopKSVM(k=5)``, ``BalNoisedTopK(5, epsilon=1, n_samples=5)``, pytopk's ``BalNoisedTopK``
+  ``SmoothTopKSVM(k=5)`` (on CUDA by its Triton kernels and by the torch path),
+  ``BalNoisedTopK(5, epsilon=1, n_samples=5)``, pytopk's ``BalNoisedTopK``
   and difftopk's NeuralSort loss where importable.
   Baseline: ``F.cross_entropy``; a row of cross-entropy plus the draw of five noise samples per
   score shows the floor of every noised loss.
@@ -287,6 +288,7 @@ def loss_cases() -> dict[str, Callable]:
         "TopKCE splitter m=16 (torch path)": _loss_case(_loss_torch_path(topk_ce("splitter_selection"))),
         "TopKCE neuralsort m=16": _loss_case(topk_ce("neuralsort")),
         "SmoothTopKSVM k=5": _loss_case(lambda d: softtopk.SmoothTopKSVM(k=5)),
+        "SmoothTopKSVM k=5 (torch path)": _loss_case(_loss_torch_path(lambda d: softtopk.SmoothTopKSVM(k=5))),
         "BalNoisedTopK k=5 eps=1 S=5": _loss_case(
             lambda d: softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5), stochastic=True
         ),

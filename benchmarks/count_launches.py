@@ -116,7 +116,14 @@ def _with_kernels(fn, x: torch.Tensor) -> int | None:
         return None
     import pytest  # its MonkeyPatch restores every attribute set (the test extra has it)
 
-    from softtopk.ops import lapsum_kernels, networks_kernels, neuralsort_kernels, sparse_kernels, triton_gate
+    from softtopk.ops import (
+        lapsum_kernels,
+        networks_kernels,
+        neuralsort_kernels,
+        sparse_kernels,
+        svm_kernels,
+        triton_gate,
+    )
     from triton_kernels import count_kernels
 
     with pytest.MonkeyPatch.context() as patch:
@@ -125,6 +132,7 @@ def _with_kernels(fn, x: torch.Tensor) -> int | None:
         count_kernels(patch, networks_kernels, "label_forward", "label_backward", launched=launched)
         count_kernels(patch, networks_kernels, "mask_forward", "mask_backward", launched=launched)
         count_kernels(patch, neuralsort_kernels, "mask_forward", "label_forward", "backward", launched=launched)
+        count_kernels(patch, svm_kernels, "forward", "backward", launched=launched)
         patch.setattr(triton_gate, "usable", lambda v, k, scale: isinstance(k, int) and isinstance(scale, float))
         fn(x)  # the kernels of one forward: count_call runs a warm-up forward first
         forward = len(launched)
@@ -171,8 +179,8 @@ def main() -> None:
         "sparse and isotonic solvers off, the isotonic solver's accelerator segment size);",
         f'torch {torch.__version__}. Budget: issue 21\'s target. "With the Triton kernels": the same path',
         "with the Triton kernels (the lapsum, sparse, NeuralSort and network masks, the label's ranks of",
-        "top-k CE by networks and NeuralSort), their default on a CUDA GPU with triton: aten ops plus",
-        "kernel launches, counted in Triton's interpreter.",
+        "top-k CE by networks and NeuralSort, the smooth top-k SVM's rows), their default on a CUDA GPU",
+        "with triton: aten ops plus kernel launches, counted in Triton's interpreter.",
         "",
         "| case | launches | with the Triton kernels | views | host reads | reads on CPU tensors | budget |",
         "|---|---|---|---|---|---|---|",

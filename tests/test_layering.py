@@ -120,7 +120,9 @@ def test_imports_run_one_way(module):
             allowed = {"torch"} if module.startswith("softtopk.") or module == "softtopk" else None
             allowed = {"jax", "numpy"} if front_end else set() if module in SHARED else allowed
             # the optional Triton kernels, imported only where they run (softtopk.ops.*_triton)
-            kernels = tuple(f"softtopk.ops.{name}_kernels" for name in ("lapsum", "sparse", "networks", "neuralsort"))
+            kernels = tuple(
+                f"softtopk.ops.{name}_kernels" for name in ("lapsum", "sparse", "networks", "neuralsort", "svm")
+            )
             allowed = {"triton"} if module in kernels else allowed
             # the optional numba kernels, imported at their first use (softtopk.ops.isotonic_numba)
             allowed = {"numba", "numpy"} if module == "softtopk.ops.isotonic_kernels" else allowed

@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from . import svm_triton
 from .compute import topk_rows
 from .esf import log_esf_of_split
 from .svm_subsets import FAR, fits_subset_path, smooth_topk_rows, svm_softplus
@@ -55,6 +56,8 @@ def smooth_topk_svm_rows(logits: torch.Tensor, label: torch.Tensor, k: int, tau:
     """The smooth top-k SVM's rows with the limits at ``±inf`` and NaN rows of :func:`extended_svm_rows`
     (the subset kernel takes them in its own pass)."""
     if fits_subset_path(logits.shape[-1] - 1, k, logits.dtype):
+        if svm_triton.usable(logits, k, tau, alpha):
+            return svm_triton.triton_rows(logits, label, k, tau, alpha)
         return smooth_topk_rows(logits, label, k, tau, alpha)
     return extended_svm_rows(logits, label, k, lambda s, y: _log_space_svm_rows(s, y, k, tau, alpha))
 
