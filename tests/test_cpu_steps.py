@@ -118,6 +118,24 @@ def test_horner_step_on_either_path():
         assert torch.equal(fresh, torch.addcmul(shift, acc, y))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("samples", [1, 3, 5, 8, 100])
+def test_overflow_free_mean_is_the_mean_bit_for_bit(dtype, samples):
+    """``overflow_free_mean`` gives ``plus + values.mean(-1)`` exactly (the roundings commute with its
+    powers of 2), and stays finite near the dtype's largest value, where the mean's sum overflows."""
+    values = torch.randn(50, samples, generator=torch.Generator().manual_seed(samples), dtype=dtype) * 1e3
+    plus = torch.randn(50, dtype=dtype)
+    assert torch.equal(compute.overflow_free_mean(values), values.mean(-1))
+    assert torch.equal(compute.overflow_free_mean(values, plus=plus), plus + values.mean(-1))
+    assert torch.equal(compute.overflow_free_mean(values, plus=1.0), 1.0 + values.mean(-1))
+    big = torch.full((2, samples), torch.finfo(dtype).max, dtype=dtype)
+    big[1] *= -1
+    want = torch.tensor([1.0, -1.0], dtype=dtype) * torch.finfo(dtype).max
+    got = compute.overflow_free_mean(big)  # the mean's own rounding of a division by S: an ulp
+    assert bool(got.isfinite().all())
+    torch.testing.assert_close(got, want, rtol=2 * torch.finfo(dtype).eps, atol=0)
+
+
 def test_off_the_cpu_each_step_is_one_call():
     """On ``meta`` (as on an accelerator) the steps are ``topk``, ``sort`` and ``bmm`` themselves."""
     x = torch.empty(4, 1000, device="meta")

@@ -48,8 +48,8 @@ BUDGETS = {
     "smooth_topk_svm": 95,
     "smooth_top1_svm": 66,
     "topk_svm": 57,
-    "bal_noised": 32,
-    "imbal_noised": 36,
+    "bal_noised": 27,
+    "imbal_noised": 31,
     "topk_ce softsort": 82,
     "topk_ce neuralsort": 145,
 }

@@ -216,6 +216,21 @@ def scan_rows(x: torch.Tensor, op: str = "sum", dtype: torch.dtype | None = None
     return out.flatten(-2)[..., :n]
 
 
+def overflow_free_mean(values: torch.Tensor, plus: torch.Tensor | float | None = None) -> torch.Tensor:
+    """``plus + values.mean(-1)`` (``plus`` a tensor, a float or None), with the roundings of that
+    mean and sum bit for bit (unless ``values`` are subnormal) but no overflow of the mean's sum for
+    values near the dtype's largest (where ``mean`` gives ``inf``): the mean is taken of
+    ``values / 2^c`` (``2^c >= S``) and scaled back inside the sum, and powers of 2 commute with every
+    rounding. Three ops; a float ``plus`` is a constant kept on the device."""
+    scale = 2.0 ** math.ceil(math.log2(max(1, values.shape[-1])))
+    mean = (values * (1.0 / scale)).mean(-1)
+    if plus is None:
+        return mean.mul_(scale)
+    if not isinstance(plus, torch.Tensor):
+        plus = constant((plus,), mean)
+    return torch.add(plus, mean, alpha=scale)
+
+
 def constant(values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor:
     """``values`` as a tensor ``(len(values),)`` in ``like``'s dtype, on its device.
 

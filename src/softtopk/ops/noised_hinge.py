@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ._function import Function
-from .compute import owns_rows
+from .compute import constant, overflow_free_mean, owns_rows
 
 
 class NoisedHinge(Function):
@@ -24,9 +24,7 @@ class NoisedHinge(Function):
         plus = noise.add_ if owns_rows(noise) else noise.add
         index = plus(logits.unsqueeze(-1)).topk(k + 1, dim=1)  # s + eps Z: the sum commutes exactly
         draws = index.values.select(1, k)
-        top = draws.mean(-1)  # pytopk's rounding; its sum overflows for draws near the float maximum:
-        top = torch.where(top.isinf(), (draws / draws.shape[-1]).sum(-1), top)  # then the mean of draws / S
-        hinge = (margin + top) - logits.gather(1, label.unsqueeze(1)).squeeze(1)
+        hinge = overflow_free_mean(draws, plus=margin) - logits.gather(1, label.unsqueeze(1)).squeeze(1)
         loss = torch.relu(hinge if scale is None else scale * hinge)
         return loss, index.indices.select(1, k)
 
@@ -36,19 +34,18 @@ class NoisedHinge(Function):
         loss, index = output
         ctx.mark_non_differentiable(index)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(label, index, loss <= 0)
+        ctx.save_for_backward(label, index, loss)
         ctx.classes = logits.shape[1]
 
     @staticmethod
     def backward(ctx, grad, _unused):
         if grad is None:
             return None, None, None, None, None, None
-        label, index, inactive = ctx.saved_tensors
-        share = grad.masked_fill(inactive, 0.0)
+        label, index, loss = ctx.saved_tensors
+        share = torch.ops.aten.threshold_backward(grad, loss, 0.0)  # relu's own backward: 0 where loss <= 0
         if ctx.scale is not None:
             share = share.mul_(ctx.scale)
-        counts = share.new_zeros(share.shape[0], ctx.classes).scatter_add_(
-            1, index, torch.ones_like(index, dtype=share.dtype)
-        )
+        ones = constant((1.0,), share).expand(index.shape)  # one per draw, made once per device
+        counts = share.new_zeros(share.shape[0], ctx.classes).scatter_add_(1, index, ones)
         grad_logits = counts.div_(index.shape[1]).mul_(share.unsqueeze(1))  # pytopk's rounding
         return grad_logits.scatter_add_(1, label.unsqueeze(1), share.neg().unsqueeze(1)), None, None, None, None, None

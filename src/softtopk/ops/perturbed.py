@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ._function import Function
+from .compute import overflow_free_mean
 
 NOISE_KINDS = ("gaussian", "gumbel")
 
@@ -115,8 +116,7 @@ class _NoisedKthValue(Function):
     def forward(x, noise, k, dim):
         values, index = (x.unsqueeze(-1) + noise).topk(k, dim=dim)
         kth = values.select(dim, k - 1)
-        mean = kth.mean(-1)  # pytopk's rounding; its sum overflows for values near the dtype's max
-        return torch.where(mean.isinf(), (kth / kth.shape[-1]).sum(-1), mean), index.select(dim, k - 1)
+        return overflow_free_mean(kth), index.select(dim, k - 1)  # pytopk's rounding, no overflow
 
     @staticmethod
     def setup_context(ctx, inputs, output):
