@@ -128,28 +128,24 @@ def muladd_rows(terms: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, v
     return torch.addcmul(shift, terms, scale, value=value)
 
 
-_BLOCK_ENTRIES = 1 << 16
+_BLOCK_ENTRIES = 1 << 16  # float64 entries of a block of rows of power_sums on the CPU (512 KiB)
 
 
 def power_sums(y: torch.Tensor, degree: int) -> torch.Tensor:
     """``p_m = Σ_i y_i^m``, ``m = 1..degree``, over the last dim of rows ``y`` ``(R, n)``, in float64:
-    ``(R, degree)``, a product and a sum per power. On the CPU (not compiling) in blocks of rows of
-    at most ``2^15`` entries, each power raised in place in one buffer: float64 buffers of a whole
-    batch come back from the system page by page, which costs more than the products."""
+    ``(R, degree)``, a product and a sum per power. On the CPU (not compiling) by blocks of rows of
+    at most ``_BLOCK_ENTRIES`` entries, each power raised in place in one buffer: float64 buffers of
+    a whole batch come back from the system page by page, which costs more than the products."""
+    in_place = on_cpu(y) and not torch.compiler.is_compiling()
     block = max(1, _BLOCK_ENTRIES // max(1, y.shape[-1]))  # rows
-    if on_cpu(y) and not torch.compiler.is_compiling() and y.dim() == 2 and y.shape[0] > block:
+    if in_place and y.dim() == 2 and y.shape[0] > block:
         return torch.cat([power_sums(rows, degree) for rows in y.split(block)])
     base = y.to(torch.float64)
-    if not on_cpu(y) or torch.compiler.is_compiling():
-        sums, power = [base.sum(-1)], base
-        for _ in range(1, degree):
-            power = power * base
-            sums.append(power.sum(-1))
-        return torch.stack(sums, -1)
-    power = base.clone()
+    power = base.clone() if in_place and degree > 1 else base
     sums = [base.sum(-1)]
     for _ in range(1, degree):
-        sums.append(power.mul_(base).sum(-1))
+        power = power.mul_(base) if in_place else power * base
+        sums.append(power.sum(-1))
     return torch.stack(sums, -1)
 
 
