@@ -251,3 +251,23 @@ def test_the_sparse_kernel_equals_the_torch_path_on_the_device():
     (mask_k, grad_k), (mask_t, grad_t) = results
     torch.testing.assert_close(mask_k, mask_t, rtol=0, atol=2e-6)
     torch.testing.assert_close(grad_k, grad_t, rtol=1e-5, atol=1e-4)
+
+
+def test_the_svm_kernels_equal_the_torch_path_on_the_device():
+    """``SmoothTopKSVM(k=5)`` at 64 rows x 1000 classes: the Triton kernels (the default on a GPU,
+    float64 inside) against the torch path (float32 with float64 power sums)."""
+    pytest.importorskip("triton", reason="the Triton kernels need triton")
+    from softtopk.ops import svm_triton
+
+    x = _scores()
+    target = torch.randint(0, N, (ROWS,), generator=torch.Generator("cuda").manual_seed(1), device="cuda")
+    assert svm_triton.usable(x, 5, 1.0, 1.0)  # the default on a GPU
+    results = []
+    for kernels in (True, False):
+        with contextlib.nullcontext() if kernels else triton_gate.torch_path():
+            loss = softtopk.smooth_topk_svm(x, target, k=5, reduction="none")
+        (grad,) = torch.autograd.grad(loss.sum(), x)
+        results.append((loss, grad))
+    (loss_k, grad_k), (loss_t, grad_t) = results
+    torch.testing.assert_close(loss_k, loss_t, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_k, grad_t, rtol=1e-5, atol=1e-6)
