@@ -93,8 +93,9 @@ def test_scales_and_temperatures(dtype, scale, tau):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_ties_and_infinities(dtype):
     """Ties; ``+inf`` scores as the limits of large ones (fewer than ``k`` of them: a finite loss;
-    ``k``: ``inf`` unless the label is there too); a label at ``-inf`` (``inf``); fewer than ``k``
-    other classes above ``-inf`` (0); the dtype's largest values; a NaN row."""
+    ``k``: ``inf`` unless the label is there too, then the tied limit, finite, with gradient 0); a
+    label at ``-inf`` (``inf``); fewer than ``k`` other classes above ``-inf`` (0); the dtype's
+    largest values; a NaN row."""
     big = torch.finfo(dtype).max
     x = torch.tensor(
         [
@@ -106,12 +107,15 @@ def test_ties_and_infinities(dtype):
             [big, -big, big, 0.0, 1.0, -1.0, big, 3.0],
             [1.0, NAN, 0.5, 0.2, -1.0, 2.0, 0.0, 0.0],
             [-INF, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
+            [INF, INF, INF, 0.0, 1.0, 2.0, -1.0, 0.0],  # the label at +inf with k others: the tied limit
+            [INF] * 8,
         ],
         dtype=dtype,
     ).to(DEVICE)
-    target = torch.tensor([5, 4, 0, 0, 3, 1, 0, 0]).to(DEVICE)
+    target = torch.tensor([5, 4, 0, 0, 3, 1, 0, 0, 0, 3]).to(DEVICE)
     loss, grad = _close(x, target, _loss(2))
     assert loss[1] == INF and loss[7] == INF and loss[3] == 0 and bool(loss[6].isnan())
+    assert bool(loss[8:].isfinite().all()) and bool((grad[8:] == 0).all())
     assert bool(grad[[0, 1, 2, 3, 4, 5, 7]].isfinite().all()) and bool(grad[6].isnan().all())
     assert grad[0, 4] == 0 and bool((grad[1] == 0).all())  # +inf scores have gradient 0
 
