@@ -25,6 +25,7 @@ from ._validation import (
     check_real,
 )
 from .ops._straight_through import straight_through_mask, straight_through_ranks
+from .ops.compute import label_row
 from .ops.gumbel import RELAXATIONS, gumbel_keys, gumbel_ranks_rows
 from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
@@ -118,7 +119,7 @@ def _label_with_hard(
 
     def hard_or_soft(x: torch.Tensor, position: torch.Tensor, k: int, *, hard: bool, **params: Any) -> torch.Tensor:
         if hard:
-            return ranks(x, k, hard=True, **params).gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
+            return label_row(ranks(x, k, hard=True, **params), position)
         return label(x, position, k, **params)
 
     return hard_or_soft

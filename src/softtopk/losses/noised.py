@@ -100,10 +100,9 @@ def noised_hinge(
         if epsilon == 0:  # exact (k+1)-th value; the RNG still advanced
             rows = rows[..., :1]
         margin = margins.to(logits)[label] if isinstance(margins, torch.Tensor) else margins
-        if noise is None and compute_dtype(input.dtype) == torch.float32 and owns_rows(rows):
-            scaled = rows.mul_(epsilon)  # the draw is ours: scaled in place, with the same rounding
-        else:
-            scaled = (epsilon * rows).to(compute_dtype(input.dtype))  # a fresh tensor, never the caller's
+        # the draw is ours: scaled in place (the same rounding); a caller's noise never is
+        scaled = rows.mul_(epsilon) if noise is None and owns_rows(rows) else epsilon * rows
+        scaled = scaled.to(compute_dtype(input.dtype))
         return NoisedHinge.apply(logits, label, scaled, margin, scale, k)[0]
 
     return class_loss(input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction)

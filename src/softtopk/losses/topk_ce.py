@@ -30,7 +30,7 @@ import torch
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
 from ..ops._function import Function
-from ..ops.compute import constant, put_rows, topk_rows
+from ..ops.compute import constant, label_row, put_rows, topk_rows
 from ._base import ClassLoss, class_loss
 
 __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
@@ -229,8 +229,7 @@ def topk_cross_entropy(
         if spec.label_ranks is not None:
             label_ranks = spec.label_ranks(scores, position, k, **params)
         else:
-            ranks = spec.ranks(scores, k, **params)
-            label_ranks = ranks.gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
+            label_ranks = label_row(spec.ranks(scores, k, **params), position)
         loss = _Head.apply(scores, label_ranks, position, masked, weights, p1, top1_mode == "smce")[0]
         if top1_mode != "smce" or not p1:
             return loss

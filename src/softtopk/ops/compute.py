@@ -166,6 +166,12 @@ def owns_rows(fresh: torch.Tensor) -> bool:
     return not (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(fresh))
 
 
+def label_row(ranks: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """``ranks[b, position[b], :]`` ``(B, k)`` of ranks ``(B, n, k)``: where each row's item at
+    ``position`` (B,) lands (top-k cross-entropy's label)."""
+    return ranks.gather(-2, position.view(-1, 1, 1).expand(-1, 1, ranks.shape[-1])).squeeze(-2)
+
+
 def put_rows(fresh: torch.Tensor, index: torch.Tensor, values: torch.Tensor | float, dim: int = -1) -> torch.Tensor:
     """``fresh`` with ``values`` written at ``index`` along ``dim``, for a tensor the caller has just
     made and owns: in place (no copy of the row), except inside a functorch transform (``vmap``),

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from . import neuralsort_triton
 from ._function import Function
-from .compute import scan_rows, sort_rows, unsort
+from .compute import label_row, scan_rows, sort_rows, unsort
 
 _WIDE = torch.float64
 _FAR = 2.0**600  # M for float64 scores (float32 ones take their largest finite value): M n / tau stays finite
@@ -152,7 +152,7 @@ def neuralsort_label_ranks(
     ranks of ``x`` (B, n) (top-k cross-entropy's label), the rows of :func:`neuralsort_ranks`."""
     if isinstance(tau, float) and neuralsort_triton.usable(x, k, tau):
         return neuralsort_triton.triton_label_ranks(x, position, k, tau, _far(x.dtype))
-    return neuralsort_ranks(x, k, tau=tau).gather(-2, position.view(-1, 1, 1).expand(-1, 1, k)).squeeze(-2)
+    return label_row(neuralsort_ranks(x, k, tau=tau), position)
 
 
 def neuralsort_mask(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> torch.Tensor:

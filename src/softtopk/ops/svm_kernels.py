@@ -9,9 +9,6 @@ without each top entry for the top)."""
 import triton
 import triton.language as tl
 
-_FAR = tl.constexpr(200.0)  # svm_subsets.FAR: a scaled score this far above the k-th counts as +inf
-_SOFTPLUS_LINEAR = tl.constexpr(50.0)  # svm_subsets.svm_softplus's threshold
-
 
 @triton.jit
 def _wide(value):
@@ -58,7 +55,7 @@ def _top_polynomials(t, degrees, SKIP: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
-def _row(x_ptr, label_ptr, row, n, tau, largest, K: tl.constexpr, KP: tl.constexpr, W: tl.constexpr):
+def _row(x_ptr, label_ptr, row, n, tau, largest, K: tl.constexpr, KP: tl.constexpr, W: tl.constexpr, FAR: tl.constexpr):
     """Everything the loss and its gradient share, for one row (module doc)."""
     lanes = tl.arange(0, W)
     degrees = tl.arange(0, KP)
@@ -85,7 +82,7 @@ def _row(x_ptr, label_ptr, row, n, tau, largest, K: tl.constexpr, KP: tl.constex
     shift = tl.where(kth == float("-inf"), 0.0, kth)
     scale = 1.0 / (K * tau)
     y = tl.where(free, tl.exp(tl.minimum((others - shift) * scale, 0.0)), 0.0)  # the tail, in [0, 1]
-    t = tl.where(degrees < K, tl.minimum(tl.maximum((top - shift) * scale, 0.0), _FAR), 0.0)
+    t = tl.where(degrees < K, tl.minimum(tl.maximum((top - shift) * scale, 0.0), FAR), 0.0)
     T = tl.cumsum(t, 0) - t  # T_j = t_0 + ... + t_{j-1}
     # the tail's e_b by Newton's identities, b e_b = Σ_{m=1}^{b} (-1)^(m-1) p_m e_{b-m}
     sums = tl.zeros([KP], tl.float64)
@@ -119,16 +116,18 @@ def forward(
     K: tl.constexpr,
     KP: tl.constexpr,  # a power of 2 > K
     W: tl.constexpr,  # a power of 2 >= C
+    FAR: tl.constexpr,  # svm_subsets.FAR: a scaled score this far above the k-th counts as +inf
+    LINEAR: tl.constexpr,  # svm_subsets.SOFTPLUS_LINEAR: softplus(m) is m above it
 ):
     row = tl.program_id(0).to(tl.int64)
     tau, alpha, largest = _wide(tau), _wide(alpha), _wide(largest)
     _, degrees, _, nan, _, s_y, _, infinite, _, _, _, _, _, _, _, ratio, hinge = _row(
-        x_ptr, label_ptr, row, n, tau, largest, K, KP, W
+        x_ptr, label_ptr, row, n, tau, largest, K, KP, W, FAR
     )
     shifted = hinge + alpha
     margin = ratio + shifted * (1.0 / tau)
-    soft = _log1p(tl.exp(tl.minimum(margin, _SOFTPLUS_LINEAR))) * tau
-    loss = tl.where(margin > _SOFTPLUS_LINEAR, shifted + tau * ratio, soft)
+    soft = _log1p(tl.exp(tl.minimum(margin, LINEAR))) * tau
+    loss = tl.where(margin > LINEAR, shifted + tau * ratio, soft)
     # K others at +inf beat a finite label for good
     beaten = (_pick(infinite, K - 1, degrees) > 0) & (s_y != float("inf"))
     loss = tl.where(beaten, float("inf"), loss)
@@ -148,11 +147,13 @@ def backward(
     K: tl.constexpr,
     KP: tl.constexpr,
     W: tl.constexpr,
+    FAR: tl.constexpr,
+    LINEAR: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     tau, alpha, largest = _wide(tau), _wide(alpha), _wide(largest)
     lanes, degrees, inside, nan, is_label, s_y, slot, infinite, y, t, T, tail, N, e_last, e_k, ratio, hinge = _row(
-        x_ptr, label_ptr, row, n, tau, largest, K, KP, W
+        x_ptr, label_ptr, row, n, tau, largest, K, KP, W, FAR
     )
     margin = ratio + (hinge + alpha) * (1.0 / tau)
     small = tl.exp(-tl.abs(margin))  # sigmoid(margin) without overflow

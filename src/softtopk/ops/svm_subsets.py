@@ -18,6 +18,7 @@ SUBSET_K = 8  # the top k's polynomials by brute force over their 2^k subsets up
 # float64's rounding for any practical number of classes, so it may stand for +inf (and for
 # differences that overflow the dtype)
 FAR = 200.0
+SOFTPLUS_LINEAR = 50.0  # svm_softplus: the margin itself above this (softplus is m to e^-50)
 _TABLES: dict = {}
 
 
@@ -66,8 +67,8 @@ def svm_softplus(
     where ``m`` overflows (scores near the dtype's largest over a small ``tau``)."""
     shifted = hinge + alpha
     margin = torch.add(ratio, shifted, alpha=1.0 / tau)
-    soft = torch.nn.functional.softplus(margin, threshold=50.0) * tau  # m itself above 50: no NaN at inf
-    return torch.where(margin > 50.0, torch.add(shifted, ratio, alpha=tau), soft), margin
+    soft = torch.nn.functional.softplus(margin, threshold=SOFTPLUS_LINEAR) * tau  # m itself above: no NaN at inf
+    return torch.where(margin > SOFTPLUS_LINEAR, torch.add(shifted, ratio, alpha=tau), soft), margin
 
 
 def _newton_esf(y: torch.Tensor, degree: int) -> torch.Tensor:

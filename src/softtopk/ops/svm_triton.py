@@ -17,14 +17,15 @@ import torch
 
 from . import triton_gate
 from ._function import Function
-from .svm_subsets import SUBSET_K
+from .svm_subsets import FAR, SOFTPLUS_LINEAR, SUBSET_K
 
 MAX_ENTRIES = 4096  # a row held in one program
 
 
 def _launch(x: torch.Tensor, k: int) -> dict:
     """The kernels' compile-time arguments for rows ``x`` (R, C)."""
-    return {"K": k, "KP": 1 << k.bit_length(), "W": 1 << max(4, (x.shape[-1] - 1).bit_length())}
+    width = 1 << max(4, (x.shape[-1] - 1).bit_length())
+    return {"K": k, "KP": 1 << k.bit_length(), "W": width, "FAR": FAR, "LINEAR": SOFTPLUS_LINEAR}
 
 
 class TritonSmoothTopKRows(Function):
