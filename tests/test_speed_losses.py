@@ -49,8 +49,8 @@ BUDGETS = {
     "smooth_topk_svm": 95,
     "smooth_top1_svm": 66,
     "topk_svm": 57,
-    "bal_noised": 27,
-    "imbal_noised": 31,
+    "bal_noised": 26,
+    "imbal_noised": 30,
     "topk_ce softsort": 66,
     "topk_ce neuralsort": 85,
 }

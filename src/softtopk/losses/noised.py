@@ -100,8 +100,10 @@ def noised_hinge(
         if epsilon == 0:  # exact (k+1)-th value; the RNG still advanced
             rows = rows[..., :1]
         margin = margins.to(logits)[label] if isinstance(margins, torch.Tensor) else margins
-        # the draw is ours: scaled in place (the same rounding); a caller's noise never is
-        scaled = rows.mul_(epsilon) if noise is None and owns_rows(rows) else epsilon * rows
+        if noise is not None or not owns_rows(rows):  # a caller's noise is never written
+            scaled = epsilon * rows
+        else:  # the draw is ours: scaled in place (the same rounding; times 1 is exact, so skipped)
+            scaled = rows.mul_(epsilon) if epsilon != 1 else rows
         scaled = scaled.to(compute_dtype(input.dtype))
         return NoisedHinge.apply(logits, label, scaled, margin, scale, k)[0]
 
