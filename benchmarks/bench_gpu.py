@@ -10,7 +10,8 @@ Usage::
 Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven repeats):
 
 * masks: ``soft_topk`` lapsum (tau 1), ``sparse_topk_mask`` (l 0.1, p 4/3) and NeuralSort, each
-  on CUDA by its Triton kernels and by the torch path, SoftSort, gumbel (tau 1), and torchsort's
+  on CUDA by its Triton kernels and by the torch path (lapsum on a CPU too: by its numba kernels,
+  where they pay, and by the torch path), SoftSort, gumbel (tau 1), and torchsort's
   soft-rank mask and SoftTorch where importable, at 64 x 100 (k = 10), 64 x 1e3/1e4/1e5 (k = 10
   and 1000 where k < n), 16384 x 64 (k = 2, 8) and 65536 x 256 (k = 8), float32 and bfloat16
   (``--quick``: k = 10 at 64 x n, k = 2 at 16384 x 64, bfloat16 at 64 x 1000 only); fwd+bwd is
@@ -133,13 +134,17 @@ def _topk_scatter(x, k):
     return torch.zeros_like(x).scatter(-1, top.indices, top.values)
 
 
-def _torch_path(fn: Callable) -> Callable:
-    """``fn`` with the masks' Triton kernels (their default on CUDA) switched off."""
+def _torch_path(fn: Callable, cpu_kernels: bool = False) -> Callable:
+    """``fn`` with the masks' kernels (their default: Triton on CUDA; with ``cpu_kernels``, the
+    Laplace mask's numba kernels on a CPU where they pay) switched off."""
 
     def call(x, k):
-        from softtopk.ops import triton_gate
+        from softtopk.ops import isotonic_numba, lapsum_numba, triton_gate
 
-        if x.device.type != "cuda" or importlib.util.find_spec("triton") is None:
+        on_cpu = cpu_kernels and x.device.type == "cpu" and isotonic_numba.available()
+        if on_cpu and not lapsum_numba.pays(x.reshape(-1, x.shape[-1]), k):
+            raise Skip("the same as the kernels' row here: the numba kernels do not pay at this shape")
+        if not on_cpu and (x.device.type != "cuda" or importlib.util.find_spec("triton") is None):
             raise Skip("the same as the kernels' row here: they run on CUDA with triton installed")
         with triton_gate.torch_path():
             return fn(x, k)
@@ -192,7 +197,7 @@ def mask_cases() -> dict[str, Callable]:
     return {
         "torch.topk+scatter": _mask_case(_topk_scatter),
         "lapsum": _mask_case(topk_method("lapsum", tau=1.0)),
-        "lapsum (torch path)": _mask_case(_torch_path(topk_method("lapsum", tau=1.0))),
+        "lapsum (torch path)": _mask_case(_torch_path(topk_method("lapsum", tau=1.0), cpu_kernels=True)),
         "sparse p=4/3": _mask_case(sparse),
         "sparse p=4/3 (torch path)": _mask_case(_torch_path(sparse)),
         "neuralsort": _mask_case(_dense(topk_method("neuralsort", tau=1.0))),

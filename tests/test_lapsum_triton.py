@@ -14,11 +14,11 @@ from softtopk.ops import lapsum, lapsum_triton, triton_gate
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
+from extended_rows import EXTENDED_ROWS  # noqa: E402
 from triton_kernels import DEVICE, count_kernels, needs_triton  # noqa: E402
 
 pytestmark = needs_triton
 
-INF = float("inf")
 CONSTANTS = {"clamp": lapsum._C, "floor": lapsum._FLOOR}
 
 
@@ -33,7 +33,7 @@ def _both(x: torch.Tensor, k: int, tau: float, hard: bool = False):
     out = []
     for fn in (
         lambda v: _on_the_torch_path(lapsum.lapsum_mask, v, k, tau, hard=hard),
-        lambda v: lapsum_triton.triton_mask(v, k, tau, hard=hard, **CONSTANTS),
+        lambda v: lapsum_triton.kernel_mask(v, k, tau, hard=hard, **CONSTANTS),
     ):
         leaf = x.detach().clone().requires_grad_()
         mask = fn(leaf)
@@ -72,17 +72,7 @@ def test_extreme_scales(scale):
 
 @pytest.mark.parametrize("k", [2, 3, 6])
 def test_infinite_and_tied_rows_follow_the_extended_reals(k):
-    x = torch.tensor(
-        [
-            [1.0, INF, -INF, 2, 0, -1, 3, INF],
-            [INF, INF, INF, 1, 2, 3, 4, 5],
-            [-INF, -INF, 1, -INF, -INF, -INF, -INF, -INF],
-            [0.0] * 8,
-            [3.4e38, -3.4e38, 1, 2, 0, 0, 0, 0],
-        ],
-        device=DEVICE,
-    )
-    mask, grad = _close(x, k, 0.7)
+    mask, grad = _close(torch.tensor(EXTENDED_ROWS, device=DEVICE), k, 0.7)
     assert torch.isfinite(mask).all() and torch.isfinite(grad).all()
 
 
@@ -98,7 +88,7 @@ def test_hard_forward_with_the_soft_gradient():
 
 def test_an_empty_batch():
     x = torch.empty(0, 10, device=DEVICE, requires_grad=True)
-    mask = lapsum_triton.triton_mask(x, 3, 1.0, hard=False, **CONSTANTS)
+    mask = lapsum_triton.kernel_mask(x, 3, 1.0, hard=False, **CONSTANTS)
     mask.sum().backward()
     assert mask.shape == (0, 10) and x.grad.shape == (0, 10)
 
@@ -185,7 +175,7 @@ def test_a_second_derivative_raises_instead_of_being_zero(mask):
     if mask == "sparse":
         out = sparse_triton.triton_mask(x, 4, 0.5, 3, hard=False)
     else:
-        out = lapsum_triton.triton_mask(x, 4, 0.5, hard=False, clamp=lapsum._C, floor=lapsum._FLOOR)
+        out = lapsum_triton.kernel_mask(x, 4, 0.5, hard=False, clamp=lapsum._C, floor=lapsum._FLOOR)
     (grad,) = torch.autograd.grad((out * out).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         grad.sum().backward()

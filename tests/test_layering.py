@@ -124,8 +124,9 @@ def test_imports_run_one_way(module):
                 f"softtopk.ops.{name}_kernels" for name in ("lapsum", "sparse", "networks", "neuralsort", "svm")
             )
             allowed = {"triton"} if module in kernels else allowed
-            # the optional numba kernels, imported at their first use (softtopk.ops.isotonic_numba)
-            allowed = {"numba", "numpy"} if module == "softtopk.ops.isotonic_kernels" else allowed
+            # the optional numba kernels, imported at their first use (ops.isotonic_numba, ops.lapsum_numba)
+            numba_kernels = ("softtopk.ops.isotonic_kernels", "softtopk.ops.lapsum_numba_kernels")
+            allowed = {"numba", "numpy"} if module in numba_kernels else allowed
             assert allowed is None or root in allowed, f"{where}: {module} imports {root} ({sorted(allowed or ())})"
             continue
         if front_end and not target.startswith("softtopk.jax"):

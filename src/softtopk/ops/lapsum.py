@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from . import lapsum_triton, triton_gate
+from . import lapsum_numba, lapsum_triton, triton_gate
 from ._function import Function
 from .compute import LOG2E, compute_dtype, constant, muladd_rows, put_rows, row_dot, scan_rows, sort_rows, topk_rows
 
@@ -231,8 +231,9 @@ def lapsum_topk(
     rows = rows if largest else -rows
     tau = tau.to(rows.dtype) if isinstance(tau, torch.Tensor) else tau
     values, index = rows.topk(k, -1)
-    if isinstance(tau, float) and triton_gate.usable(rows, k, tau) and k < rows.shape[-1]:
-        weights = lapsum_triton.triton_mask(rows, k, tau, hard=hard, clamp=_C, floor=_FLOOR).gather(-1, index)
+    if isinstance(tau, float) and k < rows.shape[-1] and (kernels := _kernels(rows, k, tau)) is not None:
+        weights = lapsum_triton.kernel_mask(rows, k, tau, hard=hard, clamp=_C, floor=_FLOOR, fn=kernels)
+        weights = weights.gather(-1, index)
     elif 2 * k <= rows.shape[-1]:
         weights = _LaplaceWeights.apply(rows, tau, k, index, hard)[0]
     else:
@@ -243,6 +244,14 @@ def lapsum_topk(
         return t.reshape(*moved.shape[:-1], k).movedim(-1, dim)
 
     return back(values.to(x.dtype)), back(index), back(weights.to(x.dtype))
+
+
+def _kernels(x: torch.Tensor, k: int, tau: float):
+    """The Function of the kernels that compute the mask of rows ``x`` here (Triton on a GPU,
+    numba on a CPU), or None for the torch path."""
+    if triton_gate.usable(x, k, tau):
+        return lapsum_triton.TritonLaplaceMask
+    return lapsum_numba.NumbaLaplaceMask if lapsum_numba.usable(x, k, tau) else None
 
 
 def _backward(ctx, x, d, ref, drop, tau_t, grad):
@@ -295,8 +304,8 @@ def lapsum_mask(
         return torch.where(full, torch.where(neg, share + 1, 1.0), mask)
     if k >= n:
         return torch.where(x.isnan(), x, 1.0)
-    if isinstance(tau, float) and triton_gate.usable(x, k, tau):
-        return lapsum_triton.triton_mask(x, k, tau, hard=hard, clamp=_C, floor=_FLOOR)
+    if isinstance(tau, float) and (kernels := _kernels(x, k, tau)) is not None:
+        return lapsum_triton.kernel_mask(x, k, tau, hard=hard, clamp=_C, floor=_FLOOR, fn=kernels)
     if 2 * k > n:
         return _LaplaceMask.apply(x, tau, n - k, min(2 * (n - k), n), True, k if hard else 0)[0]
     return _LaplaceMask.apply(x, tau, k, 2 * k, False, k if hard else 0)[0]

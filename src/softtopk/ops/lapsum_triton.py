@@ -49,18 +49,28 @@ class ImplicitMask(Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises instead of being 0
     def backward(ctx, grad: torch.Tensor, _d):
-        from . import lapsum_kernels as kernels
+        return implicit_backward(ctx, grad, _rows_backward)
 
-        (d,) = ctx.saved_tensors
-        rest = (None,) * (ctx.inputs - 1)
-        if grad is None or not ctx.needs_input_grad[0]:
-            return (None, *rest)
-        out = torch.empty(d.shape, dtype=grad.dtype, device=d.device)
-        if d.shape[0]:
-            kernels.mask_backward[(d.shape[0],)](
-                d, grad.contiguous(), out, d.shape[1], torch.finfo(d.dtype).tiny, BLOCK=block_for(d.shape[1])
-            )
-        return (out, *rest)
+
+def implicit_backward(ctx, grad: torch.Tensor | None, rows_backward) -> tuple[torch.Tensor | None, ...]:
+    """:class:`ImplicitMask`'s backward with ``rows_backward(d, grad) -> d ⊙ (g - Σ d g / Σ d)``
+    (a Triton kernel here, a numba one in :mod:`softtopk.ops.lapsum_numba`)."""
+    (d,) = ctx.saved_tensors
+    rest = (None,) * (ctx.inputs - 1)
+    if grad is None or not ctx.needs_input_grad[0]:
+        return (None, *rest)
+    return (rows_backward(d, grad), *rest)
+
+
+def _rows_backward(d: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    from . import lapsum_kernels as kernels
+
+    out = torch.empty(d.shape, dtype=grad.dtype, device=d.device)
+    if d.shape[0]:
+        kernels.mask_backward[(d.shape[0],)](
+            d, grad.contiguous(), out, d.shape[1], torch.finfo(d.dtype).tiny, BLOCK=block_for(d.shape[1])
+        )
+    return out
 
 
 class TritonLaplaceMask(ImplicitMask):
@@ -94,15 +104,20 @@ class TritonLaplaceMask(ImplicitMask):
                 C=clamp,
                 FLOOR=floor,
             )  # KB: a power of 2 > big
-        if hard:
-            mask = torch.zeros_like(x).scatter_(-1, x.topk(hard, -1).indices, 1.0)
-        return mask, d
+        return hard_forward(x, mask, hard), d
 
 
-def triton_mask(x: torch.Tensor, k: int, tau: float, *, hard: bool, clamp: float, floor: float) -> torch.Tensor:
-    """The Laplace mask of rows ``x`` (B, n) for ``0 < k < n`` by the kernels (the complement
-    ``1 - m(-x, n - k)`` for ``k > n/2``, as the torch path); ``clamp`` and ``floor`` are the torch
-    path's constants of the solve."""
+def hard_forward(x: torch.Tensor, mask: torch.Tensor, hard: int) -> torch.Tensor:
+    """``mask``, or for ``hard > 0`` the k-hot mask of ``torch.topk(x, hard)`` (the soft gradient)."""
+    return torch.zeros_like(x).scatter_(-1, x.topk(hard, -1).indices, 1.0) if hard else mask
+
+
+def kernel_mask(
+    x: torch.Tensor, k: int, tau: float, *, hard: bool, clamp: float, floor: float, fn=TritonLaplaceMask
+) -> torch.Tensor:
+    """The Laplace mask of rows ``x`` (B, n) for ``0 < k < n`` by the kernels of ``fn`` (the
+    complement ``1 - m(-x, n - k)`` for ``k > n/2``, as the torch path); ``clamp`` and ``floor``
+    are the torch path's constants of the solve."""
     n = x.shape[-1]
     args = (n - k, min(2 * (n - k), n), True) if 2 * k > n else (k, 2 * k, False)
-    return TritonLaplaceMask.apply(x, tau, *args, k if hard else 0, clamp, floor)[0]
+    return fn.apply(x, tau, *args, k if hard else 0, clamp, floor)[0]

@@ -24,15 +24,19 @@ def switched_on(setting: str | None) -> bool:
 ENABLED = switched_on(os.environ.get("SOFTTOPK_TRITON"))
 
 
+KERNELS = True  # False inside torch_path(): no Triton kernel, nor the CPU mask's numba kernels
+
+
 @contextlib.contextmanager
 def torch_path() -> Iterator[None]:
-    """Within the block every operator takes the torch path (to compare it with the kernels)."""
-    global ENABLED
-    enabled, ENABLED = ENABLED, False
+    """Within the block every operator takes the torch path (to compare it with the kernels): no
+    Triton kernel, nor the Laplace mask's numba kernels (:mod:`softtopk.ops.lapsum_numba`)."""
+    global ENABLED, KERNELS
+    saved, ENABLED, KERNELS = (ENABLED, KERNELS), False, False
     try:
         yield
     finally:
-        ENABLED = enabled
+        ENABLED, KERNELS = saved
 
 
 BLOCK = 1024  # entries per step of a row pass

@@ -1,0 +1,14 @@
+"""Rows of scores with ``±inf``, ties and the ends of float32's range, on which a mask's kernels
+must follow the extended reals as its torch path does (``softtopk._extended``); shared by the
+kernel tests of the Laplace mask."""
+
+INF = float("inf")
+
+EXTENDED_ROWS = [
+    [1.0, INF, -INF, 2, 0, -1, 3, INF],
+    [INF, INF, INF, 1, 2, 3, 4, 5],  # more +inf entries than k: a degenerate row
+    [-INF, -INF, 1, -INF, -INF, -INF, -INF, -INF],  # fewer finite entries than k
+    [-INF, -INF, 1, 2, -INF, -INF, -INF, -INF],
+    [0.0] * 8,
+    [3.4e38, -3.4e38, 1, 2, 0, 0, 0, 0],
+]
