@@ -13,6 +13,7 @@ import softtopk
 from softtopk.ops import isotonic_numba, lapsum_numba, triton_gate
 
 sys.path.insert(0, str(Path(__file__).parent))
+from dispatch_counter import accelerator_steps  # noqa: E402
 from extended_rows import EXTENDED_ROWS  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -135,6 +136,8 @@ def test_where_the_kernels_run(monkeypatch):
     assert not lapsum_numba.usable(x, 5, torch.tensor(1.0))  # a tensor tau
     assert not lapsum_numba.usable(x.to("meta"), 5, 1.0)
     with triton_gate.torch_path():
+        assert not lapsum_numba.usable(x, 5, 1.0)
+    with accelerator_steps():  # the launch counts of the tests and count_launches.py: an accelerator's path
         assert not lapsum_numba.usable(x, 5, 1.0)
     seen = []
     torch.func.vmap(lambda row: seen.append(lapsum_numba.usable(row[None], 5, 1.0)) or row)(x)

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from . import isotonic_numba, triton_gate
-from .compute import LOG2E, can_inspect, on_cpu, topk_rows
+from . import compute, isotonic_numba, triton_gate
+from .compute import LOG2E, can_inspect, topk_rows
 from .lapsum_triton import ImplicitMask, hard_forward, implicit_backward
 
 _DTYPES = (torch.float32, torch.float64)
@@ -41,7 +41,7 @@ def usable(x: torch.Tensor, k: object, tau: object) -> bool:
     ``torch.func`` transform: their tensors have no storage NumPy can see), numba available, no
     :func:`softtopk.ops.triton_gate.torch_path` block around the call, and a size where they are
     faster (:func:`pays`)."""
-    if not (isinstance(k, int) and isinstance(tau, float) and x.dtype in _DTYPES and on_cpu(x)):
+    if not (isinstance(k, int) and isinstance(tau, float) and x.dtype in _DTYPES and compute.on_cpu(x)):
         return False
     if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
         return False
