@@ -129,3 +129,32 @@ def test_long_rows_compile_to_tiled_scans_and_running_block_sums(n):
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(x, ids, counts)
     for got, want in zip(compiled, eager, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-9)
+
+
+def test_constant_result_marks_as_the_compiler_decorator_does():
+    """``ops.compute.constant_result`` (which spares an operator's first call the import of
+    ``torch._dynamo``) sets exactly what ``torch.compiler.assume_constant_result`` sets; the
+    network tests above compile through it (the networks' plans are constants of the graph)."""
+    from softtopk.ops.compute import constant_result
+
+    def ours():
+        return 1
+
+    def theirs():
+        return 1
+
+    assert constant_result(ours) is ours and torch.compiler.assume_constant_result(theirs) is theirs
+    assert ours.__dict__ == theirs.__dict__ == {"_dynamo_marked_constant": True}
+
+
+def test_a_first_call_does_not_import_the_compiler():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, softtopk; x = torch.randn(4, 20, requires_grad=True);"
+        "softtopk.soft_topk(x, 3).sum().backward(); softtopk.soft_topk(x, 3, method='bitonic').sum().backward();"
+        "print('torch._dynamo' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False"]

@@ -1,14 +1,18 @@
 """How the row kernels compute: the compute dtype of a score dtype, whether a tensor's values may
 be read on the host for an argument check, the largest entries of rows, writing entries into fresh
-rows, putting sorted rows back in order, scans that compile on every backend, and constants kept on
-the device."""
+rows, putting sorted rows back in order, scans that compile on every backend, constants kept on
+the device, and functions marked as constant for ``torch.compile``."""
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # e^z = 2^(z log2 e): on the CPU ATen's exp2 kernel is vectorised where its exp is not; a scale the
 # kernel applies anyway takes the factor, so the roundings stay those of e^z
@@ -248,3 +252,12 @@ def constant(values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor:
 def _on_device(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     with torch.inference_mode(False):  # usable by later calls that record autograd
         return torch.tensor(values, dtype=dtype).to(device)
+
+
+def constant_result(fn: F) -> F:
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo`` at import
+    time (seconds, paid at an operator's first call even where nothing compiles): that decorator
+    only marks ``fn`` with this attribute, which Dynamo reads when it traces a call
+    (``tests/test_compile.py`` checks that the decorator still does just this)."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn

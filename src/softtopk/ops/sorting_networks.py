@@ -47,11 +47,12 @@ from torch.autograd.function import once_differentiable
 
 from . import networks_triton
 from ._function import Function
+from .compute import constant_result
 from .networks import build_network, layer_tensors
 from .swaps import ART_DELTA, signed_swap_probability, swap_slope
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
     """``(depth, partner (L, n), sign (L, n, 1), out_wires[:k] (k,), half (1,), starts, flat)`` of a
     network, on ``device`` in ``dtype`` (constants of the traced graph under ``torch.compile``);
@@ -90,7 +91,7 @@ def _infinities(values: torch.Tensor, params: dict) -> str:
     return "stand-in" if _saturates(params["distribution"], str(values.dtype)) else "exact"
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _saturates(distribution: str, dtype: str) -> bool:
     return _probe(distribution, dtype)
 
@@ -268,7 +269,7 @@ class _ColumnSweep(_Sweep):
     @staticmethod
     def forward(x, scale, key, params, mode, ranks):
         params = _with_scale(params, scale)
-        plan = _plan(*key, str(x.device), str(x.dtype))
+        plan = _plan(key[0], key[1], key[2], str(x.device), str(x.dtype))
         depth, partner, _, _, _, starts = plan[:6]
         z = _wires(x, params, 1)
         _, diffs, alphas = _value_sweep(z, plan, params, mode)
@@ -314,7 +315,7 @@ class _LabelSweep(_Sweep):
     @staticmethod
     def forward(x, scale, key, params, mode, position):
         params = _with_scale(params, scale)
-        plan = _plan(*key, str(x.device), str(x.dtype))
+        plan = _plan(key[0], key[1], key[2], str(x.device), str(x.dtype))
         wires = _wires(x, params, 2)
         wires[:, 1].scatter_(0, position.unsqueeze(0), 1.0)
         final, diffs, alphas = _value_sweep(wires, plan, params, mode)
