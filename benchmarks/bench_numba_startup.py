@@ -1,16 +1,18 @@
-"""The one-time cost of the numba kernels of ``soft_sort``/``soft_rank`` on a CPU tensor.
+"""The one-time cost of softtopk's numba kernels on a CPU tensor: ``soft_sort``/``soft_rank``'s
+(``ops/isotonic_numba.py``) and the default mask's (``ops/lapsum_numba.py``).
 
 Usage::
 
     python benchmarks/bench_numba_startup.py      # -> results/numba_startup.md
 
-Each measurement is a fresh Python process that imports softtopk and times ``soft_rank`` fwd+bwd
+Each measurement is a fresh Python process that imports softtopk and times one operator fwd+bwd
 at ``randn(64, 1000)`` several times, each on another input (``_inputs.py`` says why): the first
 call (numba's import, its compiler's start-up and the kernels' compilation or loading) and the
-median of the next calls. Numba's cache goes to an empty
-temporary directory (``NUMBA_CACHE_DIR``): the first process compiles ("cold"), the next ones load
-what it wrote ("cached", what every later process of a user pays). Without numba installed the
-script says so and writes nothing.
+median of the next calls. Numba's cache goes to an empty temporary directory per operator
+(``NUMBA_CACHE_DIR``): the first process compiles ("cold"), the next ones load what it wrote
+("cached", what every later process of a user pays); a last process runs with
+``SOFTTOPK_NUMBA=0`` (the torch path, no numba: the start-up the kernels add is the difference).
+Without numba installed the script says so and writes nothing.
 """
 
 from __future__ import annotations
@@ -33,21 +35,25 @@ t0 = time.perf_counter()
 import torch, softtopk
 imported = time.perf_counter() - t0
 torch.set_num_threads(1)
-calls = int(sys.argv[1])
+calls, name = int(sys.argv[1]), sys.argv[2]
+op = (lambda x: softtopk.soft_topk(x, 10)) if name == "soft_topk" else softtopk.soft_rank
 inputs = [torch.randn(64, 1000, requires_grad=True) for _ in range(calls)]  # each call another input
 times = []
 for x in inputs:
     t = time.perf_counter()
-    softtopk.soft_rank(x).sum().backward()
+    op(x).sum().backward()
     times.append(time.perf_counter() - t)
 print(json.dumps({"import": imported, "first": times[0], "later": statistics.median(times[1:])}))
 """
 
 
-def measure(cache: str, calls: int) -> dict:
-    env = {**os.environ, "NUMBA_CACHE_DIR": cache, "SOFTTOPK_NUMBA": "1"}
+OPERATORS = ("soft_rank", "soft_topk")
+
+
+def measure(cache: str, calls: int, name: str, numba: bool = True) -> dict:
+    env = {**os.environ, "NUMBA_CACHE_DIR": cache, "SOFTTOPK_NUMBA": "1" if numba else "0"}
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(calls)], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _CHILD, str(calls), name], env=env, capture_output=True, text=True, check=True
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -61,26 +67,30 @@ def main() -> None:
     if importlib.util.find_spec("numba") is None:
         print("numba is not installed: the CPU soft sorts use the tensor solver and have no start-up")
         return
-    with tempfile.TemporaryDirectory() as cache:
-        cold = measure(cache, args.calls)
-        cached = [measure(cache, args.calls) for _ in range(args.cached_runs)]
-    median = {key: statistics.median(run[key] for run in cached) for key in cold}
+    runs = []
+    for name in OPERATORS:
+        with tempfile.TemporaryDirectory() as cache:
+            cold = measure(cache, args.calls, name)
+            cached = [measure(cache, args.calls, name) for _ in range(args.cached_runs)]
+            off = measure(cache, args.calls, name, numba=False)
+        median = {key: statistics.median(run[key] for run in cached) for key in cold}
+        runs += [(name, "empty (cold)", cold), (name, "on disk (cached)", median), (name, "numba off", off)]
     info = machine_info("numba")
     lines = [
-        "# numba start-up of the CPU soft sorts",
+        "# numba start-up of the CPU kernels",
         "",
         f"`python benchmarks/bench_numba_startup.py {' '.join(sys.argv[1:])}`: {info['cpu_model']}, torch "
         f"{info['torch']}, numba {info['numba']}, softtopk commit {info['git_commit']}, {info['date']}. "
-        f"`soft_rank` fwd+bwd at randn(64, 1000), one thread, each row a fresh process; cached: the "
-        f"median of {args.cached_runs} processes.",
+        f"fwd+bwd at randn(64, 1000) (`soft_topk`: k = 10, the default mask), one thread, each row a fresh "
+        f"process; cached: the median of {args.cached_runs} processes; numba off: `SOFTTOPK_NUMBA=0`.",
         "",
-        "| numba cache | import softtopk (s) | first call (s) | later calls (ms, median) |",
-        "|---|---:|---:|---:|",
+        "| operator | numba cache | import softtopk (s) | first call (s) | later calls (ms, median) |",
+        "|---|---|---:|---:|---:|",
     ]
-    for name, run in (("empty (cold)", cold), ("on disk (cached)", median)):
-        lines.append(f"| {name} | {run['import']:.2f} | {run['first']:.2f} | {1e3 * run['later']:.1f} |")
+    for name, state, run in runs:
         first, later = run["first"], 1e3 * run["later"]
-        print(f"{name:<18} import {run['import']:.2f} s, first call {first:.2f} s, later {later:.1f} ms")
+        lines.append(f"| `{name}` | {state} | {run['import']:.2f} | {first:.2f} | {later:.1f} |")
+        print(f"{name:<10} {state:<18} import {run['import']:.2f} s, first call {first:.2f} s, later {later:.1f} ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
 
