@@ -78,14 +78,15 @@ def _kernel(name: str):
     return getattr(kernels, name)
 
 
-def _array(t: torch.Tensor):
+def numpy_rows(t: torch.Tensor):
+    """A CPU tensor's values as a C-contiguous NumPy array for the kernels (a view where it can be)."""
     return (t.detach() if t.requires_grad else t).contiguous().numpy()
 
 
 def _per_row(value: float | torch.Tensor, rows: int):
     """A float or a (B, 1) tensor as a float64 array of one value per row."""
     if isinstance(value, torch.Tensor):
-        return _array(value.to(torch.float64).reshape(-1).expand(rows))
+        return numpy_rows(value.to(torch.float64).reshape(-1).expand(rows))
     return torch.full((rows,), value, dtype=torch.float64).numpy()
 
 
@@ -110,7 +111,7 @@ def sorted_rows(x: torch.Tensor, sign: float) -> tuple[torch.Tensor, torch.Tenso
     """``sign * x`` of the float32 or float64 CPU rows ``x`` (B, n) sorted in decreasing order, in
     float64, and the permutation: a radix sort of the float bits (``isotonic_kernels.sorted_rows``;
     ties in their order in the row)."""
-    values = _array(x)
+    values = numpy_rows(x)
     s, perm = torch.empty(x.shape, dtype=torch.float64), torch.empty(x.shape, dtype=torch.int64)
     _kernel("sorted_rows")(*_kernel("sort_keys")(values), values, sign, perm.numpy(), s.numpy())
     return s, perm
@@ -119,21 +120,21 @@ def sorted_rows(x: torch.Tensor, sign: float) -> tuple[torch.Tensor, torch.Tenso
 def pav_l2(y: torch.Tensor) -> torch.Tensor:
     """The decreasing l2 isotonic fit of the float64 CPU rows ``y`` (B, n)."""
     out = _out(y)
-    _kernel("pav_l2")(_array(y), out.numpy())
+    _kernel("pav_l2")(numpy_rows(y), out.numpy())
     return out
 
 
 def pav_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
     """The decreasing kl isotonic solution of the float64 CPU rows ``y``, ``lw`` (B, n)."""
     out = _out(y)
-    _kernel("pav_kl")(_array(y), _array(lw), out.numpy())
+    _kernel("pav_kl")(numpy_rows(y), numpy_rows(lw), out.numpy())
     return out
 
 
 def run_sums(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The sum of the float64 CPU ``values`` (B, n) over each point's run of equal ``ids`` (B, n)."""
     out = _out(values)
-    _kernel("run_sums")(_array(ids), _array(values), out.numpy())
+    _kernel("run_sums")(numpy_rows(ids), numpy_rows(values), out.numpy())
     return out
 
 
@@ -144,14 +145,14 @@ def rank(s: torch.Tensor, perm: torch.Tensor, eps: float | torch.Tensor, kl: boo
     (:class:`softtopk.ops.permutahedron.SoftRankFn`)."""
     out, r, v, theta = _out(s, dtype), _out(s), _out(s), _out(s)
     arrays = (out.numpy(), r.numpy(), v.numpy(), theta.numpy())
-    _kernel("rank_forward")(_array(s), _array(perm), _per_row(eps, s.shape[0]), kl, *arrays)
+    _kernel("rank_forward")(numpy_rows(s), numpy_rows(perm), _per_row(eps, s.shape[0]), kl, *arrays)
     return out, r, v, theta
 
 
 def rank_grad(grad, perm, v, r, kl: bool, scale: float | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``∂x`` of :func:`rank` from ``grad`` (B, n) in the rows' order, times ``scale`` (``sign/ε``)."""
     out = _out(v, dtype)
-    args = (_array(_wide(grad)), _array(perm), _array(v), _array(r), kl, _per_row(scale, v.shape[0]))
+    args = (numpy_rows(_wide(grad)), numpy_rows(perm), numpy_rows(v), numpy_rows(r), kl, _per_row(scale, v.shape[0]))
     _kernel("rank_backward")(*args, out.numpy())
     return out.to(dtype)
 
@@ -161,14 +162,14 @@ def sort(s: torch.Tensor, eps: float | torch.Tensor, kl: bool, sign: float, dtyp
     sorted order times ``sign`` (in ``dtype`` as :func:`rank`), and ``v``
     (:class:`softtopk.ops.permutahedron.SoftSortFn`)."""
     h, v = _out(s, dtype), _out(s)
-    _kernel("sort_forward")(_array(s), _per_row(eps, s.shape[0]), kl, sign, h.numpy(), v.numpy())
+    _kernel("sort_forward")(numpy_rows(s), _per_row(eps, s.shape[0]), kl, sign, h.numpy(), v.numpy())
     return h, v
 
 
 def sort_grad(grad, perm, v, s, kl: bool, dtype: torch.dtype) -> torch.Tensor:
     """``∂x`` of :func:`sort` from ``grad`` (B, n) in sorted order, in the rows' order."""
     out = _out(v, dtype)
-    _kernel("sort_backward")(_array(_wide(grad)), _array(perm), _array(v), _array(s), kl, out.numpy())
+    _kernel("sort_backward")(numpy_rows(_wide(grad)), numpy_rows(perm), numpy_rows(v), numpy_rows(s), kl, out.numpy())
     return out.to(dtype)
 
 

@@ -17,22 +17,14 @@ start-up, then one call a pass).
 
 from __future__ import annotations
 
-import functools
-import importlib
-from typing import Any
-
 import torch
 
 from . import compute, isotonic_numba, triton_gate
 from .compute import LOG2E, can_inspect, topk_rows
-from .lapsum_triton import ImplicitMask, hard_forward, implicit_backward
+from .isotonic_numba import numpy_rows
+from .lapsum_triton import ImplicitMask, candidates, hard_forward, implicit_backward
 
 _DTYPES = (torch.float32, torch.float64)
-
-
-@functools.cache
-def _kernels() -> Any:
-    return importlib.import_module(".lapsum_numba_kernels", __package__)  # imports numba
 
 
 def usable(x: torch.Tensor, k: object, tau: object) -> bool:
@@ -55,14 +47,10 @@ def pays(x: torch.Tensor, k: int) -> bool:
     (the torch path's are vectorised) and one thread: they run while the ``K`` candidates are at
     most a quarter of the row, and, beyond ``2^16`` entries, an eighth with torch on one thread."""
     n, size = x.shape[-1], x.numel()
-    big = min(2 * min(k, n - k), n)
+    big = candidates(n, k)[1]
     if size <= 1 << 15:
         return True
     return 4 * big <= n and (size <= 1 << 16 or (8 * big <= n and torch.get_num_threads() == 1))
-
-
-def _array(t: torch.Tensor):
-    return t.detach().contiguous().numpy()
 
 
 class NumbaLaplaceMask(ImplicitMask):
@@ -71,6 +59,8 @@ class NumbaLaplaceMask(ImplicitMask):
 
     @staticmethod
     def forward(x: torch.Tensor, tau: float, k: int, big: int, negate: bool, hard: int, clamp: float, floor: float):
+        from . import lapsum_numba_kernels as kernels  # imports numba: only once a kernel runs
+
         x = x.contiguous()
         vals, idx = topk_rows(x, big, largest=not negate)
         info = torch.finfo(x.dtype)
@@ -79,8 +69,8 @@ class NumbaLaplaceMask(ImplicitMask):
             last = vals[:, -1:].clamp(info.min, info.max)
             terms = (torch.sub(last, x) if negate else torch.sub(x, last)).mul_(LOG2E / tau).clamp_(max=0.0).exp2_()
         mask, d = torch.empty_like(x), torch.empty_like(x)
-        arrays = (_array(vals), _array(idx), _array(terms), mask.numpy(), d.numpy())
-        _kernels().mask_forward(*arrays, k, tau, info.min, info.max, negate, clamp, floor)
+        arrays = (numpy_rows(vals), numpy_rows(idx), numpy_rows(terms), mask.numpy(), d.numpy())
+        kernels.mask_forward(*arrays, k, tau, info.min, info.max, negate, clamp, floor)
         return hard_forward(x, mask, hard), d
 
     @staticmethod
@@ -90,7 +80,8 @@ class NumbaLaplaceMask(ImplicitMask):
 
 
 def _rows_backward(d: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(d.shape, dtype=d.dtype)
-    wide = grad if grad.dtype in _DTYPES else grad.to(d.dtype)
-    _kernels().mask_backward(_array(d), _array(wide), out.numpy(), torch.finfo(d.dtype).tiny)
-    return out.to(grad.dtype)
+    from . import lapsum_numba_kernels as kernels
+
+    out = torch.empty_like(d)  # the mask's dtype, which is grad's
+    kernels.mask_backward(numpy_rows(d), numpy_rows(grad), out.numpy(), torch.finfo(d.dtype).tiny)
+    return out

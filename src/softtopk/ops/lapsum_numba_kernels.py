@@ -52,16 +52,16 @@ def mask_forward(vals, idx, terms, mask, d, k, tau, lo, hi, negate, cap, floor):
     rows, n = mask.shape
     big = vals.shape[1]
     sign = -1.0 if negate else 1.0
-    a, e = np.empty(big), np.empty(big)
+    s, a, e = np.empty(big), np.empty(big), np.empty(big)
     p, q = np.empty(big + 1), np.empty(big + 1)
     for r in range(rows):
         kth = sign * np.float64(vals[r, k - 1])
         short = sign * np.float64(vals[r, k]) == -math.inf  # at most k entries above -inf
         drop = kth == math.inf or short  # a degenerate row: no gradient in x
         ref = _clamp(kth, lo, hi)
-        last = _clamp(sign * np.float64(vals[r, big - 1]), lo, hi)
-        for j in range(big):
-            a[j] = _clamp((_clamp(sign * np.float64(vals[r, j]), lo, hi) - ref) / tau, -cap, cap)
+        for j in range(big):  # the candidates' scaled scores s, clamped to ±C in the solve (a)
+            s[j] = (_clamp(sign * np.float64(vals[r, j]), lo, hi) - ref) / tau
+            a[j] = _clamp(s[j], -cap, cap)
             e[j] = math.exp(a[j])
         rest = floor  # K = n: no rest
         if big < n:  # Σ e^{a} over the row: the candidates' terms are 1 each
@@ -73,7 +73,7 @@ def mask_forward(vals, idx, terms, mask, d, k, tau, lo, hi, negate, cap, floor):
         if big < n:
             # below the last candidate F(z) = F'(z) is the entry's term times the last candidate's
             # F(z), and a short row's -inf entries share its rest (as the torch path's ``shift``)
-            below = 0.5 * math.exp((last - ref) / tau - threshold)
+            below = 0.5 * math.exp(s[big - 1] - threshold)
             shift = below if short else 0.0
             slope = 0.0 if drop else below / tau
             for i in range(n):  # no branch: it vectorises
@@ -81,7 +81,7 @@ def mask_forward(vals, idx, terms, mask, d, k, tau, lo, hi, negate, cap, floor):
                 mask[r, i] = 1.0 - m if negate else m
                 d[r, i] = np.float64(terms[r, i]) * slope
         for j in range(big):  # the candidates, exactly
-            z = (_clamp(sign * np.float64(vals[r, j]), lo, hi) - ref) / tau - threshold
+            z = s[j] - threshold
             half = 0.5 * math.exp(-abs(z))
             m = 1.0 - half if z >= 0.0 else half
             mask[r, idx[r, j]] = 1.0 - m if negate else m

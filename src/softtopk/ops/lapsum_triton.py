@@ -118,6 +118,10 @@ def kernel_mask(
     """The Laplace mask of rows ``x`` (B, n) for ``0 < k < n`` by the kernels of ``fn`` (the
     complement ``1 - m(-x, n - k)`` for ``k > n/2``, as the torch path); ``clamp`` and ``floor``
     are the torch path's constants of the solve."""
-    n = x.shape[-1]
-    args = (n - k, min(2 * (n - k), n), True) if 2 * k > n else (k, 2 * k, False)
-    return fn.apply(x, tau, *args, k if hard else 0, clamp, floor)[0]
+    return fn.apply(x, tau, *candidates(x.shape[-1], k), k if hard else 0, clamp, floor)[0]
+
+
+def candidates(n: int, k: int) -> tuple[int, int, bool]:
+    """``(k', K, negate)`` for a mask of ``k`` of ``n``: the ``K`` candidates of ``k'`` (``k`` itself,
+    or ``n - k`` of ``-x`` for the complement, ``negate``, when ``k > n/2``)."""
+    return (n - k, min(2 * (n - k), n), True) if 2 * k > n else (k, 2 * k, False)
