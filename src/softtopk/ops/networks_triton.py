@@ -23,7 +23,7 @@ Scope: the Cauchy swap (the default), a float steepness, an int ``k`` and rows o
 the sweeps keep the torch path for the other distributions, a per-row steepness, longer rows,
 under ``torch.compile`` and ``vmap`` and off CUDA (:mod:`softtopk.ops.triton_gate`). The tests run
 the kernels under ``TRITON_INTERPRET=1`` on the CPU against the torch path, values and gradients;
-they have not been timed on a GPU.
+on a GPU they are timed by ``benchmarks/bench_gpu.py`` (``benchmarks/results/gpu_runs.md``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ Scope: an int ``k < n``, a float ``τ`` and rows of at most :data:`MAX_ENTRIES`;
 :func:`~softtopk.ops.neuralsort.neuralsort_label_ranks` keep the torch path for a tensor ``τ``,
 longer rows, the full ranks, under ``torch.compile`` and ``vmap`` and off CUDA
 (:mod:`softtopk.ops.triton_gate`). The tests run the kernels under ``TRITON_INTERPRET=1`` on the
-CPU against the torch path, values and gradients; they have not been timed on a GPU.
+CPU against the torch path, values and gradients; on a GPU they are timed by
+``benchmarks/bench_gpu.py`` (``benchmarks/results/gpu_runs.md``).
 """
 
 from __future__ import annotations

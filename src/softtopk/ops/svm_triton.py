@@ -8,7 +8,7 @@ Scope: ``k <= SUBSET_K``, float ``τ`` and ``α``, rows of at most :data:`MAX_EN
 ``torch.compile`` and ``vmap`` and off CUDA (:mod:`softtopk.ops.triton_gate`). ``±inf`` and NaN
 follow the torch path (the limits of :func:`softtopk.ops.svm_rows.extended_svm_rows`). The tests
 run the kernels under ``TRITON_INTERPRET=1`` on the CPU against the torch path, values and
-gradients; they have not been timed on a GPU.
+gradients; on a GPU they are timed by ``benchmarks/bench_gpu.py`` (``benchmarks/results/gpu_runs.md``).
 """
 
 from __future__ import annotations
