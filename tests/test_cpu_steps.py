@@ -3,6 +3,7 @@ other ATen calls, faster on a CPU, that give the values of the one call an accel
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -42,6 +43,23 @@ def test_candidates_from_blocks_are_topk(n, k, largest):
     assert torch.equal(values.nan_to_num(0.5), want.nan_to_num(0.5))
     assert torch.equal(x.gather(-1, index).nan_to_num(0.5), values.nan_to_num(0.5))
     assert (index.sort(-1).values.diff(dim=-1) > 0).all()
+
+
+@pytest.mark.parametrize("k", [1, 6, 500, 1000])
+def test_kth_largest_on_either_path(k):
+    """``kth_largest`` along a strided dim (the noised losses' ``(R, C, S)`` draws): ``topk``'s
+    ``k``-th on the CPU and ``kthvalue`` off it give the same values, NaN where ``topk`` puts it, at
+    indices holding them."""
+    x = _rows(1000, k)
+    draws = torch.stack([x, x.flip(-1), -x], -1)  # (8, 1000, 3): the selection runs along dim 1
+    want = draws.topk(k, dim=1).values[:, k - 1]
+    for steps in (contextlib.nullcontext(), accelerator_steps()):
+        with steps:
+            values, index = compute.kth_largest(draws, k, dim=1)
+        assert values.shape == index.shape == (8, 3)
+        assert torch.equal(values.isnan(), want.isnan())
+        assert torch.equal(values.nan_to_num(0.5), want.nan_to_num(0.5))
+        assert torch.equal(draws.gather(1, index.unsqueeze(1)).squeeze(1).nan_to_num(0.5), values.nan_to_num(0.5))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

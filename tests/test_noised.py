@@ -3,6 +3,7 @@ and argument errors. Random draws are seeded, so every check is deterministic.""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 
@@ -11,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dispatch_counter import accelerator_steps
 from softtopk.losses import BalNoisedTopK, ImbalNoisedTopK, bal_noised_topk, imbal_noised_topk, ldam_margins
 
 FEW = settings(max_examples=20, deadline=None)
@@ -71,6 +73,24 @@ def test_ldam_margins():
     torch.testing.assert_close(margins, 0.4 * expected / expected.max())
     assert margins[3] == 0.4  # the rarest class gets max_m
     assert torch.equal(ldam_margins(COUNTS, 0.0), torch.zeros(5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kind", ["bal", "imbal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_accelerator_selection_gives_the_same_loss(kind, dtype):
+    """Off the CPU the ``(k+1)``-th draw is taken by ``kthvalue`` (``compute.kth_largest``): a seeded
+    call gives the CPU's loss and gradient bit for bit."""
+    s, y = _problem(batch=64, classes=300, seed=3, dtype=dtype)
+    results = []
+    for steps in (contextlib.nullcontext(), accelerator_steps()):
+        leaf = s.clone().requires_grad_()
+        with steps:
+            counts = {} if kind == "bal" else {"cls_num_list": list(range(1, 301))}
+            loss = _loss(kind, leaf, y, k=5, epsilon=0.7, n_samples=4, generator=_gen(9), **counts)
+            loss.backward()
+        results.append((loss.detach(), leaf.grad))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
 
 
 @pytest.mark.parametrize("kind", ["bal", "imbal"])

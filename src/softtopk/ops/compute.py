@@ -70,6 +70,19 @@ def topk_rows(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tens
     return x.gather(-1, index), index
 
 
+def kth_largest(x: torch.Tensor, k: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k``-th largest entries along ``dim`` (``k`` from 1) and their indices, ``dim`` removed.
+
+    On the CPU the last of ``topk(k)``, faster there than ``kthvalue``; elsewhere ``kthvalue`` of
+    the ``(n - k + 1)``-th smallest, whose launch costs a CUDA host a fraction of ``topk``'s along a
+    strided ``dim`` (``benchmarks/results/gpu_runs.md``, run 8). Equal values; tied entries may give
+    either index."""
+    if on_cpu(x):
+        top = x.topk(k, dim=dim)
+        return top.values.select(dim, k - 1), top.indices.select(dim, k - 1)
+    return torch.kthvalue(x, x.shape[dim] - k + 1, dim=dim)
+
+
 def _block_group(n: int, k: int) -> int | None:
     """The entries per block ``g`` of :func:`topk_rows` (a divisor of ``n`` leaving at least ``4 k``
     blocks), or None where one ``topk`` is as fast (measured in ``benchmarks/results/cpu_steps.md``).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ._function import Function
-from .compute import constant, overflow_free_mean, owns_rows
+from .compute import constant, kth_largest, overflow_free_mean, owns_rows
 
 
 class NoisedHinge(Function):
@@ -22,11 +22,10 @@ class NoisedHinge(Function):
     def forward(logits, label, noise, margin, scale, k):
         # the noise is the caller's fresh tensor: the scores are added into it where that is allowed
         plus = noise.add_ if owns_rows(noise) else noise.add
-        index = plus(logits.unsqueeze(-1)).topk(k + 1, dim=1)  # s + eps Z: the sum commutes exactly
-        draws = index.values.select(1, k)
+        draws, index = kth_largest(plus(logits.unsqueeze(-1)), k + 1, dim=1)  # s + eps Z: the sum commutes exactly
         hinge = overflow_free_mean(draws, plus=margin) - logits.gather(1, label.unsqueeze(1)).squeeze(1)
         loss = torch.relu(hinge if scale is None else scale * hinge)
-        return loss, index.indices.select(1, k)
+        return loss, index
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
