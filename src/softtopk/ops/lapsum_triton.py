@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ._function import Function
-from .triton_gate import BLOCK, block_for
+from .triton_gate import block_for
 
 
 class ImplicitMask(Function):
@@ -100,7 +100,7 @@ class TritonLaplaceMask(ImplicitMask):
                 info.max,
                 NEGATE=negate,
                 KB=1 << big.bit_length(),
-                BLOCK=BLOCK,
+                BLOCK=block_for(n),
                 C=clamp,
                 FLOOR=floor,
             )  # KB: a power of 2 > big

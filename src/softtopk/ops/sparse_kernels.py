@@ -7,6 +7,17 @@ import triton.language as tl
 
 
 @triton.jit
+def _tile_sums(v, a, R: tl.constexpr):
+    """Per lane, ``clip(v - a, 0, 1)^R`` and ``R (v - a)^{R-1}`` inside ``(0, 1)`` (float64)."""
+    z = v - a
+    inside = (z > 0) & (z < 1)
+    zc = tl.where(inside, z, 0.0)
+    if R == 1:
+        return tl.where(z >= 1, 1.0, zc), tl.where(inside, 1.0, 0.0)
+    return tl.where(z >= 1, 1.0, zc * zc * zc), 3.0 * zc * zc
+
+
+@triton.jit
 def _sums(cand_ptr, row, n, kept, sk, lam, a, R: tl.constexpr, BLOCK: tl.constexpr):
     """``F(a) = Σ clip(v - a, 0, 1)^R`` and ``D(a) = Σ_{0 < v - a < 1} R (v - a)^{R-1}`` over the
     row's ``kept`` candidates, ``v = (x - s_k)/λ`` (float64; ``-F'(a) = D``)."""
@@ -15,15 +26,9 @@ def _sums(cand_ptr, row, n, kept, sk, lam, a, R: tl.constexpr, BLOCK: tl.constex
     for start in range(0, kept, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         y = tl.load(cand_ptr + row * n + offs, mask=offs < kept, other=-float("inf")).to(tl.float64)
-        z = (y - sk) / lam - a
-        inside = (z > 0) & (z < 1)
-        zc = tl.where(inside, z, 0.0)
-        if R == 1:
-            total += tl.where(z >= 1, 1.0, zc)
-            slope += tl.where(inside, 1.0, 0.0)
-        else:
-            total += tl.where(z >= 1, 1.0, zc * zc * zc)
-            slope += 3.0 * zc * zc
+        f, df = _tile_sums((y - sk) / lam, a, R)
+        total += f
+        slope += df
     return tl.sum(total, 0), tl.sum(slope, 0)
 
 
@@ -40,6 +45,7 @@ def mask_forward(
     R: tl.constexpr,
     BLOCK: tl.constexpr,
     MAX_STEPS: tl.constexpr,
+    ONE_TILE: tl.constexpr,  # n <= BLOCK
 ):
     row = tl.program_id(0).to(tl.int64)
     # s_k and the (k+1)-th largest from the top-k values; rows whose k largest saturate before the
@@ -60,10 +66,14 @@ def mask_forward(
         plus += (y == float("inf")).to(tl.int32)
         minus += (y == -float("inf")).to(tl.int32)
         nans += (y != y).to(tl.int32)
-        keep = inrow & ((y.to(tl.float64) - sk) / lam > -1.0)
-        slot = kept + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(cand_ptr + row * n + slot, y, mask=keep)
-        kept += tl.sum(keep.to(tl.int32), 0)
+        if not ONE_TILE:  # a row held in one tile keeps its scores in registers instead
+            keep = inrow & ((y.to(tl.float64) - sk) / lam > -1.0)
+            slot = kept + tl.cumsum(keep.to(tl.int32), 0) - 1
+            tl.store(cand_ptr + row * n + slot, y, mask=keep)
+            kept += tl.sum(keep.to(tl.int32), 0)
+    if ONE_TILE:  # v = (x - s_k)/λ of the whole row, -inf past its end: 0 in every sum
+        lanes = tl.arange(0, BLOCK)
+        v = (tl.load(x_ptr + row * n + lanes, mask=lanes < n, other=-float("inf")).to(tl.float64) - sk) / lam
     p = tl.sum(plus, 0)
     q = tl.sum(minus, 0)
     bad = tl.sum(nans, 0) > 0
@@ -83,7 +93,11 @@ def mask_forward(
     steps = p * 0
     go = ~(degenerate | hard)
     while go:
-        f, slope = _sums(cand_ptr, row, n, kept, sk, lam, a, R, BLOCK)
+        if ONE_TILE:
+            f, slope = _tile_sums(v, a, R)
+            f, slope = tl.sum(f, 0), tl.sum(slope, 0)
+        else:
+            f, slope = _sums(cand_ptr, row, n, kept, sk, lam, a, R, BLOCK)
         excess = f - kf
         above = excess >= 0
         lo = tl.where(above, a, lo)

@@ -7,7 +7,8 @@ is followed by one program per row that
 1. counts the row's ``+inf``, ``-inf`` and NaN entries (the degenerate rows of
    :mod:`softtopk._extended`, written by their rule as in the torch path) and, in the same pass,
    packs its candidates, the entries with ``v = (x - s_k)/λ > -1`` (the others are 0 for every
-   threshold in the bracket), into a scratch row,
+   threshold in the bracket), into a scratch row; a row of at most one tile (``block_for(n)``
+   entries) keeps its ``v`` in registers instead, with no pass over memory per step,
 2. solves ``Σ_i clip(v_i - a, 0, 1)^r = k`` for ``a`` in ``[-1, 0)`` over the candidates, in
    float64 by Newton's steps safeguarded by bisection (the sum is monotone in ``a``; rows whose
    ``k`` largest saturate before the next starts are the hard mask, as in the torch path), and
@@ -47,9 +48,9 @@ class TritonSparseMask(ImplicitMask):
         mask, d = torch.empty_like(x), torch.empty_like(x, dtype=torch.promote_types(x.dtype, torch.float32))
         if rows:
             block = block_for(n)
-            scratch = torch.empty_like(x)  # each row's candidates
+            scratch = x if n <= block else torch.empty_like(x)  # each row's candidates (a longer row's)
             sparse_kernels.mask_forward[(rows,)](
-                x, vals, scratch, mask, d, n, k, lam, R=r, BLOCK=block, MAX_STEPS=MAX_STEPS
+                x, vals, scratch, mask, d, n, k, lam, R=r, BLOCK=block, MAX_STEPS=MAX_STEPS, ONE_TILE=n <= block
             )
         if hard:
             mask = torch.zeros_like(x).scatter_(-1, x.topk(k, -1).indices, 1.0)
