@@ -182,3 +182,25 @@ def test_put_rows_writes_in_place_and_copies_under_vmap_and_compile():
     torch.testing.assert_close(batched, out)
     compiled = torch.compile(lambda r: compute.put_rows(r * 1, index, values), fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(torch.zeros(2, 4)), out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_filled_is_masked_fill(dtype):
+    """``filled`` (one ``where`` with the value on the device) gives ``masked_fill``'s values, with a
+    broadcast mask, NaN and ``±inf`` kept where unmasked, and its gradient (0 under the mask)."""
+    x = _rows(50, 1, dtype)
+    mask = torch.rand(50, generator=torch.Generator().manual_seed(2)) < 0.4  # broadcast over the rows
+    got, want = compute.filled(x, mask, -1.5), x.masked_fill(mask, -1.5)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(0.5), want.nan_to_num(0.5))
+    leaf = x.nan_to_num(0.0).requires_grad_()
+    compute.filled(leaf, mask, 3.0).sum().backward()
+    assert torch.equal(leaf.grad, (~mask).to(dtype).expand_as(leaf))
+
+
+def test_filled_keeps_integer_and_meta_tensors():
+    labels = torch.arange(-3, 7)
+    assert torch.equal(compute.filled(labels, labels < 0, 0), labels.clamp_min(0))
+    meta = compute.filled(torch.empty(3, 4, device="meta"), torch.ones(4, dtype=torch.bool, device="meta"), 1.0)
+    assert meta.shape == (3, 4) and meta.device.type == "meta"

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ._checks import check_bool
-from .ops.compute import compute_dtype
+from .ops.compute import compute_dtype, filled
 
 
 def along_rows(
@@ -57,7 +57,7 @@ def class_rows(
     logits = logits.to(compute_dtype(input.dtype))
     flat = target.reshape(-1)
     ignored = flat == ignore_index
-    return logits, flat.masked_fill(ignored, 0).long(), ignored
+    return logits, filled(flat, ignored, 0).long(), ignored
 
 
 def reduce_loss(

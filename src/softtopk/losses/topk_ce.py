@@ -30,7 +30,7 @@ import torch
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
 from ..ops._function import Function
-from ..ops.compute import constant, label_row, put_rows, topk_rows
+from ..ops.compute import constant, filled, label_row, put_rows, topk_rows
 from ._base import ClassLoss, class_loss
 
 __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
@@ -106,7 +106,7 @@ class _Select(Function):
         key = put_rows(logits.clamp_min(torch.finfo(logits.dtype).min), label, -math.inf)
         index = topk_rows(key, m - 1)[1]
         top = logits.gather(-1, index)
-        label_score = label_score.masked_fill(masked, 0.0)
+        label_score = filled(label_score, masked, 0.0)
         scores, order = torch.cat([top, label_score], -1).sort(dim=-1, stable=True)
         # +inf scores (always in the top) enter as a huge finite stand-in: loss and gradients stay
         # finite; for relaxations that depend on score magnitudes
@@ -172,7 +172,7 @@ class _Head(Function):
             return None, None, None, None, None, None, None
         q, q_y, floored, label_ranks, position, masked = ctx.saved_tensors
         p1, position = ctx.p1, position.unsqueeze(-1)
-        grad = grad.masked_fill(masked, 0.0)
+        grad = filled(grad, masked, 0.0)
         c = grad.mul(-(1 - 2 * _FLOOR)).div_(floored)
         if ctx.smce:
             c, d = c.mul_(1 - p1), grad.mul(-p1)  # d: the cross-entropy's weight of (e_y - q)

@@ -250,6 +250,13 @@ def overflow_free_mean(values: torch.Tensor, plus: torch.Tensor | float | None =
     return torch.add(plus, mean, alpha=scale)
 
 
+def filled(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
+    """``x.masked_fill(mask, value)`` (``mask`` broadcastable to ``x``) in one kernel: ``torch.where``
+    with the value kept on the device (:func:`constant`). An out-of-place ``masked_fill`` is a copy of
+    ``x`` and a fill, two launches on an accelerator; the gradient is the same, 0 under ``mask``."""
+    return torch.where(mask, constant((value,), x), x)
+
+
 def constant(values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor:
     """``values`` as a tensor ``(len(values),)`` in ``like``'s dtype, on its device.
 
