@@ -28,6 +28,7 @@ import pstats
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -59,7 +60,7 @@ def cases(rows: int, classes: int, device: torch.device) -> dict[str, tuple[Call
         losses["pytopk BalNoisedTopK"] = pytopk.BalNoisedTopK(K, 1.0, n_sample=SAMPLES)
     except ImportError:
         pass
-    out: dict[str, tuple[Callable, bool]] = {name: ((lambda f: lambda: f(x, y))(f), True) for name, f in losses.items()}
+    out: dict[str, tuple[Callable, bool]] = {name: (partial(loss, x, y), True) for name, loss in losses.items()}
     out["draws.topk(6, dim=1)"] = (lambda: draws.topk(K + 1, dim=1), False)
     out["kthvalue(draws, C - 5, dim=1)"] = (lambda: torch.kthvalue(draws, classes - K, dim=1), False)
     return out
@@ -158,7 +159,8 @@ def write(out: Path, opts, device, table, profiles, seconds: float) -> None:
         cells += [f"{both[0]:.1f}", f"{both[1]:.1f}", f"{both[0] / base:.2f}"] if both else ["—", "—", "—"]
         lines.append(f"| {row['case']} | " + " | ".join(cells) + " |")
     for case, rows in profiles:
-        lines += ["", f"## {case}: forward, own time per call (cProfile)", "", "| function | calls | µs |", "|---|---|---|"]
+        lines += ["", f"## {case}: forward, own time per call (cProfile)", ""]
+        lines += ["| function | calls | µs |", "|---|---|---|"]
         lines += [f"| `{where}` | {calls:g} | {own:.1f} |" for where, calls, own in rows]
     out.write_text("\n".join(lines) + "\n")
 
