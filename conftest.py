@@ -12,5 +12,5 @@ if not torch.cuda.is_available():
 
 collect_ignore_glob = [] if importlib.util.find_spec("jax") else ["src/softtopk/jax/*"]
 if importlib.util.find_spec("triton") is None:
-    KERNELS = ("lapsum", "sparse", "networks", "neuralsort")
+    KERNELS = ("lapsum", "sparse", "networks", "neuralsort", "softsort", "svm")
     collect_ignore_glob += [f"src/softtopk/ops/{name}_kernels.py" for name in KERNELS]

@@ -1,6 +1,6 @@
 """Rows of scores with ``±inf``, ties and the ends of float32's range, on which a mask's kernels
 must follow the extended reals as its torch path does (``softtopk._extended``); shared by the
-kernel tests of the Laplace mask."""
+kernel tests of the masks."""
 
 INF = float("inf")
 
@@ -11,4 +11,14 @@ EXTENDED_ROWS = [
     [-INF, -INF, 1, 2, -INF, -INF, -INF, -INF],
     [0.0] * 8,
     [3.4e38, -3.4e38, 1, 2, 0, 0, 0, 0],
+]
+
+# for k = 3: ties beside ±inf; a row with at most k entries above -inf (rows 1 and 4); +inf entries
+# sharing the first ranks; all tied
+PERMUTATION_ROWS = [
+    [-INF, -1.0, 0.0, 0.0, 2.0, INF, 3.0, 3.0],
+    [-INF, -INF, -INF, -INF, -INF, -INF, 1.0, 2.0],
+    [INF, INF, INF, INF, 0.0, 1.0, -INF, 2.0],
+    [0.0] * 8,
+    [-INF] * 8,
 ]

@@ -121,7 +121,8 @@ def test_imports_run_one_way(module):
             allowed = {"jax", "numpy"} if front_end else set() if module in SHARED else allowed
             # the optional Triton kernels, imported only where they run (softtopk.ops.*_triton)
             kernels = tuple(
-                f"softtopk.ops.{name}_kernels" for name in ("lapsum", "sparse", "networks", "neuralsort", "svm")
+                f"softtopk.ops.{name}_kernels"
+                for name in ("lapsum", "sparse", "networks", "neuralsort", "softsort", "svm")
             )
             allowed = {"triton"} if module in kernels else allowed
             # the optional numba kernels, imported at their first use (ops.isotonic_numba, ops.lapsum_numba)

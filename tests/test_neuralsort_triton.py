@@ -16,7 +16,17 @@ from softtopk.ops import neuralsort, neuralsort_kernels
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
-from triton_kernels import DEVICE, both_paths, needs_triton, route_kernels  # noqa: E402
+from extended_rows import PERMUTATION_ROWS  # noqa: E402
+from triton_kernels import (  # noqa: E402
+    DEVICE,
+    both_paths,
+    mask_close,
+    mask_launches,
+    needs_triton,
+    route_kernels,
+    second_derivative_raises,
+    seeded_rows,
+)
 
 pytestmark = needs_triton
 
@@ -30,24 +40,14 @@ def kernel_launches(monkeypatch):
     return route_kernels(monkeypatch, neuralsort_kernels, *KERNELS)
 
 
-def _both(x, k, tau):
-    """(mask, grad) of the torch path and of the kernels."""
-    return both_paths(neuralsort_kernels, KERNELS, lambda v: softtopk.soft_topk(v, k, method="neuralsort", tau=tau), x)
-
-
 def _close(x, k, tau=1.0):
     """Both compute in float64 (the kernels' prefix sums add in another order: relative 1e-16 of
     the row's sums, which the logits' cancellation turns into about 1e-12 of the mask)."""
-    (m0, g0), (m1, g1) = _both(x, k, tau)
     tol = 1e-10 if x.dtype == torch.float64 else 2e-6
-    torch.testing.assert_close(m1, m0, rtol=0, atol=tol, equal_nan=True)
-    scale = max(1.0, float(g0.nan_to_num().abs().max()))
-    torch.testing.assert_close(g1, g0, rtol=0, atol=tol * scale, equal_nan=True)
-    return m1, g1
+    return mask_close(neuralsort_kernels, KERNELS, "neuralsort", x, k, tau, tol)
 
 
-def _rows(rows, n, dtype, seed=0):
-    return torch.randn(rows, n, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(DEVICE)
+_rows = seeded_rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -73,16 +73,7 @@ def test_scales_and_temperatures(dtype, scale, tau):
 def test_ties_and_infinities(dtype):
     """Ties; ``±inf`` as ``M`` and ``-M/2``; a row with at most k entries above ``-inf`` selects
     them with gradient 0; ``+inf`` entries share the first ranks; all-tied rows."""
-    x = torch.tensor(
-        [
-            [-INF, -1.0, 0.0, 0.0, 2.0, INF, 3.0, 3.0],
-            [-INF, -INF, -INF, -INF, -INF, -INF, 1.0, 2.0],
-            [INF, INF, INF, INF, 0.0, 1.0, -INF, 2.0],
-            [0.0] * 8,
-            [-INF] * 8,
-        ],
-        dtype=dtype,
-    ).to(DEVICE)
+    x = torch.tensor(PERMUTATION_ROWS, dtype=dtype).to(DEVICE)
     mask, grad = _close(x, 3)
     assert bool(mask.isfinite().all()) and bool(grad.isfinite().all())
     assert bool((grad[x.isinf()] == 0).all())
@@ -97,24 +88,11 @@ def test_nan_makes_its_row_nan():
 
 
 def test_a_second_derivative_raises(kernel_launches):
-    x = _rows(2, 16, torch.float64).requires_grad_()
-    mask = softtopk.soft_topk(x, 5, method="neuralsort")
-    w = torch.randn(mask.shape, dtype=mask.dtype).to(DEVICE).requires_grad_()
-    (grad,) = torch.autograd.grad((mask * w).sum(), x, create_graph=True)
-    assert len(kernel_launches) == 2
-    with pytest.raises(RuntimeError, match="differentiate twice"):
-        grad.sum().backward()
+    second_derivative_raises("neuralsort", kernel_launches)
 
 
 def test_the_mask_runs_the_kernels_within_the_launch_budget(kernel_launches):
-    """``soft_topk(x, 10, method='neuralsort')`` on rows of 1000: a sort and the two kernels
-    (issue 21's budget at 64 x 1000: 24; this call launches the same ops at any row count, as
-    ``launches.md``'s count at 64 rows shows, and the interpreter runs each row's program in turn)."""
-    x = _rows(2, 1000, torch.float32, seed=3)
-    counts = count_call(lambda v: softtopk.soft_topk(v, 10, method="neuralsort"), x)
-    kernels = len(kernel_launches) - 1  # count_call runs a warm-up forward first
-    assert kernels == 2 and counts.reads == 0
-    assert counts.launches + kernels <= 24, counts.ops
+    mask_launches("neuralsort", kernel_launches, budget=24)  # issue 21's budget for NeuralSort
 
 
 @pytest.mark.parametrize(("n", "tau"), [(3000, 1.0), (50, torch.full((4,), 0.5))], ids=["3000 entries", "tensor tau"])

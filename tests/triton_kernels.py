@@ -95,3 +95,50 @@ def both_paths(module, names, call, x) -> list:
         assert len(launched) == (2 if kernels else 0)
         out.append((value.detach(), leaf.grad))
     return out
+
+
+def second_derivative_raises(method: str, launched: list) -> None:
+    """``soft_topk(x, 5, method=method)`` on its kernels (two launches, forward and backward)
+    refuses a second derivative instead of returning a wrong one."""
+    import softtopk
+
+    x = torch.randn(2, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(DEVICE)
+    x.requires_grad_()
+    mask = softtopk.soft_topk(x, 5, method=method)
+    w = torch.randn(mask.shape, dtype=mask.dtype).to(DEVICE).requires_grad_()
+    (grad,) = torch.autograd.grad((mask * w).sum(), x, create_graph=True)
+    assert len(launched) == 2
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad.sum().backward()
+
+
+def mask_launches(method: str, launched: list, budget: int) -> None:
+    """``soft_topk(x, 10, method=method)`` on rows of 1000 runs its two kernels, reads no value and
+    launches at most ``budget`` ops with them (issue 21's budgets at 64 x 1000: the call launches
+    the same ops at any row count, and the interpreter runs each row's program in turn)."""
+    import softtopk
+    from dispatch_counter import count_call
+
+    x = torch.randn(2, 1000, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    counts = count_call(lambda v: softtopk.soft_topk(v, 10, method=method), x)
+    kernels = len(launched) - 1  # count_call runs a warm-up forward first
+    assert kernels == 2 and counts.reads == 0
+    assert counts.launches + kernels <= budget, counts.ops
+
+
+def seeded_rows(rows: int, n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Standard normal rows ``(rows, n)`` on the kernels' device, from a seeded CPU generator."""
+    return torch.randn(rows, n, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(DEVICE)
+
+
+def mask_close(module, names, method: str, x, k: int, tau, tol: float) -> tuple:
+    """``soft_topk(x, k, method=method, tau=tau)``'s mask and gradient on ``module``'s kernels
+    ``names``, equal to the torch path's within ``tol`` (the gradient's relative to its largest
+    entry); NaN where the torch path has NaN."""
+    import softtopk
+
+    (m0, g0), (m1, g1) = both_paths(module, names, lambda v: softtopk.soft_topk(v, k, method=method, tau=tau), x)
+    torch.testing.assert_close(m1, m0, rtol=0, atol=tol, equal_nan=True)
+    scale = max(1.0, float(g0.nan_to_num().abs().max()))
+    torch.testing.assert_close(g1, g0, rtol=0, atol=tol * scale, equal_nan=True)
+    return m1, g1

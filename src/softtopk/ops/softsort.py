@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from . import softsort_triton
 from ._function import Function
 from .compute import sort_rows, topk_rows
 
@@ -117,4 +118,6 @@ def softsort_mask(x: torch.Tensor, k: int, *, tau: float | torch.Tensor, power: 
     at most ``k`` entries above ``-inf`` selects them all, the ``-inf`` entries share the rest)."""
     if k == x.shape[-1]:  # every row selects all (NaN stays in its row)
         return torch.where(x == x, 1.0, x)
+    if power == 1.0 and isinstance(tau, float) and softsort_triton.usable(x, k, tau):
+        return softsort_triton.triton_mask(x, k, tau)
     return _SoftSort.apply(x, tau, k, float(power), True)[0]
