@@ -13,7 +13,7 @@ def _tile_sums(v, a, R: tl.constexpr):
     inside = (z > 0) & (z < 1)
     zc = tl.where(inside, z, 0.0)
     if R == 1:
-        return tl.where(z >= 1, 1.0, zc), tl.where(inside, 1.0, 0.0)
+        return tl.where(z >= 1, 1.0, zc), tl.where(inside, 1.0, 0.0).to(tl.float64)  # both branches float64
     return tl.where(z >= 1, 1.0, zc * zc * zc), 3.0 * zc * zc
 
 
