@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import softtopk
-from softtopk.ops import softsort_kernels
+from softtopk.ops import softsort_kernels, softsort_triton
 
 sys.path.insert(0, str(Path(__file__).parent))
 from extended_rows import PERMUTATION_ROWS  # noqa: E402
@@ -106,3 +106,10 @@ def test_the_mask_runs_the_kernels_within_the_launch_budget(kernel_launches):
 def test_the_torch_path_stays_outside_the_kernels_scope(kernel_launches, call):
     call(_rows(4, 50, torch.float32))
     assert kernel_launches == []
+
+
+def test_rows_longer_than_the_kernels_take_keep_the_torch_path(kernel_launches):
+    softtopk.soft_topk(_rows(1, softsort_triton.MAX_ENTRIES + 1, torch.float32), 3, method="softsort")
+    assert kernel_launches == []
+    softtopk.soft_topk(_rows(1, softsort_triton.MAX_ENTRIES, torch.float32), 3, method="softsort")
+    assert len(kernel_launches) == 1  # the forward's

@@ -12,10 +12,13 @@ plus ``Σ_i w_ri`` on the entry of ``t_r``, the torch path's backward. Memory O(
 (an infinite distance weighs 0), a row with at most ``k`` entries above ``-inf`` selects them with
 gradient 0, a NaN makes its row NaN.
 
-Scope: the distance ``|·|`` (``power=1``, the default), an int ``k < n`` and a float ``τ``;
-:func:`~softtopk.ops.softsort.softsort_mask` keeps the torch path for a tensor ``τ``, another
-power, under ``torch.compile`` and ``vmap`` and off CUDA (:mod:`softtopk.ops.triton_gate`), and
-the ranks (``soft_topk_ranks``, top-k cross-entropy) always take it. The tests run the kernels
+Scope: the distance ``|·|`` (``power=1``, the default), an int ``k < n``, a float ``τ`` and rows
+of at most :data:`MAX_ENTRIES`; :func:`~softtopk.ops.softsort.softsort_mask` keeps the torch path
+for a tensor ``τ``, another power, longer rows (one program passes over its row four times, where
+the torch path spreads a few long rows over the whole GPU: ``bench_gpu.py`` measured the kernels
+slower at 64 × 1e5 and faster up to 64 × 1e4), under ``torch.compile`` and ``vmap`` and off CUDA
+(:mod:`softtopk.ops.triton_gate`), and the ranks (``soft_topk_ranks``, top-k cross-entropy)
+always take it. The tests run the kernels
 under ``TRITON_INTERPRET=1`` on the CPU against the torch path, values and gradients; on a GPU
 they are timed by ``benchmarks/bench_gpu.py`` (``benchmarks/results/gpu_runs.md``).
 """
@@ -28,6 +31,7 @@ from . import triton_gate
 from ._function import Function
 from .compute import topk_rows
 
+MAX_ENTRIES = 16384  # the longest rows the kernels take
 TILE = 4096  # float32 entries of a program's (ranks, entries) tile; half as many in float64
 
 
@@ -86,7 +90,7 @@ class TritonSoftSort(Function):
 
 def usable(x: torch.Tensor, k: int, tau: object) -> bool:
     """Whether the SoftSort mask of rows ``x`` runs on the kernels."""
-    return 0 < k < x.shape[-1] and triton_gate.usable(x, k, tau)
+    return 0 < k < x.shape[-1] <= MAX_ENTRIES and triton_gate.usable(x, k, tau)
 
 
 def triton_mask(x: torch.Tensor, k: int, tau: float) -> torch.Tensor:
