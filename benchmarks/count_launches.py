@@ -120,6 +120,7 @@ def _with_kernels(fn, x: torch.Tensor) -> int | None:
         lapsum_kernels,
         networks_kernels,
         neuralsort_kernels,
+        softsort_kernels,
         sparse_kernels,
         svm_kernels,
         triton_gate,
@@ -133,6 +134,7 @@ def _with_kernels(fn, x: torch.Tensor) -> int | None:
         count_kernels(patch, networks_kernels, "mask_forward", "mask_backward", launched=launched)
         count_kernels(patch, neuralsort_kernels, "mask_forward", "label_forward", "backward", launched=launched)
         count_kernels(patch, svm_kernels, "forward", "backward", launched=launched)
+        count_kernels(patch, softsort_kernels, "mask_forward", "mask_backward", launched=launched)
         patch.setattr(triton_gate, "usable", lambda v, k, scale: isinstance(k, int) and isinstance(scale, float))
         fn(x)  # the kernels of one forward: count_call runs a warm-up forward first
         forward = len(launched)
@@ -178,7 +180,7 @@ def main() -> None:
         "Counted on the accelerator path (the CPU-only argument checks and the CPU shortcuts of the",
         "sparse and isotonic solvers off, the isotonic solver's accelerator segment size);",
         f'torch {torch.__version__}. Budget: issue 21\'s target. "With the Triton kernels": the same path',
-        "with the Triton kernels (the lapsum, sparse, NeuralSort and network masks, the label's ranks of",
+        "with the Triton kernels (the lapsum, sparse, NeuralSort, SoftSort and network masks, the label's ranks of",
         "top-k CE by networks and NeuralSort, the smooth top-k SVM's rows), their default on a CUDA GPU",
         "with triton: aten ops plus kernel launches, counted in Triton's interpreter.",
         "",
