@@ -73,9 +73,10 @@ def topk_rows(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tens
 def kth_largest(x: torch.Tensor, k: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k``-th largest entries along ``dim`` (``k`` from 1) and their indices, ``dim`` removed.
 
-    On the CPU the last of ``topk(k)``, faster there than ``kthvalue``; elsewhere ``kthvalue`` of
-    the ``(n - k + 1)``-th smallest, whose launch costs a CUDA host a fraction of ``topk``'s along a
-    strided ``dim`` (``benchmarks/results/gpu_runs.md``, run 8). Equal values; tied entries may give
+    On the CPU the last of ``topk(k)``, several times faster there than ``kthvalue``
+    (``benchmarks/results/host_cpu.md``); elsewhere ``kthvalue`` of the ``(n - k + 1)``-th smallest,
+    whose launch returns to a CUDA host long before ``topk``'s along a strided ``dim``, which waits
+    for the device (``benchmarks/results/host_5c0d181.md``). Equal values; tied entries may give
     either index."""
     if on_cpu(x):
         top = x.topk(k, dim=dim)
