@@ -204,21 +204,3 @@ def test_filled_keeps_integer_and_meta_tensors():
     assert torch.equal(compute.filled(labels, labels < 0, 0), labels.clamp_min(0))
     meta = compute.filled(torch.empty(3, 4, device="meta"), torch.ones(4, dtype=torch.bool, device="meta"), 1.0)
     assert meta.shape == (3, 4) and meta.device.type == "meta"
-
-
-@pytest.mark.parametrize("k", [1, 5, 15, 999])
-def test_top_others_on_either_path(k):
-    """``top_others``: from the row's ``k + 1`` largest on the CPU, from the whole row's key off it:
-    the same values in the same (descending) order, never the label, with ``±inf``, ties, NaN and
-    labels that are ``-inf``, NaN or tied."""
-    x = _rows(1000, k)
-    x[0, 3] = x[0, 4] = x[0].nan_to_num(0.0).amax()  # a tie at the top, the label one of them
-    label = torch.tensor([3, 0, 5, 25, 1, 700, 0, 9]).unsqueeze(-1)  # row 2: -inf; rows 6, 7: NaN rows
-    got = compute.top_others(x, label, k)
-    with accelerator_steps():
-        want = compute.top_others(x, label, k)
-    assert got.shape == want.shape == (8, k)
-    assert not bool((got == label).any())
-    values, expected = x.gather(-1, got), x.gather(-1, want)
-    assert torch.equal(values.isnan(), expected.isnan())
-    assert torch.equal(values.nan_to_num(0.5), expected.nan_to_num(0.5))

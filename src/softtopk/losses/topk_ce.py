@@ -30,7 +30,7 @@ import torch
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
 from ..ops._function import Function
-from ..ops.compute import constant, filled, label_row, put_rows, top_others
+from ..ops.compute import constant, filled, label_row, put_rows, topk_rows
 from ._base import ClassLoss, class_loss
 
 __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
@@ -102,7 +102,9 @@ class _Select(Function):
         label = label.unsqueeze(-1)
         label_score = logits.gather(-1, label)
         masked = label_score == -math.inf
-        index = top_others(logits, label, m - 1)  # never the label, even beside masked classes
+        # the label is the only -inf key: never among the m - 1 others, even beside masked classes
+        key = put_rows(logits.clamp_min(torch.finfo(logits.dtype).min), label, -math.inf)
+        index = topk_rows(key, m - 1)[1]
         top = logits.gather(-1, index)
         label_score = filled(label_score, masked, 0.0)
         scores, order = torch.cat([top, label_score], -1).sort(dim=-1, stable=True)

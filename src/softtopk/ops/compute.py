@@ -70,24 +70,6 @@ def topk_rows(x: torch.Tensor, k: int, largest: bool = True) -> tuple[torch.Tens
     return x.gather(-1, index), index
 
 
-def top_others(x: torch.Tensor, label: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices ``(B, k)`` of the ``k`` largest entries of rows ``x`` (B, n) other than each row's
-    ``label`` (B, 1), ``k < n``, in descending order: :func:`topk_rows` of the key that is the row
-    with every ``-inf`` raised to the dtype's lowest finite value and the label's entry ``-inf``, so
-    that the label is never among them, even beside ``-inf`` entries (NaN ranks first).
-
-    On the CPU that key is built from the row's ``k + 1`` largest entries, which hold the ``k``
-    largest others, instead of the whole row: no copy of the row (the copy and its scatter cost the
-    CPU more than the small steps on ``k + 1`` entries); elsewhere the whole row's key, two ops
-    fewer. The same entries; tied entries may come in either order."""
-    low = torch.finfo(x.dtype).min
-    if on_cpu(x):
-        values, index = topk_rows(x, k + 1)
-        key = filled(values.clamp_min(low), index == label, -math.inf)
-        return index.gather(-1, key.topk(k, -1).indices)
-    return topk_rows(put_rows(x.clamp_min(low), label, -math.inf), k)[1]
-
-
 def kth_largest(x: torch.Tensor, k: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k``-th largest entries along ``dim`` (``k`` from 1) and their indices, ``dim`` removed.
 
