@@ -142,3 +142,12 @@ def mask_close(module, names, method: str, x, k: int, tau, tol: float) -> tuple:
     scale = max(1.0, float(g0.nan_to_num().abs().max()))
     torch.testing.assert_close(g1, g0, rtol=0, atol=tol * scale, equal_nan=True)
     return m1, g1
+
+
+def nan_row_stays_nan(close) -> None:
+    """A NaN makes its row's mask NaN and leaves the other rows finite (``close(x, k)`` compares the
+    kernels with the torch path and returns the mask and gradient)."""
+    x = seeded_rows(3, 16, torch.float32)
+    x[1, 4] = float("nan")
+    mask, _ = close(x, 5)
+    assert bool(mask[1].isnan().all()) and bool(mask[[0, 2]].isfinite().all())

@@ -15,9 +15,15 @@ def _as(value, dt):
 
 
 @triton.jit
+def _terms(xv, t, tau):
+    """``exp(-|x_i - t_r| / τ)`` for ranks ``t`` (RB,) and entries ``xv`` (BLOCK,): (RB, BLOCK)."""
+    return tl.exp(-tl.abs(xv[None, :] - t[:, None]) / tau)
+
+
+@triton.jit
 def _weights(xv, t, z, tau):
-    """``exp(-|x_i - t_r| / τ) / Z_r`` for ranks ``t`` (RB,) and entries ``xv`` (BLOCK,): (RB, BLOCK)."""
-    return tl.exp(-tl.abs(xv[None, :] - t[:, None]) / tau) / z[:, None]
+    """The terms over their rank's normaliser ``Z_r`` (RB,): the softmax weights ``P``."""
+    return _terms(xv, t, tau) / z[:, None]
 
 
 @triton.jit
@@ -46,8 +52,7 @@ def mask_forward(
         for start in range(0, n, BLOCK):
             offs = start + lanes
             xv = tl.load(xs_ptr + row * n + offs, mask=offs < n, other=0.0)
-            e = tl.exp(-tl.abs(xv[None, :] - t[:, None]) / tau_c)
-            z += tl.sum(tl.where((offs < n)[None, :], e, 0.0), 1)
+            z += tl.sum(tl.where((offs < n)[None, :], _terms(xv, t, tau_c), 0.0), 1)
         tl.store(z_ptr + row * k + rk, z, mask=rk < k)
     tl.debug_barrier()  # the normalisers, written by some threads, are read by all
     # rows with at most k < n entries above -inf select them all
