@@ -8,25 +8,23 @@ Usage::
 Forward + backward of ``softtopk.soft_topk(x, k)`` (the default method) at the shapes where
 :func:`softtopk.ops.lapsum_numba.pays` draws its line, float32, with torch on one thread and on
 every core: the kernels (forced on at every size), the torch path
-(``ops.triton_gate.torch_path()``) and ``torch.topk`` + scatter. Per repeat the three calls run once
-each, in rotating order, on the next input of a pool of distinct ones (``_inputs.py``); the table
-gives medians and the median ratios within a repeat, and which path the gate takes there.
+(``ops.triton_gate.torch_path()``) and ``torch.topk`` + scatter, interleaved on a pool of distinct
+inputs (``_report.interleaved``, ``_inputs.py``); the table gives medians and the median ratios
+within a repeat, and which path the gate takes there.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from _inputs import Pool
 from _machine import machine_info, provenance, steady_malloc
+from _report import gate_open, interleaved, median_ratio, per_thread_count, write_table
 
 import softtopk
 from softtopk.ops import isotonic_numba, lapsum_numba, triton_gate
@@ -69,39 +67,21 @@ def _baseline(x: torch.Tensor, k: int) -> torch.Tensor:
 def time_shape(rows: int, n: int, k: int, repeats: int) -> dict:
     pool = Pool(lambda gen: (torch.randn(rows, n, generator=gen), torch.randn(rows, n, generator=gen)), 2 * rows * n)
     picked = lapsum_numba.pays(pool.first[0], k)
-    forced = lapsum_numba.pays
-    lapsum_numba.pays = lambda x, k: True  # the kernels at every size: the rule is what is measured
-    try:
-        calls = {
-            "kernels": _step(lambda x: softtopk.soft_topk(x, k)),
-            "torch path": _step(lambda x: _torch_path(x, k)),
-            "topk+scatter": _step(lambda x: _baseline(x, k)),
-        }
-        names = list(calls)
-        for item in pool.items[:4]:
-            for name in names:
-                calls[name](item)
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for r in range(repeats):
-            for name in names[r % 3 :] + names[: r % 3]:
-                item = pool.next()
-                start = time.perf_counter()
-                calls[name](item)
-                times[name].append(time.perf_counter() - start)
-    finally:
-        lapsum_numba.pays = forced
-
-    def ratio(top: str, bottom: str) -> float:
-        return statistics.median(a / b for a, b in zip(times[top], times[bottom], strict=True))
-
+    calls = {
+        "kernels": _step(lambda x: softtopk.soft_topk(x, k)),
+        "torch path": _step(lambda x: _torch_path(x, k)),
+        "topk+scatter": _step(lambda x: _baseline(x, k)),
+    }
+    with gate_open(lapsum_numba):
+        times = interleaved(calls, pool, repeats)
     return {
         "shape": f"{rows}×{n}",
         "k": k,
         "threads": torch.get_num_threads(),
-        **{f"{name} ms": 1e3 * statistics.median(times[name]) for name in names},
-        "kernels / torch path": ratio("kernels", "torch path"),
-        "kernels / topk": ratio("kernels", "topk+scatter"),
-        "torch path / topk": ratio("torch path", "topk+scatter"),
+        **{f"{name} ms": 1e3 * statistics.median(times[name]) for name in calls},
+        "kernels / torch path": median_ratio(times, "kernels", "torch path"),
+        "kernels / topk": median_ratio(times, "kernels", "topk+scatter"),
+        "torch path / topk": median_ratio(times, "torch path", "topk+scatter"),
         "gate": "kernels" if picked else "torch path",
     }
 
@@ -115,36 +95,18 @@ def main() -> None:
         sys.exit("numba is not installed: there are no kernels to time (pip install numba)")
     malloc = steady_malloc()
     info = machine_info("numba")
-    rows = []
-    for threads in sorted({1, os.cpu_count() or 1}):
-        torch.set_num_threads(threads)
+
+    def run() -> Iterator[dict]:
         for shape in SHAPES:
-            row = time_shape(*shape, repeats=args.repeats if shape[0] * shape[1] < 10**6 else max(5, args.repeats // 3))
-            rows.append(row)
-            print({key: round(v, 3) if isinstance(v, float) else v for key, v in row.items()}, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(
-        json.dumps({"machine": info, "malloc": malloc, "rows": rows}, indent=1) + "\n"
-    )
-    keys = list(rows[0])
-    lines = [
-        "# The Laplace mask on a CPU: numba kernels against the torch path",
-        "",
+            yield time_shape(*shape, repeats=args.repeats if shape[0] * shape[1] < 10**6 else max(5, args.repeats // 3))
+
+    caption = (
         f"{provenance(info, 'torch', 'numba')}, malloc: {malloc}. Forward + backward of "
         "`softtopk.soft_topk(x, k)`, float32; medians over interleaved repeats, ratios within a repeat; "
-        "*gate*: the path `ops.lapsum_numba.pays` takes there.",
-        "",
-        "| " + " | ".join(keys) + " |",
-        "|" + "---|" * len(keys),
-    ]
-    for row in rows:
-        lines.append(
-            "| "
-            + " | ".join(f"{row[key]:.3f}" if isinstance(row[key], float) else str(row[key]) for key in keys)
-            + " |"
-        )
-    args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
+        "*gate*: the path `ops.lapsum_numba.pays` takes there."
+    )
+    title = "The Laplace mask on a CPU: numba kernels against the torch path"
+    write_table(args.out, title, caption, per_thread_count(run), machine=info, malloc=malloc)
 
 
 if __name__ == "__main__":

@@ -125,8 +125,11 @@ def test_imports_run_one_way(module):
                 for name in ("lapsum", "sparse", "networks", "neuralsort", "softsort", "svm")
             )
             allowed = {"triton"} if module in kernels else allowed
-            # the optional numba kernels, imported at their first use (ops.isotonic_numba, ops.lapsum_numba)
-            numba_kernels = ("softtopk.ops.isotonic_kernels", "softtopk.ops.lapsum_numba_kernels")
+            # the optional numba kernels, imported at their first use (ops.isotonic_numba, ops.lapsum_numba,
+            # ops.label_select)
+            numba_kernels = tuple(
+                f"softtopk.ops.{name}" for name in ("isotonic_kernels", "lapsum_numba_kernels", "label_select_kernels")
+            )
             allowed = {"numba", "numpy"} if module in numba_kernels else allowed
             assert allowed is None or root in allowed, f"{where}: {module} imports {root} ({sorted(allowed or ())})"
             continue

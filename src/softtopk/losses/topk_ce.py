@@ -30,14 +30,14 @@ import torch
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
 from ..ops._function import Function
-from ..ops.compute import constant, filled, label_row, put_rows, topk_rows
+from ..ops.compute import constant, filled, label_row
+from ..ops.label_select import LabelSelect
 from ._base import ClassLoss, class_loss
 
 __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
 
 TOP1_MODES = ("sm", "smce", "sort")
 _FLOOR = 1e-7
-_INF_MARGIN = 2.0**27  # a +inf score's stand-in is the dtype's largest number over this
 _MANY_CLASSES = 100  # above this, m=None (relax every class) is slow enough to say so
 
 
@@ -82,54 +82,6 @@ def _effective_m(m: int | None, classes: int, k: int) -> int | None:
         m = max(int(m), k + 1)
         return None if m >= classes else m
     return m
-
-
-class _Select(Function):
-    """``(logits (R, C), label (R,), m)`` -> the ``m`` largest scores with the label's forced in
-    (it replaces the m-th), ascending, the label last among scores equal to it; its position
-    ``(R,)``; and where the label is ``-inf`` ``(R,)`` (fed as 0, a finite stand-in).
-
-    The selected set is the label and the ``m - 1`` largest other scores; one stable sort orders
-    them. Ascending order puts the score of rank ``r`` on the wire where the networks (max on the
-    last wire, as in difftopk) output rank ``r``; fed descending, an odd-even network would have to
-    carry every top score across all its wires, and a truly-top-5 label would keep little top-5
-    mass. Backward: the selected scores' gradients scattered back to their classes."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(logits: torch.Tensor, label: torch.Tensor, m: int):
-        label = label.unsqueeze(-1)
-        label_score = logits.gather(-1, label)
-        masked = label_score == -math.inf
-        # the label is the only -inf key: never among the m - 1 others, even beside masked classes
-        key = put_rows(logits.clamp_min(torch.finfo(logits.dtype).min), label, -math.inf)
-        index = topk_rows(key, m - 1)[1]
-        top = logits.gather(-1, index)
-        label_score = filled(label_score, masked, 0.0)
-        scores, order = torch.cat([top, label_score], -1).sort(dim=-1, stable=True)
-        # +inf scores (always in the top) enter as a huge finite stand-in: loss and gradients stay
-        # finite; for relaxations that depend on score magnitudes
-        # (NeuralSort, networks) the value is the stand-in's, not the limit
-        scores = scores.clamp_max_(torch.finfo(scores.dtype).max / _INF_MARGIN)
-        index = torch.cat([index, label], -1).gather(-1, order)
-        position = (top <= label_score).sum(-1)
-        return scores, index, position, masked.squeeze(-1)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        _, index, position, masked = output
-        ctx.mark_non_differentiable(index, position, masked)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(index)
-        ctx.classes = inputs[0].shape[-1]
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor, *_unused):
-        if grad is None:
-            return None, None, None
-        (index,) = ctx.saved_tensors
-        return put_rows(grad.new_zeros(grad.shape[0], ctx.classes), index, grad), None, None
 
 
 class _Head(Function):
@@ -225,7 +177,7 @@ def topk_cross_entropy(
     m = _effective_m(m, classes, k)
 
     def per_row(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-        scores, _, position, masked = _Select.apply(logits, label, classes if m is None else m)
+        scores, _, position, masked = LabelSelect.apply(logits, label, classes if m is None else m)
         if spec.label_ranks is not None:
             label_ranks = spec.label_ranks(scores, position, k, **params)
         else:

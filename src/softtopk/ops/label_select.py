@@ -1,0 +1,109 @@
+"""Top-k cross-entropy's pre-selection (:mod:`softtopk.losses.topk_ce`): of each row of class
+scores, the ``m`` that the relaxation sees, the label's always among them.
+
+The torch path is one ``topk`` of the ``m - 1`` largest other scores (the label's key set to
+``-inf``), a gather and a stable sort of those and the label's. On a CPU that ``topk``, a partial
+sort with a row's worth of bookkeeping, is most of the selection's time
+(``benchmarks/results/label_select.md``). Where numba is installed, float32 and float64 CPU rows
+whose values may be read (eager, outside the ``torch.func`` transforms) take one kernel instead
+(:mod:`softtopk.ops.label_select_kernels`) where it is faster (:func:`pays`): the same scores,
+classes and positions, except that among equal scores at the boundary of the selection it keeps
+the first in the row, where ``topk``'s choice is unspecified. ``triton_gate.torch_path()`` and
+``SOFTTOPK_NUMBA=0`` turn it off; the tests hold it to the torch path
+(``tests/test_label_select.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import compute, isotonic_numba, triton_gate
+from ._function import Function
+from .compute import can_inspect, filled, put_rows, topk_rows
+from .isotonic_numba import numpy_rows
+
+INF_MARGIN = 2.0**27  # a +inf score's stand-in is the dtype's largest number over this
+MAX_M = 64  # the kernel's insertions cost O(m) each: larger selections keep topk
+_DTYPES = (torch.float32, torch.float64)
+
+
+def usable(logits: torch.Tensor, m: int) -> bool:
+    """Whether the selection of ``m`` scores from rows ``logits`` (R, C) runs on the kernel."""
+    if not (pays(logits.shape[-1], m) and logits.dtype in _DTYPES and compute.on_cpu(logits)):
+        return False
+    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(logits):
+        return False
+    return triton_gate.KERNELS and can_inspect(logits) and isotonic_numba.available()
+
+
+def pays(classes: int, m: int) -> bool:
+    """Whether the kernel is faster than the torch path (``benchmarks/results/label_select.md``).
+    Its insertions cost ``O(m)`` each and it runs on one thread: up to 16 scores always; up to
+    :data:`MAX_M` with torch on one thread, from rows long enough for its bound (``4 m <= C``)."""
+    return m <= 16 or (m <= MAX_M and 4 * m <= classes and torch.get_num_threads() == 1)
+
+
+class LabelSelect(Function):
+    """``(logits (R, C), label (R,), m)`` -> the ``m`` largest scores with the label's forced in
+    (it replaces the m-th), ascending, the label last among scores equal to it; its position
+    ``(R,)``; and where the label is ``-inf`` ``(R,)`` (fed as 0, a finite stand-in).
+
+    The selected set is the label and the ``m - 1`` largest other scores; one stable sort orders
+    them. Ascending order puts the score of rank ``r`` on the wire where the networks (max on the
+    last wire, as in difftopk) output rank ``r``; fed descending, an odd-even network would have to
+    carry every top score across all its wires, and a truly-top-5 label would keep little top-5
+    mass. ``+inf`` scores (always in the top) enter as a huge finite stand-in, ``finfo.max /
+    INF_MARGIN``: loss and gradients stay finite; for relaxations that depend on score magnitudes
+    (NeuralSort, networks) the value is the stand-in's, not the limit. Backward: the selected
+    scores' gradients scattered back to their classes."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(logits: torch.Tensor, label: torch.Tensor, m: int):
+        cap = torch.finfo(logits.dtype).max / INF_MARGIN
+        if usable(logits, m):
+            return _kernel_select(logits, label, m, cap)
+        label = label.unsqueeze(-1)
+        label_score = logits.gather(-1, label)
+        masked = label_score == -math.inf
+        # the label is the only -inf key: never among the m - 1 others, even beside masked classes
+        key = put_rows(logits.clamp_min(torch.finfo(logits.dtype).min), label, -math.inf)
+        index = topk_rows(key, m - 1)[1]
+        top = logits.gather(-1, index)
+        label_score = filled(label_score, masked, 0.0)
+        scores, order = torch.cat([top, label_score], -1).sort(dim=-1, stable=True)
+        scores = scores.clamp_max_(cap)
+        index = torch.cat([index, label], -1).gather(-1, order)
+        position = (top <= label_score).sum(-1)
+        return scores, index, position, masked.squeeze(-1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _, index, position, masked = output
+        ctx.mark_non_differentiable(index, position, masked)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(index)
+        ctx.classes = inputs[0].shape[-1]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, *_unused):
+        if grad is None:
+            return None, None, None
+        (index,) = ctx.saved_tensors
+        return put_rows(grad.new_zeros(grad.shape[0], ctx.classes), index, grad), None, None
+
+
+def _kernel_select(logits: torch.Tensor, label: torch.Tensor, m: int, cap: float):
+    from . import label_select_kernels as kernels  # imports numba: only once the kernel runs
+
+    rows = logits.shape[0]
+    scores = logits.new_empty((rows, m))
+    index = torch.empty((rows, m), dtype=torch.int64)
+    position = torch.empty(rows, dtype=torch.int64)
+    masked = torch.empty(rows, dtype=torch.bool)
+    arrays = (scores.numpy(), index.numpy(), position.numpy(), masked.numpy())
+    kernels.select_rows(numpy_rows(logits), numpy_rows(label.to(torch.int64)), cap, *arrays)
+    return scores, index, position, masked
