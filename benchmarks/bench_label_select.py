@@ -1,4 +1,4 @@
-"""Time top-k cross-entropy's pre-selection on a CPU: the numba kernel against the torch path.
+"""Time top-k cross-entropy on a CPU: its numba kernels against the torch path.
 
 Usage::
 
@@ -8,9 +8,10 @@ Usage::
 For each shape ``(R rows, C classes, m)``: the selection alone (``ops.label_select.LabelSelect``
 forward) by the kernel and by the torch path, the torch path's ``topk`` step alone
 (``compute.topk_rows`` of the ``m - 1`` others), and forward + backward of
-``TopKCrossEntropyLoss([0.2] * 5, m=m)`` (splitter network) by either path and of cross-entropy,
-float32, torch on one thread and on every core. The kernel is forced on at every shape (the gate
-is what is measured); ``ops.triton_gate.torch_path()`` gives the torch path. The calls are
+``TopKCrossEntropyLoss([0.2] * 5, m=m)`` (splitter network) with the CPU kernels (the selection's
+and the network's backward, ``ops.networks_numba``) or the torch path, and of cross-entropy,
+float32, torch on one thread and on every core. The selection kernel is forced on at every shape
+(its gate is what is measured); ``ops.triton_gate.torch_path()`` gives the torch path. The calls are
 interleaved on a pool of distinct inputs (``_report.interleaved``, ``_inputs.py``); the table gives
 medians (ms) and median ratios within a repeat, and the path ``ops.label_select.pays`` takes there.
 """
@@ -66,7 +67,7 @@ def _calls(m: int) -> dict[str, Callable[[Item], object]]:
         "select: kernel": select,
         "select: torch path": torch_path(select),
         "topk step": topk_step,
-        "loss: kernel": loss,
+        "loss: kernels": loss,
         "loss: torch path": torch_path(loss),
         "cross-entropy": cross_entropy,
     }
@@ -87,8 +88,8 @@ def time_shape(rows: int, classes: int, m: int, repeats: int) -> dict:
         **{f"{name} ms": 1e3 * statistics.median(seconds) for name, seconds in times.items()},
         "select kernel / torch": median_ratio(times, "select: kernel", "select: torch path"),
         "topk step / select torch": median_ratio(times, "topk step", "select: torch path"),
-        "loss kernel / torch": median_ratio(times, "loss: kernel", "loss: torch path"),
-        "loss kernel / CE": median_ratio(times, "loss: kernel", "cross-entropy"),
+        "loss kernels / torch": median_ratio(times, "loss: kernels", "loss: torch path"),
+        "loss kernels / CE": median_ratio(times, "loss: kernels", "cross-entropy"),
         "loss torch / CE": median_ratio(times, "loss: torch path", "cross-entropy"),
         "gate": "kernel" if picked else "torch path",
     }
@@ -106,11 +107,12 @@ def main() -> None:
     caption = (
         f"{provenance(info, 'torch', 'numba')}, malloc: {malloc}. Float32; *select*: the selection's "
         "forward; *topk step*: the torch path's `topk_rows` alone; *loss*: forward + backward of "
-        "`TopKCrossEntropyLoss([0.2] * 5, m=m)`; medians over interleaved repeats, ratios within a repeat; "
+        "`TopKCrossEntropyLoss([0.2] * 5, m=m)` (*kernels*: the selection's and the network backward's); "
+        "medians over interleaved repeats, ratios within a repeat; "
         "*gate*: the path `ops.label_select.pays` takes there."
     )
     rows = per_thread_count(lambda: (time_shape(*shape, repeats=args.repeats) for shape in SHAPES))
-    title = "Top-k cross-entropy's pre-selection on a CPU: the numba kernel against the torch path"
+    title = "Top-k cross-entropy on a CPU: the numba kernels against the torch path"
     write_table(args.out, title, caption, rows, machine=info, malloc=malloc)
 
 

@@ -1,5 +1,6 @@
 """The one-time cost of softtopk's numba kernels on a CPU tensor: ``soft_sort``/``soft_rank``'s
-(``ops/isotonic_numba.py``) and the default mask's (``ops/lapsum_numba.py``).
+(``ops/isotonic_numba.py``), the default mask's (``ops/lapsum_numba.py``) and top-k
+cross-entropy's (``ops/label_select.py``, ``ops/networks_numba.py``).
 
 Usage::
 
@@ -36,7 +37,12 @@ import torch, softtopk
 imported = time.perf_counter() - t0
 torch.set_num_threads(1)
 calls, name = int(sys.argv[1]), sys.argv[2]
-op = (lambda x: softtopk.soft_topk(x, 10)) if name == "soft_topk" else softtopk.soft_rank
+label = torch.randint(0, 1000, (64,))
+op = {
+    "soft_topk": lambda x: softtopk.soft_topk(x, 10),
+    "soft_rank": softtopk.soft_rank,
+    "topk_cross_entropy": lambda x: softtopk.topk_cross_entropy(x, label, [0.2] * 5),
+}[name]
 inputs = [torch.randn(64, 1000, requires_grad=True) for _ in range(calls)]  # each call another input
 times = []
 for x in inputs:
@@ -47,7 +53,7 @@ print(json.dumps({"import": imported, "first": times[0], "later": statistics.med
 """
 
 
-OPERATORS = ("soft_rank", "soft_topk")
+OPERATORS = ("soft_rank", "soft_topk", "topk_cross_entropy")
 
 
 def measure(cache: str, calls: int, name: str, numba: bool = True) -> dict:
@@ -81,7 +87,8 @@ def main() -> None:
         "",
         f"`python benchmarks/bench_numba_startup.py {' '.join(sys.argv[1:])}`: {info['cpu_model']}, torch "
         f"{info['torch']}, numba {info['numba']}, softtopk commit {info['git_commit']}, {info['date']}. "
-        f"fwd+bwd at randn(64, 1000) (`soft_topk`: k = 10, the default mask), one thread, each row a fresh "
+        f"fwd+bwd at randn(64, 1000) (`soft_topk`: k = 10, the default mask; `topk_cross_entropy`: "
+        f"`p_k = [0.2] * 5`, m = 16, splitter network), one thread, each row a fresh "
         f"process; cached: the median of {args.cached_runs} processes; numba off: `SOFTTOPK_NUMBA=0`.",
         "",
         "| operator | numba cache | import softtopk (s) | first call (s) | later calls (ms, median) |",
@@ -90,7 +97,7 @@ def main() -> None:
     for name, state, run in runs:
         first, later = run["first"], 1e3 * run["later"]
         lines.append(f"| `{name}` | {state} | {run['import']:.2f} | {first:.2f} | {later:.1f} |")
-        print(f"{name:<10} {state:<18} import {run['import']:.2f} s, first call {first:.2f} s, later {later:.1f} ms")
+        print(f"{name:<18} {state:<18} import {run['import']:.2f} s, first call {first:.2f} s, later {later:.1f} ms")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
 

@@ -22,3 +22,14 @@ PERMUTATION_ROWS = [
     [0.0] * 8,
     [-INF] * 8,
 ]
+
+
+def sweep_rows(big: float) -> list[list[float]]:
+    """Rows for the networks' sweeps (for k = 3): ties beside ``±inf``, all tied, ``-inf`` entries
+    and ties, and the ends ``±big`` of a dtype's finite range (times a steepness, they overflow)."""
+    return [
+        [-INF, -1.0, 0.0, 0.0, 0.0, 2.0, INF, INF],
+        [0.0] * 8,
+        [-INF, -INF, 1.0, 1.0, 2.0, 3.0, 3.0, 4.0],
+        [-big, -1.0, 0.0, 1.0, 2.0, 3.0, big / 2, big],
+    ]

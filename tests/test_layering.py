@@ -126,9 +126,15 @@ def test_imports_run_one_way(module):
             )
             allowed = {"triton"} if module in kernels else allowed
             # the optional numba kernels, imported at their first use (ops.isotonic_numba, ops.lapsum_numba,
-            # ops.label_select)
+            # ops.label_select, ops.networks_numba)
             numba_kernels = tuple(
-                f"softtopk.ops.{name}" for name in ("isotonic_kernels", "lapsum_numba_kernels", "label_select_kernels")
+                f"softtopk.ops.{name}"
+                for name in (
+                    "isotonic_kernels",
+                    "lapsum_numba_kernels",
+                    "label_select_kernels",
+                    "networks_numba_kernels",
+                )
             )
             allowed = {"numba", "numpy"} if module in numba_kernels else allowed
             assert allowed is None or root in allowed, f"{where}: {module} imports {root} ({sorted(allowed or ())})"

@@ -17,6 +17,7 @@ from softtopk.ops import networks_kernels, sorting_networks, triton_gate
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
+from extended_rows import sweep_rows  # noqa: E402
 from triton_kernels import DEVICE, both_paths, needs_triton, route_kernels  # noqa: E402
 
 pytestmark = needs_triton
@@ -116,16 +117,7 @@ def test_scales_and_steepness(sweep, dtype, steepness, scale):
 def test_ties_and_infinities(sweep, dtype):
     """Tied scores, and ±inf (±F in both paths: every comparison with them saturates, and their
     gradient is 0); the largest finite float32 scores times the steepness overflow to the same."""
-    big = torch.finfo(dtype).max
-    x = torch.tensor(
-        [
-            [-INF, -1.0, 0.0, 0.0, 0.0, 2.0, INF, INF],
-            [0.0] * 8,
-            [-INF, -INF, 1.0, 1.0, 2.0, 3.0, 3.0, 4.0],
-            [-big, -1.0, 0.0, 1.0, 2.0, 3.0, big / 2, big],
-        ],
-        dtype=dtype,
-    ).to(DEVICE)
+    x = torch.tensor(sweep_rows(torch.finfo(dtype).max), dtype=dtype).to(DEVICE)
     position = torch.tensor([3, 0, 1, 6]).to(DEVICE) if sweep == "label" else None
     ranks, grad = _close(x, position, 3, "splitter_selection")
     assert bool(ranks.isfinite().all()) and bool(grad.isfinite().all())

@@ -45,7 +45,7 @@ import operator
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import networks_triton
+from . import networks_numba, networks_triton
 from ._function import Function
 from .compute import constant_result
 from .networks import build_network, layer_tensors
@@ -225,25 +225,12 @@ def _fold(tensor, dim, size):
     return tensor.reshape(-1, *tensor.shape[2:])
 
 
-def _unfold(outputs, size):
-    """Inverse of :func:`_fold` on the outputs of a sweep, whose rows are their last axis."""
-    outputs = tuple(o.unflatten(-1, (size, -1)) for o in outputs)
-    return outputs, tuple(o.dim() - 2 for o in outputs)
-
-
-def _save(ctx, x, key, params, mode, saved):
-    ctx.plan_key = (*key, str(x.device), str(x.dtype))
-    ctx.params, ctx.mode = params, mode
-    ctx.save_for_backward(*saved)
-    ctx.mark_non_differentiable(*saved)
-    ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
-
-
 def _vmapped(sweep, size, in_dims, inputs):
     """``sweep`` under ``vmap``: its tensor inputs with the vmapped axis folded into their rows, one
-    call, the outputs unfolded."""
+    call, the outputs (whose rows are their last axis) unfolded."""
     folded = [_fold(a, dim, size) if isinstance(a, torch.Tensor) else a for a, dim in zip(inputs, in_dims, strict=True)]
-    return _unfold(sweep.apply(*folded), size)
+    outputs = tuple(o.unflatten(-1, (size, -1)) for o in sweep.apply(*folded))
+    return outputs, tuple(o.dim() - 2 for o in outputs)
 
 
 def _with_scale(params: dict, scale):
@@ -259,7 +246,11 @@ class _Sweep(Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, scale, key, params, mode, _ = inputs
-        _save(ctx, x, key, _with_scale(params, scale), mode, output[1:])
+        ctx.plan_key = (*key, str(x.device), str(x.dtype))
+        ctx.params, ctx.mode = _with_scale(params, scale), mode
+        ctx.save_for_backward(*output[1:])
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)  # no zero gradients for the saved tensors
 
 
 class _ColumnSweep(_Sweep):
@@ -310,7 +301,8 @@ class _ColumnSweep(_Sweep):
 
 class _LabelSweep(_Sweep):
     """``(x (B, n), scale, ..., position (B,))`` → ``P[b, position[b], :]`` at the output wires
-    (k, B): the one-hot row of ``position`` rides along the value sweep."""
+    (k, B): the one-hot row of ``position`` rides along the value sweep. Its backward on CPU rows
+    is one numba kernel where :func:`.networks_numba.usable` (decided by the forward)."""
 
     @staticmethod
     def forward(x, scale, key, params, mode, position):
@@ -322,12 +314,19 @@ class _LabelSweep(_Sweep):
         return final[:, 1].index_select(0, plan[3]), wires, diffs, alphas
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        _Sweep.setup_context(ctx, inputs, output)
+        ctx.kernel = networks_numba.usable(output[1], ctx.params, ctx.mode)  # the backward's path (CPU)
+
+    @staticmethod
     @once_differentiable
     def backward(ctx, grad, *unused):
         if grad is None:
             return None, None, None, None, None, None
         wires, diffs, alphas = ctx.saved_tensors
         plan = _plan(*ctx.plan_key)
+        if ctx.kernel and not torch._C._functorch.is_functorch_wrapped_tensor(grad):
+            return networks_numba.label_backward(grad, plan, ctx, _far(wires.dtype)), None, None, None, None, None
         row = torch.zeros_like(wires[:, 1]).index_copy(0, plan[3], grad)
         start = torch.stack([torch.zeros_like(row), row], 1)
         grad_z, grad_art = _value_backward(start, (wires, diffs, alphas), plan, ctx.params, ctx.mode)
