@@ -1,16 +1,16 @@
-"""The label sweep's backward (:class:`softtopk.ops.sorting_networks._LabelSweep`, what top-k
-cross-entropy runs on its ``m`` selected scores) on CPU rows as one numba kernel (optional).
+"""The label sweep (:class:`softtopk.ops.sorting_networks._LabelSweep`, what top-k cross-entropy
+runs on its ``m`` selected scores) on CPU rows as two numba kernels (optional).
 
-On a CPU the torch path's backward is about ten small tensor ops a layer of the network, each a
-dispatch and a pass over a ``(wires, rows)`` slab; the kernel
-(:mod:`softtopk.ops.networks_numba_kernels`) runs every layer in one call, from the forward's
-saved differences and swap probabilities, with the same formulas in float64. Scope: the Cauchy
-swap (the default) with a float steepness whose infinities saturate, float32 and float64 CPU
-tensors whose values may be read (eager, outside the ``torch.func`` transforms), numba installed
-(the scope of the Triton kernels, :mod:`softtopk.ops.networks_triton`, on the CPU). The forward
-stays the torch path's: its ``atan`` is vectorised by torch, one by one in numba.
-``triton_gate.torch_path()`` and ``SOFTTOPK_NUMBA=0`` turn it off; the tests hold it to the torch
-path (``tests/test_networks_numba.py``).
+On a CPU the torch path is about ten small tensor ops a layer of the network each way, each a
+dispatch and a pass over a ``(wires, rows)`` slab; the kernels
+(:mod:`softtopk.ops.networks_numba_kernels`) run every layer in one call each way, forward saving
+the torch path's differences and swap probabilities (in the same layout: either backward can read
+them), with the same formulas (``atan`` and the lerps in float64). Scope: the Cauchy swap (the
+default) with a float steepness whose infinities saturate, float32 and float64 CPU tensors whose
+values may be read (eager, outside the ``torch.func`` transforms), numba installed (the scope of
+the Triton kernels, :mod:`softtopk.ops.networks_triton`, on the CPU). ``triton_gate.torch_path()``
+and ``SOFTTOPK_NUMBA=0`` turn them off; the tests hold them to the torch path
+(``tests/test_networks_numba.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ _DTYPES = (torch.float32, torch.float64)
 
 
 def usable(wires: torch.Tensor, params: dict, mode: str) -> bool:
-    """Whether the label sweep's backward through the saved ``wires`` (n, 2, B) runs on the kernel
-    (decided by the forward, as the Triton kernels are)."""
+    """Whether the label sweep of ``wires`` (n, 2, B) runs on the kernels, forward and backward (the
+    forward decides, as for the Triton kernels)."""
     if params["distribution"] != "cauchy" or mode != "stand-in" or isinstance(params["steepness"], torch.Tensor):
         return False
     if not (wires.dtype in _DTYPES and compute.on_cpu(wires)) or torch.compiler.is_compiling():
@@ -36,11 +36,26 @@ def usable(wires: torch.Tensor, params: dict, mode: str) -> bool:
     return triton_gate.KERNELS and can_inspect(wires) and isotonic_numba.available()
 
 
+def label_forward(wires: torch.Tensor, position: torch.Tensor, plan: tuple, far: float) -> tuple:
+    """The label sweep's forward outputs (:class:`~softtopk.ops.sorting_networks._LabelSweep`'s: the
+    label's ranks (k, B), ``wires`` and the saved differences and swap probabilities) of the
+    wires ``wires`` (n, 2, B) through the network ``plan``, the label on wire ``position`` (B,)."""
+    from . import networks_numba_kernels as kernels  # imports numba: only once the kernel runs
+
+    depth, partner, sign, out_wires = plan[:4]
+    n, _, rows = wires.shape
+    diffs, alphas = wires.new_empty((depth, n, 2, rows)), wires.new_empty((depth, n, rows))
+    out = wires.new_empty((out_wires.shape[0], rows))
+    arrays = (numpy_rows(wires[:, 0]), numpy_rows(position), partner.numpy(), numpy_rows(sign[..., 0]))
+    kernels.label_forward(*arrays, out_wires.numpy(), far, diffs.numpy(), alphas.numpy(), out.numpy())
+    return out, wires, diffs, alphas
+
+
 def label_backward(grad: torch.Tensor, plan: tuple, ctx, far: float) -> torch.Tensor:
     """The gradient of the scores (B, n) from that of the label's ranks ``grad`` (k, B), through the
     network ``plan`` (:func:`softtopk.ops.sorting_networks._plan`'s tuple) and the sweep saved in
     ``ctx`` (its wires, differences and swap probabilities; its steepness ``β``)."""
-    from . import networks_numba_kernels as kernels  # imports numba: only once the kernel runs
+    from . import networks_numba_kernels as kernels
 
     _, partner, sign, out_wires = plan[:4]
     wires, diffs, alphas = ctx.saved_tensors

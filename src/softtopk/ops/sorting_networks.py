@@ -301,8 +301,7 @@ class _ColumnSweep(_Sweep):
 
 class _LabelSweep(_Sweep):
     """``(x (B, n), scale, ..., position (B,))`` → ``P[b, position[b], :]`` at the output wires
-    (k, B): the one-hot row of ``position`` rides along the value sweep. Its backward on CPU rows
-    is one numba kernel where :func:`.networks_numba.usable` (decided by the forward)."""
+    (k, B): the one-hot row of ``position`` rides along the value sweep (numba kernels on CPU rows)."""
 
     @staticmethod
     def forward(x, scale, key, params, mode, position):
@@ -310,13 +309,15 @@ class _LabelSweep(_Sweep):
         plan = _plan(key[0], key[1], key[2], str(x.device), str(x.dtype))
         wires = _wires(x, params, 2)
         wires[:, 1].scatter_(0, position.unsqueeze(0), 1.0)
+        if networks_numba.usable(wires, params, mode):
+            return networks_numba.label_forward(wires, position, plan, _far(x.dtype))
         final, diffs, alphas = _value_sweep(wires, plan, params, mode)
         return final[:, 1].index_select(0, plan[3]), wires, diffs, alphas
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         _Sweep.setup_context(ctx, inputs, output)
-        ctx.kernel = networks_numba.usable(output[1], ctx.params, ctx.mode)  # the backward's path (CPU)
+        ctx.kernel = networks_numba.usable(output[1], ctx.params, ctx.mode)  # as the forward's (CPU)
 
     @staticmethod
     @once_differentiable
