@@ -15,9 +15,9 @@ jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 # a rational approximation of atan on [0, 0.66] in the form of Cephes' atan (S. L. Moshier), after
 # the reductions atan t = π/4 + atan((t - 1)/(t + 1)) and π/2 - atan(1/t): within an ulp of float64
 # (the Triton kernels' ``networks_kernels._atan``)
-_P = (-8.750608600031904122785e-1, -1.615753718733365076637e1, -7.500855792314704667340e1)
+_P: tuple[float, ...] = (-8.750608600031904122785e-1, -1.615753718733365076637e1, -7.500855792314704667340e1)
 _P += (-1.228866684490136173410e2, -6.485021904942025371773e1)
-_Q = (2.485846490142306297962e1, 1.650270098316988542046e2, 4.328810604912902668951e2)
+_Q: tuple[float, ...] = (2.485846490142306297962e1, 1.650270098316988542046e2, 4.328810604912902668951e2)
 _Q += (4.853903996359136964868e2, 1.945506571482613964425e2)
 _HALF_PI_LOW = 6.123233995736765886130e-17  # π/2 minus its float64 rounding
 
