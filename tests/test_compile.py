@@ -69,6 +69,19 @@ def test_topk_cross_entropy_module_fullgraph(method, params):
     _check_compiled_matches_eager(loss, make_inputs)
 
 
+@pytest.mark.parametrize(("m", "classes"), [(16, 100), (32, 200)])
+def test_default_topk_cross_entropy_fullgraph(m, classes):
+    """The default loss (splitter network, Cauchy swap, the m largest scores): compiled, it takes
+    the torch path of the selection and the sweep (eager on the CPU, their numba kernels), and its
+    gate reads nothing Dynamo cannot trace (``m > 16`` asks for torch's thread count in eager)."""
+    loss = softtopk.TopKCrossEntropyLoss([0.2] * 5, m=m)
+
+    def make_inputs(g):
+        return torch.randn(6, classes, generator=g), torch.randint(0, classes, (6,), generator=g)
+
+    _check_compiled_matches_eager(loss, make_inputs)
+
+
 def test_soft_topk_fullgraph_inductor():
     """The default backend end to end on the cheapest case."""
 

@@ -130,14 +130,15 @@ def test_the_loss_and_its_gradient_equal_the_torch_path(monkeypatch):
 
 def test_the_kernel_runs_where_it_pays(monkeypatch):
     monkeypatch.undo()
-    assert label_select.pays(1000, 16) and label_select.pays(17, 16) and label_select.pays(10**5, 16)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert label_select.pays(1000, 16) and label_select.pays(17, 16) and label_select.pays(10**5, 16)
     assert label_select.pays(1000, 17) and label_select.pays(256, label_select.MAX_M)
     assert not label_select.pays(1000, label_select.MAX_M + 1)  # its insertions grow with m: topk
     assert not label_select.pays(255, label_select.MAX_M)  # too short for its bound: every entry inserted
+    assert label_select.usable(torch.randn(4, 64), 16) and label_select.usable(torch.randn(4, 68), 17)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # torch's threads against one kernel thread
-    assert label_select.pays(1000, 16) and not label_select.pays(1000, 17)
-    assert label_select.usable(torch.randn(4, 64), 16) and not label_select.usable(torch.randn(4, 64), 17)
+    assert label_select.pays(4096, 16) and not label_select.pays(4097, 16) and not label_select.pays(1000, 17)
+    assert label_select.usable(torch.randn(4, 64), 16) and not label_select.usable(torch.randn(4, 68), 17)
 
 
 def test_where_the_kernel_runs(monkeypatch):

@@ -31,18 +31,21 @@ _DTYPES = (torch.float32, torch.float64)
 
 def usable(logits: torch.Tensor, m: int) -> bool:
     """Whether the selection of ``m`` scores from rows ``logits`` (R, C) runs on the kernel."""
-    if not (pays(logits.shape[-1], m) and logits.dtype in _DTYPES and compute.on_cpu(logits)):
+    if torch.compiler.is_compiling() or not (logits.dtype in _DTYPES and compute.on_cpu(logits)):
         return False
-    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(logits):
+    if torch._C._functorch.is_functorch_wrapped_tensor(logits) or not pays(logits.shape[-1], m):
         return False
     return triton_gate.KERNELS and can_inspect(logits) and isotonic_numba.available()
 
 
 def pays(classes: int, m: int) -> bool:
     """Whether the kernel is faster than the torch path (``benchmarks/results/label_select.md``).
-    Its insertions cost ``O(m)`` each and it runs on one thread: up to 16 scores always; up to
-    :data:`MAX_M` with torch on one thread, from rows long enough for its bound (``4 m <= C``)."""
-    return m <= 16 or (m <= MAX_M and 4 * m <= classes and torch.get_num_threads() == 1)
+    Its insertions cost ``O(m)`` each and it runs on one thread: with torch on one thread, up to 16
+    scores, or up to :data:`MAX_M` from rows long enough for its bound (``4 m <= C``); with torch on
+    several, up to 16 scores from rows of at most 4096 classes."""
+    if torch.get_num_threads() > 1:  # torch's topk spreads the rows over its threads
+        return m <= 16 and classes <= 4096
+    return m <= 16 or (m <= MAX_M and 4 * m <= classes)
 
 
 class LabelSelect(Function):
