@@ -1,6 +1,7 @@
 """The one-time cost of softtopk's numba kernels on a CPU tensor: ``soft_sort``/``soft_rank``'s
-(``ops/isotonic_numba.py``), the default mask's (``ops/lapsum_numba.py``) and top-k
-cross-entropy's (``ops/label_select.py``, ``ops/networks_numba.py``).
+(``ops/isotonic_numba.py``), the default mask's (``ops/lapsum_numba.py``), top-k
+cross-entropy's (``ops/label_select.py``, ``ops/networks_numba.py``) and the noised losses'
+(``ops/noised_numba.py``).
 
 Usage::
 
@@ -42,6 +43,7 @@ op = {
     "soft_topk": lambda x: softtopk.soft_topk(x, 10),
     "soft_rank": softtopk.soft_rank,
     "topk_cross_entropy": lambda x: softtopk.topk_cross_entropy(x, label, [0.2] * 5),
+    "bal_noised_topk": lambda x: softtopk.bal_noised_topk(x, label, k=5, epsilon=1.0),
 }[name]
 inputs = [torch.randn(64, 1000, requires_grad=True) for _ in range(calls)]  # each call another input
 times = []
@@ -53,7 +55,7 @@ print(json.dumps({"import": imported, "first": times[0], "later": statistics.med
 """
 
 
-OPERATORS = ("soft_rank", "soft_topk", "topk_cross_entropy")
+OPERATORS = ("soft_rank", "soft_topk", "topk_cross_entropy", "bal_noised_topk")
 
 
 def measure(cache: str, calls: int, name: str, numba: bool = True) -> dict:
@@ -88,8 +90,9 @@ def main() -> None:
         f"`python benchmarks/bench_numba_startup.py {' '.join(sys.argv[1:])}`: {info['cpu_model']}, torch "
         f"{info['torch']}, numba {info['numba']}, softtopk commit {info['git_commit']}, {info['date']}. "
         f"fwd+bwd at randn(64, 1000) (`soft_topk`: k = 10, the default mask; `topk_cross_entropy`: "
-        f"`p_k = [0.2] * 5`, m = 16, splitter network), one thread, each row a fresh "
-        f"process; cached: the median of {args.cached_runs} processes; numba off: `SOFTTOPK_NUMBA=0`.",
+        f"`p_k = [0.2] * 5`, m = 16, splitter network; `bal_noised_topk`: k = 5, ε = 1, 5 draws), one "
+        f"thread, each row a fresh process; cached: the median of {args.cached_runs} processes; numba off: "
+        "`SOFTTOPK_NUMBA=0`.",
         "",
         "| operator | numba cache | import softtopk (s) | first call (s) | later calls (ms, median) |",
         "|---|---|---:|---:|---:|",

@@ -2,7 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
+
+
+def recorded(patch: pytest.MonkeyPatch, module: Any) -> list[bool]:
+    """The answers of ``module.usable`` (a kernel's gate) from here on, in a list that grows."""
+    seen: list[bool] = []
+    usable = module.usable
+
+    def spy(*args: Any) -> bool:
+        seen.append(usable(*args))
+        return seen[-1]
+
+    patch.setattr(module, "usable", spy)
+    return seen
 
 
 def topk_ce_paths(x: torch.Tensor, target: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -19,3 +35,16 @@ def topk_ce_paths(x: torch.Tensor, target: torch.Tensor) -> list[tuple[torch.Ten
             loss.backward()
         results.append((loss.detach(), leaf.grad))
     return results
+
+
+def by_value(x: torch.Tensor, grad: torch.Tensor) -> list[dict[float, float]]:
+    """Each row's gradient summed over the classes of equal score: the same whichever of two tied
+    classes a selection keeps."""
+    rows = []
+    for xs, gs in zip(x.tolist(), grad.tolist(), strict=True):
+        sums: dict[float, float] = {}
+        for v, g in zip(xs, gs, strict=True):
+            key = "nan" if v != v else v
+            sums[key] = sums.get(key, 0.0) + g
+        rows.append(sums)
+    return rows

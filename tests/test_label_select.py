@@ -15,7 +15,7 @@ from softtopk.ops import isotonic_numba, label_select, networks_numba, triton_ga
 from softtopk.ops.label_select import LabelSelect
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cpu_kernels import topk_ce_paths  # noqa: E402
+from cpu_kernels import by_value, topk_ce_paths  # noqa: E402
 from dispatch_counter import accelerator_steps  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -43,19 +43,6 @@ def _select(x: torch.Tensor, label: torch.Tensor, m: int, kernel: bool):
     return scores.detach(), index, position, masked, leaf.grad
 
 
-def _by_value(x: torch.Tensor, grad: torch.Tensor) -> list[dict[float, float]]:
-    """Each row's gradient summed over the classes of equal score: the same whichever of two tied
-    classes a selection keeps."""
-    rows = []
-    for xs, gs in zip(x.tolist(), grad.tolist(), strict=True):
-        sums: dict[float, float] = {}
-        for v, g in zip(xs, gs, strict=True):
-            key = "nan" if v != v else v
-            sums[key] = sums.get(key, 0.0) + g
-        rows.append(sums)
-    return rows
-
-
 def _same(x: torch.Tensor, label: torch.Tensor, m: int, ties: bool = False) -> None:
     got = _select(x, label, m, kernel=True)
     want = _select(x, label, m, kernel=False)
@@ -64,7 +51,7 @@ def _same(x: torch.Tensor, label: torch.Tensor, m: int, ties: bool = False) -> N
             continue
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=name)
     if ties:  # sums of the same weights, perhaps in another order
-        for a, b in zip(_by_value(x, got[4]), _by_value(x, want[4]), strict=True):
+        for a, b in zip(by_value(x, got[4]), by_value(x, want[4]), strict=True):
             assert a == pytest.approx(b, rel=1e-6, abs=1e-6)
     else:
         torch.testing.assert_close(got[4], want[4], rtol=0, atol=0)

@@ -126,7 +126,7 @@ def test_imports_run_one_way(module):
             )
             allowed = {"triton"} if module in kernels else allowed
             # the optional numba kernels, imported at their first use (ops.isotonic_numba, ops.lapsum_numba,
-            # ops.label_select, ops.networks_numba)
+            # ops.label_select, ops.networks_numba, ops.noised_numba)
             numba_kernels = tuple(
                 f"softtopk.ops.{name}"
                 for name in (
@@ -134,6 +134,8 @@ def test_imports_run_one_way(module):
                     "lapsum_numba_kernels",
                     "label_select_kernels",
                     "networks_numba_kernels",
+                    "noised_numba_kernels",
+                    "order_kernels",
                 )
             )
             allowed = {"numba", "numpy"} if module in numba_kernels else allowed

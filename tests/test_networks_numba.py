@@ -13,7 +13,7 @@ import softtopk
 from softtopk.ops import isotonic_numba, networks_numba, sorting_networks, triton_gate
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cpu_kernels import topk_ce_paths  # noqa: E402
+from cpu_kernels import recorded, topk_ce_paths  # noqa: E402
 from dispatch_counter import accelerator_steps  # noqa: E402
 from extended_rows import sweep_rows  # noqa: E402
 
@@ -28,15 +28,8 @@ CAUCHY = {"distribution": "cauchy", "art_lambda": 0.25}
 def _ranks_and_grad(x, position, k, network, steepness, kernel):
     """The label's ranks and the gradient of ``<ranks, g>`` by the kernel or the torch path."""
     leaf = x.detach().clone().requires_grad_()
-    seen = []
-    usable = networks_numba.usable
-
-    def spy(*args):
-        seen.append(usable(*args))
-        return seen[-1]
-
     with pytest.MonkeyPatch.context() as patch, torch.enable_grad() if kernel else triton_gate.torch_path():
-        patch.setattr(networks_numba, "usable", spy)
+        seen = recorded(patch, networks_numba)
         ranks = sorting_networks.network_label_ranks(leaf, position, k, network=network, steepness=steepness, **CAUCHY)
         g = torch.randn(ranks.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype)
         (ranks * g).sum().backward()

@@ -15,18 +15,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
-jit = numba.njit(cache=True, nogil=True, error_model="numpy")
-
-
-@jit
-def _above(a, b):
-    """Whether ``a`` ranks before ``b`` in ``topk``'s order: NaN first, then by value."""
-    if a != a:
-        return b == b
-    return a > b
+from .order_kernels import jit, ranks_before
 
 
 @jit
@@ -55,7 +46,7 @@ def _insert(v, j, val, idx, filled, size):
     """``(v, j)`` into the first ``filled`` slots of ``val``/``idx``, kept in ``topk``'s order (a
     tie after the entries already there), the last one dropped at ``size``; the new count."""
     slot = filled if filled < size else size - 1
-    while slot > 0 and _above(v, val[slot - 1]):
+    while slot > 0 and ranks_before(v, val[slot - 1]):
         val[slot] = val[slot - 1]
         idx[slot] = idx[slot - 1]
         slot -= 1
@@ -81,7 +72,7 @@ def select_rows(x, label, cap, scores, index, position, masked):
         filled = 0
         for j in range(n):
             v = row[j]
-            if not (v < t) and j != y and (filled < size or _above(v, val[size - 1])):
+            if not (v < t) and j != y and (filled < size or ranks_before(v, val[size - 1])):
                 filled = _insert(v, j, val, idx, filled, size)
         s = row[y]
         masked[r] = s == -math.inf

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
-jit = numba.njit(cache=True, nogil=True, error_model="numpy")
+from .order_kernels import jit
 
 # a rational approximation of atan on [0, 0.66] in the form of Cephes' atan (S. L. Moshier), after
 # the reductions atan t = π/4 + atan((t - 1)/(t + 1)) and π/2 - atan(1/t): within an ulp of float64

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from . import noised_numba
 from ._function import Function
 from .compute import constant, kth_largest, overflow_free_mean, owns_rows
 
@@ -20,9 +21,11 @@ class NoisedHinge(Function):
 
     @staticmethod
     def forward(logits, label, noise, margin, scale, k):
-        # the noise is the caller's fresh tensor: the scores are added into it where that is allowed
-        plus = noise.add_ if owns_rows(noise) else noise.add
-        draws, index = kth_largest(plus(logits.unsqueeze(-1)), k + 1, dim=1)  # s + eps Z: the sum commutes exactly
+        if noised_numba.usable(logits, noise):  # CPU rows: one pass of a numba kernel
+            draws, index = noised_numba.kth_of_draws(logits, noise, k + 1)
+        else:  # the noise is the caller's fresh tensor: the scores are added into it where allowed
+            plus = noise.add_ if owns_rows(noise) else noise.add
+            draws, index = kth_largest(plus(logits.unsqueeze(-1)), k + 1, dim=1)  # s + eps Z: the sum commutes
         hinge = overflow_free_mean(draws, plus=margin) - logits.gather(1, label.unsqueeze(1)).squeeze(1)
         loss = torch.relu(hinge if scale is None else scale * hinge)
         return loss, index
