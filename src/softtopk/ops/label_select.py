@@ -3,14 +3,14 @@ scores, the ``m`` that the relaxation sees, the label's always among them.
 
 The torch path is one ``topk`` of the ``m - 1`` largest other scores (the label's key set to
 ``-inf``), a gather and a stable sort of those and the label's. On a CPU that ``topk``, a partial
-sort with a row's worth of bookkeeping, is most of the selection's time
-(``benchmarks/results/label_select.md``). Where numba is installed, float32 and float64 CPU rows
-whose values may be read (eager, outside the ``torch.func`` transforms) take one kernel instead
-(:mod:`softtopk.ops.label_select_kernels`) where it is faster (:func:`pays`): the same scores,
-classes and positions, except that among equal scores at the boundary of the selection it keeps
-the first in the row, where ``topk``'s choice is unspecified. ``triton_gate.torch_path()`` and
-``SOFTTOPK_NUMBA=0`` turn it off; the tests hold it to the torch path
-(``tests/test_label_select.py``).
+sort with a row's worth of bookkeeping, is most of the selection's time on rows of a thousand
+classes or more (``benchmarks/results/label_select.md``). Where numba is installed, float32 and
+float64 CPU rows whose values may be read (eager, outside the ``torch.func`` transforms) take one
+kernel instead (:mod:`softtopk.ops.label_select_kernels`) where it is faster (:func:`pays`): the
+same scores, classes and positions, except that among equal scores at the boundary of the
+selection it keeps the first in the row, where ``topk``'s choice is unspecified.
+``triton_gate.torch_path()`` and ``SOFTTOPK_NUMBA=0`` turn it off; the tests hold it to the torch
+path (``tests/test_label_select.py``).
 """
 
 from __future__ import annotations
