@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from .order_kernels import jit, ranks_before
+from .order_kernels import insert_ranked, jit, ranks_before
 
 
 @jit
@@ -42,20 +42,6 @@ def _floor(row, best, m):
 
 
 @jit
-def _insert(v, j, val, idx, filled, size):
-    """``(v, j)`` into the first ``filled`` slots of ``val``/``idx``, kept in ``topk``'s order (a
-    tie after the entries already there), the last one dropped at ``size``; the new count."""
-    slot = filled if filled < size else size - 1
-    while slot > 0 and ranks_before(v, val[slot - 1]):
-        val[slot] = val[slot - 1]
-        idx[slot] = idx[slot - 1]
-        slot -= 1
-    val[slot] = v
-    idx[slot] = j
-    return min(filled + 1, size)
-
-
-@jit
 def select_rows(x, label, cap, scores, index, position, masked):
     """Rows ``x`` (R, C) and labels ``label`` (R,) in ``[0, C)`` -> written in place: the ``m - 1``
     largest other scores and the label's (``scores`` (R, m), ascending, the label last among
@@ -73,7 +59,7 @@ def select_rows(x, label, cap, scores, index, position, masked):
         for j in range(n):
             v = row[j]
             if not (v < t) and j != y and (filled < size or ranks_before(v, val[size - 1])):
-                filled = _insert(v, j, val, idx, filled, size)
+                filled = insert_ranked(v, j, val, idx, filled, size)
         s = row[y]
         masked[r] = s == -math.inf
         s = 0.0 if s == -math.inf else s

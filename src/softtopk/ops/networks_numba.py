@@ -36,18 +36,18 @@ def usable(wires: torch.Tensor, params: dict, mode: str) -> bool:
     return triton_gate.KERNELS and can_inspect(wires) and isotonic_numba.available()
 
 
-def label_forward(wires: torch.Tensor, position: torch.Tensor, plan: tuple, far: float) -> tuple:
+def label_forward(wires: torch.Tensor, plan: tuple, far: float) -> tuple:
     """The label sweep's forward outputs (:class:`~softtopk.ops.sorting_networks._LabelSweep`'s: the
     label's ranks (k, B), ``wires`` and the saved differences and swap probabilities) of the
-    wires ``wires`` (n, 2, B) through the network ``plan``, the label on wire ``position`` (B,)."""
+    wires ``wires`` (n, 2, B: the values and the label's one-hot row) through the network ``plan``."""
     from . import networks_numba_kernels as kernels  # imports numba: only once the kernel runs
 
     depth, partner, sign, out_wires = plan[:4]
     n, _, rows = wires.shape
     diffs, alphas = wires.new_empty((depth, n, 2, rows)), wires.new_empty((depth, n, rows))
     out = wires.new_empty((out_wires.shape[0], rows))
-    arrays = (numpy_rows(wires[:, 0]), numpy_rows(position), partner.numpy(), numpy_rows(sign[..., 0]))
-    kernels.label_forward(*arrays, out_wires.numpy(), far, diffs.numpy(), alphas.numpy(), out.numpy())
+    arrays = (numpy_rows(wires), partner.numpy(), numpy_rows(sign[..., 0]), out_wires.numpy())
+    kernels.label_forward(*arrays, far, diffs.numpy(), alphas.numpy(), out.numpy())
     return out, wires, diffs, alphas
 
 
@@ -61,5 +61,5 @@ def label_backward(grad: torch.Tensor, plan: tuple, ctx, far: float) -> torch.Te
     wires, diffs, alphas = ctx.saved_tensors
     out = wires.new_empty((wires.shape[2], wires.shape[0]))
     arrays = (numpy_rows(grad), out_wires.numpy(), partner.numpy(), numpy_rows(sign[..., 0]), diffs.numpy())
-    kernels.label_backward(*arrays, alphas.numpy(), numpy_rows(wires[:, 0]), far, ctx.params["steepness"], out.numpy())
+    kernels.label_backward(*arrays, alphas.numpy(), numpy_rows(wires), far, ctx.params["steepness"], out.numpy())
     return out

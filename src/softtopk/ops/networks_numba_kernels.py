@@ -44,20 +44,19 @@ def _lerp(start, end, w):
 
 
 @jit
-def label_forward(z, position, partner, sign, out_wires, far, diffs, alphas, out):
+def label_forward(wires, partner, sign, out_wires, far, diffs, alphas, out):
     """The label sweep's forward (:func:`softtopk.ops.sorting_networks._value_sweep` with the
-    label's one-hot row riding along; the Cauchy swap at unit steepness): from the wires ``z``
-    (n, B) entering the network (``β x``, infinities at ``±far``) and the label's wire ``position``
-    (B,), written in place: each layer's differences of the values and of the riding row ``diffs``
-    (L, n, 2, B), its swap probabilities ``alphas`` (L, n, B) and the riding row at the output
-    wires ``out`` (k, B). Differences are taken in the rows' dtype, ``atan`` and the lerps in
-    float64; beyond ``far / 2`` only an infinity's stand-in differs, and the comparison is decided."""
+    label's one-hot row riding along; the Cauchy swap at unit steepness): from the wires ``wires``
+    (n, 2, B) entering the network (row 0 ``β x`` with infinities at ``±far``, row 1 the label's
+    one-hot), written in place: each layer's differences of the values and of the riding row
+    ``diffs`` (L, n, 2, B), its swap probabilities ``alphas`` (L, n, B) and the riding row at the
+    output wires ``out`` (k, B). Differences are taken in the rows' dtype, ``atan`` and the lerps
+    in float64; beyond ``far / 2`` only an infinity's stand-in differs, and the comparison is
+    decided."""
     depth, n = partner.shape
-    rows = z.shape[1]
-    v, r = z.copy(), np.zeros_like(z)
-    v_next, r_next = np.empty_like(z), np.empty_like(z)
-    for b in range(rows):
-        r[position[b], b] = 1.0
+    v, r = wires[:, 0].copy(), wires[:, 1].copy()
+    rows = v.shape[1]
+    v_next, r_next = np.empty_like(v), np.empty_like(v)
     for layer in range(depth):
         for i in range(n):
             p, s = partner[layer, i], np.float64(sign[layer, i])
@@ -83,18 +82,18 @@ def label_forward(z, position, partner, sign, out_wires, far, diffs, alphas, out
 
 
 @jit
-def label_backward(grad, out_wires, partner, sign, diffs, alphas, z, far, beta, out):
+def label_backward(grad, out_wires, partner, sign, diffs, alphas, wires, far, beta, out):
     """The gradient of the scores ``out`` (B, n) from that of the label's ranks ``grad`` (k, B),
     through the saved value sweep of :class:`~softtopk.ops.sorting_networks._LabelSweep` with the
     Cauchy swap: ``diffs`` (L, n, 2, B) the differences of the values and of the riding row,
-    ``alphas`` (L, n, B), ``z`` (n, B) the wires entering the network (``β x``, infinities at
-    ``±far``), ``partner`` and ``sign`` (L, n).
+    ``alphas`` (L, n, B), ``wires`` (n, 2, B) the wires entering the network (row 0 ``β x``,
+    infinities at ``±far``), ``partner`` and ``sign`` (L, n).
 
     Each layer, last first, as the torch path: with ``s = sign / (π (1 + d²))``, the gradients
     ``(g, h)`` of the values and the riding row become ``(g (α + d s) + h e s, h α)`` on each wire
     plus its partner's share ``(g - g_d)[p]``."""
     depth, n = partner.shape
-    rows = z.shape[1]
+    rows = wires.shape[2]
     g, h = np.zeros((n, rows)), np.zeros((n, rows))
     gd, hd = np.empty((n, rows)), np.empty((n, rows))
     g_next, h_next = np.empty((n, rows)), np.empty((n, rows))
@@ -120,4 +119,4 @@ def label_backward(grad, out_wires, partner, sign, diffs, alphas, z, far, beta, 
         g, g_next, h, h_next = g_next, g, h_next, h
     for i in range(n):
         for b in range(rows):
-            out[b, i] = g[i, b] * beta if abs(z[i, b]) < far else 0.0
+            out[b, i] = g[i, b] * beta if abs(wires[i, 0, b]) < far else 0.0

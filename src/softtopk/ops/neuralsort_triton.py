@@ -91,7 +91,7 @@ class TritonNeuralSort(Function):
 
 def usable(x: torch.Tensor, k: int, tau: object) -> bool:
     """Whether the NeuralSort mask of rows ``x`` runs on the kernels."""
-    return x.shape[-1] <= MAX_ENTRIES and 0 < k < x.shape[-1] and triton_gate.usable(x, k, tau)
+    return triton_gate.usable(x, k, tau) and 0 < k < x.shape[-1] <= MAX_ENTRIES  # k an int first
 
 
 def triton_mask(x: torch.Tensor, k: int, tau: float, big: float) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .order_kernels import jit, ranks_before
+from .order_kernels import insert_ranked, jit, ranks_before
 
 
 @jit
@@ -18,29 +18,15 @@ def kth_of_draws(logits, noise, kth, draws, index):
     rows, classes, samples = noise.shape
     val = np.empty((samples, kth), noise.dtype)
     idx = np.empty((samples, kth), np.int64)
+    filled = np.empty(samples, np.int64)
     for r in range(rows):
-        for s in range(samples):
-            for j in range(kth):
-                val[s, j] = logits[r, j] + noise[r, j, s]
-                idx[s, j] = j
-                slot = j
-                while slot > 0 and ranks_before(val[s, slot], val[s, slot - 1]):
-                    val[s, slot], val[s, slot - 1] = val[s, slot - 1], val[s, slot]
-                    idx[s, slot], idx[s, slot - 1] = idx[s, slot - 1], idx[s, slot]
-                    slot -= 1
-        for c in range(kth, classes):
+        filled[:] = 0
+        for c in range(classes):
             score = logits[r, c]
             for s in range(samples):
                 v = score + noise[r, c, s]
-                if v <= val[s, kth - 1] or not ranks_before(v, val[s, kth - 1]):  # the common case first
-                    continue
-                slot = kth - 1
-                while slot > 0 and ranks_before(v, val[s, slot - 1]):
-                    val[s, slot] = val[s, slot - 1]
-                    idx[s, slot] = idx[s, slot - 1]
-                    slot -= 1
-                val[s, slot] = v
-                idx[s, slot] = c
+                if filled[s] < kth or ranks_before(v, val[s, kth - 1]):
+                    filled[s] = insert_ranked(v, c, val[s], idx[s], filled[s], kth)
         for s in range(samples):
             draws[r, s] = val[s, kth - 1]
             index[r, s] = idx[s, kth - 1]

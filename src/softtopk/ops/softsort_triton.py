@@ -89,8 +89,9 @@ class TritonSoftSort(Function):
 
 
 def usable(x: torch.Tensor, k: int, tau: object) -> bool:
-    """Whether the SoftSort mask of rows ``x`` runs on the kernels."""
-    return 0 < k < x.shape[-1] <= MAX_ENTRIES and triton_gate.usable(x, k, tau)
+    """Whether the SoftSort mask of rows ``x`` runs on the kernels (``triton_gate.usable`` first: it
+    checks that ``k`` is an int before the sizes compare it)."""
+    return triton_gate.usable(x, k, tau) and 0 < k < x.shape[-1] <= MAX_ENTRIES
 
 
 def triton_mask(x: torch.Tensor, k: int, tau: float) -> torch.Tensor:

@@ -310,7 +310,7 @@ class _LabelSweep(_Sweep):
         wires = _wires(x, params, 2)
         wires[:, 1].scatter_(0, position.unsqueeze(0), 1.0)
         if networks_numba.usable(wires, params, mode):
-            return networks_numba.label_forward(wires, position, plan, _far(x.dtype))
+            return networks_numba.label_forward(wires, plan, _far(x.dtype))
         final, diffs, alphas = _value_sweep(wires, plan, params, mode)
         return final[:, 1].index_select(0, plan[3]), wires, diffs, alphas
 
