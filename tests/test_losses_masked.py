@@ -107,3 +107,28 @@ def test_topk_cross_entropy_over_all_classes_of_a_network_with_masked_classes(me
     loss = softtopk.topk_cross_entropy(leaf, torch.tensor([0, 1, 2, 3]), [0.5, 0.5], method=method, steepness=2.0)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(leaf.grad).all() and (leaf.grad[:, 7:] == 0).all()
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_ignored_rows_never_reach_the_loss_or_its_gradient(name):
+    """A row whose target is ``ignore_index`` adds nothing, not even ``0 * inf`` or NaN: its logits
+    may be +-inf, huge or NaN; the loss and the kept rows' gradients are those of the call without
+    it, and a non-NaN ignored row's gradient is 0. (An ignored row holding a NaN may get a NaN
+    gradient, as it does from ``nn.CrossEntropyLoss``.)"""
+    logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    logits[1] = torch.tensor([INF, -INF, 1e308, -1e308, 0.0, INF], dtype=torch.float64)
+    logits[3, 2] = math.nan
+    target, kept = torch.tensor([2, -100, 0, -100]), [0, 2]
+    noise = _noise((4, 6))
+
+    left = logits.clone().requires_grad_()
+    right = logits[kept].clone().requires_grad_()
+    value = LOSSES[name](left, target, noise)
+    expected = LOSSES[name](right, target[kept], noise[kept])
+    assert torch.equal(value[[1, 3]], torch.zeros(2, dtype=torch.float64))
+    torch.testing.assert_close(value[kept], expected)
+    weights = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    (value * weights).sum().backward()
+    (expected * weights[kept]).sum().backward()
+    assert torch.equal(left.grad[1], torch.zeros(6, dtype=torch.float64))
+    torch.testing.assert_close(left.grad[kept], right.grad)

@@ -41,7 +41,8 @@ LOSSES = {
 # launches of one fwd+bwd with the value checks off (as on an accelerator); top-k CE's network
 # sweep belongs to ops/sorting_networks.py and is counted apart (see test_topk_ce_outside_the_network)
 # (the issue's budgets: smooth top-k SVM <= 32, noised <= 24; these caps are what the torch path
-# reaches; on CUDA the SVM's rows take two Triton kernels, within 32: tests/test_svm_triton.py)
+# reaches; on CUDA the SVM's rows take two Triton kernels, within 32: tests/test_svm_triton.py; the
+# noised hinge zeroes ignored rows itself, so relu's backward masks them; LDAM margins cost 4 more)
 # (the SVMs' limits at +inf logits, their overflow-free gaps and NaN rows cost 20, 14 and 10 of theirs;
 # a loss finite wherever it is representable, also when its margin overflows, 4 of each smooth one;
 # a Toeplitz expansion that Inductor compiles, 1 of the subset kernel's)
@@ -49,8 +50,8 @@ BUDGETS = {
     "smooth_topk_svm": 95,
     "smooth_top1_svm": 66,
     "topk_svm": 57,
-    "bal_noised": 26,
-    "imbal_noised": 30,
+    "bal_noised": 24,
+    "imbal_noised": 28,
     "topk_ce softsort": 66,
     "topk_ce neuralsort": 85,
 }

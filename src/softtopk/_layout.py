@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ._checks import check_bool
-from .ops.compute import compute_dtype, filled
+from .ops.compute import compute_dtype, zero_unless
 
 
 def along_rows(
@@ -51,43 +51,47 @@ def class_rows(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``input (N, C, d1, ...)`` and ``target (N, d1, ...)`` as rows: logits ``(R, C)`` in the compute
     dtype, labels ``(R,)`` (int64, ``ignore_index`` replaced by 0: safe to gather with) and the bool
-    ``(R,)`` mask of ignored rows, which :func:`reduce_loss` leaves out. Two ops (and a cast for
-    non-int64 targets or half inputs); no value is read."""
+    ``(R,)`` mask of the rows that count (target not ``ignore_index``), the only ones
+    :func:`reduce_loss` keeps. Two ops (and a cast for non-int64 targets or half inputs); no value
+    is read."""
     logits = input if input.dim() == 2 else input.movedim(1, -1).reshape(-1, input.shape[1])
     logits = logits.to(compute_dtype(input.dtype))
     flat = target.reshape(-1)
-    ignored = flat == ignore_index
-    return logits, filled(flat, ignored, 0).long(), ignored
+    kept = flat != ignore_index
+    return logits, zero_unless(kept, flat).long(), kept
 
 
 def reduce_loss(
     per_sample: torch.Tensor,
     label: torch.Tensor,
-    ignored: torch.Tensor,
+    kept: torch.Tensor,
     *,
     weight: torch.Tensor | None,
     reduction: str,
     shape: torch.Size,
     input: torch.Tensor,
+    masked: bool = False,
 ) -> torch.Tensor:
-    """Reduce ``per_sample`` (R,) losses of rows with labels ``label`` (R,) and ``ignored`` (R,) as
-    ``nn.CrossEntropyLoss`` does, in a few fused ops and without reading values.
+    """Reduce ``per_sample`` (R,) losses of rows with labels ``label`` (R,), keeping the rows of the
+    bool mask ``kept`` (R,), as ``nn.CrossEntropyLoss`` does, in a few fused ops and without reading
+    values.
 
     The result has ``input``'s dtype, except under autocast, where it stays float32 (as
-    ``F.cross_entropy``'s does). ``'mean'`` divides by the summed weight of the non-ignored rows;
-    where every row is ignored (or there are none) it returns 0 instead of PyTorch's NaN (no NaN
-    leaves softtopk for finite input). ``'none'`` returns ``shape`` (the target's shape) with zeros
-    at ignored targets. Ignored rows' losses (computed on label 0) never reach the result, not even
-    as ``0 * inf``.
+    ``F.cross_entropy``'s does). ``'mean'`` divides by the summed weight of the kept rows; where no
+    row is kept (or there are none) it returns 0 instead of PyTorch's NaN (no NaN leaves softtopk
+    for finite input). ``'none'`` returns ``shape`` (the target's shape) with zeros at ignored
+    targets. Ignored rows' losses (computed on label 0) never reach the result, not even as
+    ``0 * inf``: they are set to 0 here, or already are (``masked``: the row function zeroed them
+    and their gradients itself, which spares this masking's op forward and backward).
     """
-    loss = per_sample.masked_fill(ignored, 0.0)
+    loss = per_sample if masked else zero_unless(kept, per_sample)
     if weight is None:
         if reduction == "mean":
-            loss = loss.sum() / (ignored.numel() - ignored.sum()).clamp_min(1)
+            loss = loss.sum() / kept.sum().clamp_min(1)
         elif reduction == "sum":
             loss = loss.sum()
     else:
-        sample_weight = weight.to(per_sample.dtype).index_select(0, label).masked_fill_(ignored, 0.0)
+        sample_weight = zero_unless(kept, weight.to(per_sample.dtype).index_select(0, label))
         if reduction == "none":
             loss = loss * sample_weight
         else:

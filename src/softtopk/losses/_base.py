@@ -18,7 +18,7 @@ from .._validation import (
     check_reduction,
 )
 
-PerRow = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+PerRow = Callable[..., torch.Tensor]
 
 
 def class_loss(
@@ -29,6 +29,7 @@ def class_loss(
     weight: torch.Tensor | None,
     ignore_index: int,
     reduction: str,
+    masks_rows: bool = False,
 ) -> torch.Tensor:
     """Apply ``per_row(logits (R, C), label (R,)) -> (R,)`` to ``input (N, C, d1, ...)`` and reduce
     as ``nn.CrossEntropyLoss`` does.
@@ -36,7 +37,10 @@ def class_loss(
     ``logits`` are the rows of ``input`` with the class axis last, in the compute dtype (float32 for
     float16/bfloat16); ``label`` is safe to gather with (ignored targets read class 0 and are masked
     out of the reduction). ``'mean'`` is the weighted mean over non-ignored targets (0 when every
-    target is ignored); the result has ``input``'s dtype (float32 under autocast).
+    target is ignored); the result has ``input``'s dtype (float32 under autocast). With
+    ``masks_rows``, ``per_row(logits, label, kept)`` also takes the bool ``(R,)`` mask of the rows
+    that count and returns 0, with gradient 0, at the others (an autograd Function can do so within
+    its own ops, so the reduction adds no masking op forward or backward).
 
     Values are never read on an accelerator: the target's range and the weights' signs are checked
     only for CPU tensors outside ``torch.compile``/``vmap`` (as PyTorch's own losses do; on CUDA a
@@ -47,9 +51,17 @@ def class_loss(
     ignore_index = check_ignore_index(ignore_index)
     target = check_class_target(input, target, ignore_index)
     weight = check_class_weight(weight, input.shape[1])
-    logits, label, ignored = class_rows(input, target, ignore_index)
+    logits, label, kept = class_rows(input, target, ignore_index)
+    per_sample = per_row(logits, label, kept) if masks_rows else per_row(logits, label)
     return reduce_loss(
-        per_row(logits, label), label, ignored, weight=weight, reduction=reduction, shape=target.shape, input=input
+        per_sample,
+        label,
+        kept,
+        weight=weight,
+        reduction=reduction,
+        shape=target.shape,
+        input=input,
+        masked=masks_rows,
     )
 
 

@@ -88,7 +88,7 @@ def noised_hinge(
     if scale is not None:
         check_scale("scale", scale, input.dtype)
 
-    def per_row(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    def per_row(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
         given = noise
         if given is None:
             given = torch.randn(
@@ -105,9 +105,11 @@ def noised_hinge(
         else:  # the draw is ours: scaled in place (the same rounding; times 1 is exact, so skipped)
             scaled = rows.mul_(epsilon) if epsilon != 1 else rows
         scaled = scaled.to(compute_dtype(input.dtype))
-        return NoisedHinge.apply(logits, label, scaled, margin, scale, k)[0]
+        return NoisedHinge.apply(logits, label, scaled, margin, scale, k, kept)[0]
 
-    return class_loss(input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction)
+    return class_loss(
+        input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction, masks_rows=True
+    )
 
 
 def bal_noised_topk(

@@ -258,6 +258,12 @@ def filled(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
     return torch.where(mask, constant((value,), x), x)
 
 
+def zero_unless(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``x`` where ``mask``, 0 elsewhere (NaN and ``inf`` of ``x`` included), in one kernel; the
+    gradient is 0 outside ``mask``. The complement of :func:`filled` with 0, without negating ``mask``."""
+    return torch.where(mask, x, constant((0,), x))
+
+
 def constant(values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor:
     """``values`` as a tensor ``(len(values),)`` in ``like``'s dtype, on its device.
 
