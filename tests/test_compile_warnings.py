@@ -9,6 +9,7 @@ cache is emptied here so that an earlier test cannot hide one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 
@@ -92,3 +93,23 @@ def test_sparse_under_vmap_does_not_warn(p):
     for op in (softtopk.sparse_topk_mask, softtopk.sparse_topk_mag):
         torch.vmap(lambda row, op=op: op(row, 4, l=0.5, p=p))(x)
         torch.vmap(torch.func.grad(lambda row, op=op: (op(row, 4, l=0.5, p=p) * w).sum()))(x)
+
+
+@pytest.mark.usefixtures("no_warnings")
+@pytest.mark.parametrize("numba_kernels", [True, False])
+def test_network_topk_cross_entropy_under_vmap_of_grad_does_not_warn(numba_kernels):
+    """Per-example gradients of top-k CE with a network: the sweep's backward added a product with
+    an in-place ``addcmul_``, which has no batching rule (functorch ran it example by example)."""
+    from softtopk.ops import triton_gate
+
+    x = torch.randn(4, 24, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    y = torch.tensor([3, 0, 23, 7])
+
+    def loss(row, label):
+        return softtopk.topk_cross_entropy(row.unsqueeze(0), label.unsqueeze(0), [0.5, 0.5], m=16)
+
+    with contextlib.nullcontext() if numba_kernels else triton_gate.torch_path():
+        grads = torch.vmap(torch.func.grad(loss))(x, y)
+    leaf = x[2].clone().requires_grad_()
+    loss(leaf, y[2]).backward()
+    torch.testing.assert_close(grads[2], leaf.grad)

@@ -129,7 +129,6 @@ def test_where_the_kernel_runs(monkeypatch):
     assert not networks_numba.usable(wires, {**CAUCHY, "steepness": 1.0}, "stand-in")
 
 
-@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # the torch path under vmap
 @pytest.mark.parametrize("transform", ["grad", "vmap"])
 def test_torch_func_transforms(transform):
     """``torch.func.grad`` and ``vmap`` of the loss agree with the eager kernels."""

@@ -184,6 +184,15 @@ def owns_rows(fresh: torch.Tensor) -> bool:
     return not (torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(fresh))
 
 
+def add_product_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``target += a * b`` in place: one ``addcmul_``; for a tensor of a ``torch.func`` transform a
+    product and an ``add_``, since ``addcmul_`` has no batching rule (``vmap`` would run it example
+    by example, with a warning)."""
+    if not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(target):
+        return target.add_(a * b)
+    return target.addcmul_(a, b)
+
+
 def label_row(ranks: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """``ranks[b, position[b], :]`` ``(B, k)`` of ranks ``(B, n, k)``: where each row's item at
     ``position`` (B,) lands (top-k cross-entropy's label)."""

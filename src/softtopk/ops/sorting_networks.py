@@ -47,7 +47,7 @@ from torch.autograd.function import once_differentiable
 
 from . import networks_numba, networks_triton
 from ._function import Function
-from .compute import constant_result
+from .compute import add_product_, constant_result
 from .networks import build_network, layer_tensors
 from .swaps import ART_DELTA, signed_swap_probability, swap_slope
 
@@ -186,7 +186,7 @@ def _value_backward(grad, saved, plan, params, mode, alpha_grads=None):
             continue
         grad_d = grad * weights[layer] if bias is None else torch.addcmul(bias[layer], grad, weights[layer])
         if cross is not None:
-            grad_d[:, 0].addcmul_(grad[:, 1], cross[layer])
+            add_product_(grad_d[:, 0], grad[:, 1], cross[layer])
         grad = grad_d.index_add_(0, partner[layer], grad - grad_d)
     grad_z = torch.where(z[:, 0].abs() < _far(z.dtype), grad[:, 0], 0.0)  # none for the infinities
     if not by_beta:
