@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import functools
 
-import numba
 import numpy as np
 
-jit = numba.njit(cache=True, nogil=True)
+from .order_kernels import jit
+
 SPAN = 600.0  # kl rows spanning less pool in linear sums: exp(-600) is a normal float64
 
 

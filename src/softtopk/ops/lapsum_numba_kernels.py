@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 
-jit = numba.njit(cache=True, nogil=True, error_model="numpy")  # no zero-division checks in loops
+from .order_kernels import jit
 
 
 @jit
