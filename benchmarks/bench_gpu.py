@@ -16,7 +16,8 @@ Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven rep
   and 1000 where k < n), 16384 x 64 (k = 2, 8) and 65536 x 256 (k = 8), float32 and bfloat16
   (``--quick``: k = 10 at 64 x n, k = 2 at 16384 x 64, bfloat16 at 64 x 1000 only); fwd+bwd is
   ``f(x, k).backward(g)``. Baseline: ``zeros_like(x).scatter(-1, i, v)`` of ``torch.topk``. The
-  O(n k) methods are skipped where ``rows n k`` exceeds 2^31 (recorded).
+  O(n k) methods are skipped where ``rows n k`` exceeds 2^31 (recorded; ``--quick`` on a CPU:
+  2^25, NeuralSort and SoftSort at 64 x 1e5, which take seconds a call there).
 * losses at 512 x 1000 and 4096 x 1000 (float32): ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16,
   splitter network, on CUDA by its Triton kernels and by the torch path, and NeuralSort),
   ``SmoothTopKSVM(k=5)`` (on CUDA by its Triton kernels and by the torch path),
@@ -84,7 +85,8 @@ QUICK_MASK_SHAPES = [
 LOSS_ROWS, QUICK_LOSS_ROWS, CLASSES = (512, 4096), (512,), 1000
 ROUTER = {"tokens": 16384, "d_model": 1024, "experts": 64, "k": 2}
 QUICK_TOKENS = 2048
-DENSE_LIMIT = 2**31  # rows * n * k above which the O(n k) methods are skipped
+DENSE_LIMIT = 2**31  # rows * n * k above which the O(n k) methods are skipped (their memory)
+QUICK_DENSE_LIMIT = 2**25  # --quick on a CPU: the same above this (seconds per call at 64 x 1e5)
 
 
 class Skip(Exception):
@@ -120,10 +122,11 @@ def _mask_case(fn: Callable, stochastic: bool = False) -> Callable:
     return build
 
 
-def _dense(fn: Callable) -> Callable:
+def _dense(fn: Callable, limit: int) -> Callable:
     def call(x, k):
-        if x.numel() * k > DENSE_LIMIT:
-            raise Skip(f"O(n k) memory: rows * n * k = {x.numel() * k} > 2^31")
+        if x.numel() * k > limit:
+            why = "memory" if limit == DENSE_LIMIT else "time: --quick on a CPU"
+            raise Skip(f"O(n k) {why}: rows * n * k = {x.numel() * k} > 2^{limit.bit_length() - 1}")
         return fn(x, k)
 
     return call
@@ -187,7 +190,7 @@ def _peer_softtorch():
     return mask
 
 
-def mask_cases() -> dict[str, Callable]:
+def mask_cases(dense_limit: int) -> dict[str, Callable]:
     def topk_method(method, **params):
         return lambda x, k: softtopk.soft_topk(x, k, method=method, **params)
 
@@ -200,9 +203,9 @@ def mask_cases() -> dict[str, Callable]:
         "lapsum (torch path)": _mask_case(_torch_path(topk_method("lapsum", tau=1.0), cpu_kernels=True)),
         "sparse p=4/3": _mask_case(sparse),
         "sparse p=4/3 (torch path)": _mask_case(_torch_path(sparse)),
-        "neuralsort": _mask_case(_dense(topk_method("neuralsort", tau=1.0))),
-        "neuralsort (torch path)": _mask_case(_torch_path(_dense(topk_method("neuralsort", tau=1.0)))),
-        "softsort": _mask_case(_dense(topk_method("softsort", tau=1.0))),
+        "neuralsort": _mask_case(_dense(topk_method("neuralsort", tau=1.0), dense_limit)),
+        "neuralsort (torch path)": _mask_case(_torch_path(_dense(topk_method("neuralsort", tau=1.0), dense_limit))),
+        "softsort": _mask_case(_dense(topk_method("softsort", tau=1.0), dense_limit)),
         "gumbel": _mask_case(topk_method("gumbel", tau=1.0), stochastic=True),
         "torchsort soft_rank clamp": lambda *a: _mask_case(_peer_torchsort())(*a),
         "SoftTorch": lambda *a: _mask_case(_peer_softtorch())(*a),
@@ -571,6 +574,7 @@ def main(argv: list[str] | None = None) -> None:
     opts.repeats = opts.repeats or (7 if opts.quick else 30)
     opts.warmup = opts.warmup if opts.warmup is not None else (2 if opts.quick else 3)
     device = torch.device(opts.device)
+    dense_limit = QUICK_DENSE_LIMIT if opts.quick and device.type == "cpu" else DENSE_LIMIT
     malloc = steady_malloc() if device.type == "cpu" else "n/a"
     if device.type == "cpu":
         torch.set_num_threads(1)
@@ -603,7 +607,7 @@ def main(argv: list[str] | None = None) -> None:
                 "warmup": opts.warmup,
                 "router": ROUTER,
                 "router_tokens": tokens,
-                "dense_limit": DENSE_LIMIT,
+                "dense_limit": dense_limit,
                 "timing": "CUDA events per call" if device.type == "cuda" else "time.perf_counter, 1 thread",
             },
             "records": records,
@@ -619,7 +623,7 @@ def main(argv: list[str] | None = None) -> None:
         for dtype in dtypes if not opts.quick or shape == (64, 1000) else dtypes[:1]:
             for k in (k for k in ks if k < shape[-1]):
                 info = {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "k": k}
-                save(run_group("mask", info, mask_cases(), [shape, k, dtype], device, opts, log))
+                save(run_group("mask", info, mask_cases(dense_limit), [shape, k, dtype], device, opts, log))
     for rows in QUICK_LOSS_ROWS if opts.quick else LOSS_ROWS:
         info = {"shape": [rows, CLASSES], "dtype": "float32"}
         save(run_group("loss", info, loss_cases(), [rows], device, opts, log))
