@@ -34,6 +34,9 @@ FAMILIES = {
         softtopk.smooth_topk_svm(x, TARGET, k=2) + softtopk.smooth_topk_svm(x, TARGET, k=9)
     ),
     "top-k cross-entropy": lambda x: CE(x, TARGET),
+    "imbalanced noised loss, functional": lambda x: softtopk.imbal_noised_topk(
+        x, TARGET, k=2, epsilon=0.5, max_m=0.3, cls_num_list=[float(c) for c in range(1, x.shape[1] + 1)]
+    ),
     "router": lambda x: ROUTER(x).weights.sum() + ROUTER.aux_loss,
 }
 

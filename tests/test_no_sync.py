@@ -205,3 +205,24 @@ def test_dykstra_on_an_empty_batch(fn):
     out = fn(x, 2, p=2, solver="dykstra")
     out.sum().backward()
     assert out.shape == (0, 5) and x.grad.shape == (0, 5)
+
+
+def test_the_functional_imbalanced_loss_keeps_its_margins_on_the_device():
+    """``imbal_noised_topk`` built its LDAM margins from the counts and copied them to the device at
+    every call (on a GPU, a copy that waits for the host); they are now made once per counts,
+    device and dtype (here: made by a first fwd + bwd, then never again)."""
+    logits = torch.randn(4, 12, generator=torch.Generator().manual_seed(1))
+    target = torch.tensor([0, 3, 7, 11])
+    counts = [float(c) for c in range(1, 13)]
+
+    def loss(x):
+        return losses.imbal_noised_topk(x, target, k=2, epsilon=0.5, max_m=0.5, cls_num_list=counts)
+
+    loss(logits.clone().requires_grad_()).backward()
+    calls = count_call(loss, logits)
+    assert calls.uploads == 0 and calls.reads <= 1, (calls.uploads, calls.reads)
+    module = losses.ImbalNoisedTopK(k=2, epsilon=0.5, max_m=0.5, cls_num_list=counts)
+    torch.manual_seed(0)
+    functional = loss(logits)
+    torch.manual_seed(0)
+    torch.testing.assert_close(functional, module(logits, target), rtol=0, atol=0)

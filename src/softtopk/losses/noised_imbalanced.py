@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .._validation import check_class_counts, check_class_input, check_count_length, check_real
+from ..ops.compute import compute_dtype, constant
 from ._base import ClassLoss
 from .noised import noised_hinge, noised_params
 
@@ -45,9 +46,14 @@ def ldam_margins(cls_num_list: Sequence[float], max_m: float) -> torch.Tensor:
         tensor([0.3000, 0.2280, 0.2523], dtype=torch.float64)
     """
     max_m, counts, _ = _ldam_params(max_m, cls_num_list, 1.0)
+    return torch.tensor(_margin_values(counts, max_m), dtype=torch.float64)
+
+
+def _margin_values(counts: tuple[float, ...], max_m: float) -> tuple[float, ...]:
+    """:func:`ldam_margins` of checked counts, as Python floats (double precision)."""
     inverse = [1.0 / n**0.25 for n in counts]
     factor = max_m / max(inverse)
-    return torch.tensor([v * factor for v in inverse], dtype=torch.float64)
+    return tuple(v * factor for v in inverse)
 
 
 def imbal_noised_topk(
@@ -89,7 +95,7 @@ def imbal_noised_topk(
         target,
         params,
         noise=noise,
-        margins=ldam_margins(counts, max_m),
+        margins=constant(_margin_values(counts, max_m), input, compute_dtype(input.dtype)),
         scale=scale,
         weight=weight,
         ignore_index=ignore_index,
@@ -109,7 +115,9 @@ class ImbalNoisedTopK(ClassLoss):
     float64 buffer ``margins`` ``(C,)``, computed once: move the loss to the scores' device
     (``loss_fn.to(device)``, as any module with a buffer); left on the CPU, the margins are copied
     to an accelerator at every call, a copy that waits for the host. The functional form
-    :func:`softtopk.imbal_noised_topk` makes and copies them at every call.
+    :func:`softtopk.imbal_noised_topk` keeps them on the device, in the compute dtype, once per
+    ``(cls_num_list, max_m)``, device and dtype (:func:`softtopk.ops.compute.constant`): only its
+    first call with new counts copies them.
 
     Args:
         k: the loss targets top-k accuracy, ``1 <= k <= C - 1``.

@@ -273,15 +273,16 @@ def zero_unless(mask: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, x, constant((0,), x))
 
 
-def constant(values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor:
-    """``values`` as a tensor ``(len(values),)`` in ``like``'s dtype, on its device.
+def constant(values: tuple[float, ...], like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``values`` as a tensor ``(len(values),)`` in ``dtype`` (default ``like``'s), on ``like``'s device.
 
     Made once per ``(values, device, dtype)`` and kept: on an accelerator a copy from host memory at
     every call would wait for the host and could not be captured in a CUDA graph. Under
     ``torch.compile`` it is a constant of the graph, made at the call; on ``meta``, too."""
+    dtype = like.dtype if dtype is None else dtype
     if like.device.type == "meta" or torch.compiler.is_compiling():
-        return like.new_tensor(values)
-    return _on_device(tuple(values), like.device, like.dtype)
+        return like.new_tensor(values, dtype=dtype)
+    return _on_device(tuple(values), like.device, dtype)
 
 
 @functools.lru_cache(maxsize=64)
