@@ -38,9 +38,11 @@ from typing import Any
 
 import torch
 
+from . import compute, triton_gate
 from .compute import can_inspect
 
 ENABLED = os.environ.get("SOFTTOPK_NUMBA") != "0"
+_FLOATS = (torch.float32, torch.float64)  # the dtypes the kernels are compiled for
 
 
 def _load() -> Any:
@@ -69,6 +71,21 @@ def available() -> bool:
     not ``"0"``. The callers decide where (:func:`softtopk.ops.compute.can_inspect` on their
     tensors)."""
     return _kernels() is not None
+
+
+def usable_rows(x: torch.Tensor) -> bool:
+    """Whether a CPU numba kernel may take the tensor ``x``: float32 or float64 rows that take the
+    CPU steps (:func:`softtopk.ops.compute.on_cpu`), eager and of no ``torch.func`` transform (NumPy
+    cannot see such a tensor's storage), values that may be read, no
+    :func:`softtopk.ops.triton_gate.torch_path` block, and the kernels :func:`available`. What the
+    numba kernels share (``lapsum_numba``, ``label_select``, ``networks_numba``, ``noised_numba``);
+    each caller adds its scope and, last, its size rule (which may read the thread count, a call
+    Dynamo cannot trace: this check says no while compiling first)."""
+    if torch.compiler.is_compiling() or not (x.dtype in _FLOATS and compute.on_cpu(x)):
+        return False
+    if torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return False
+    return triton_gate.KERNELS and can_inspect(x) and available()
 
 
 def _kernel(name: str):

@@ -19,23 +19,18 @@ import math
 
 import torch
 
-from . import compute, isotonic_numba, triton_gate
+from . import isotonic_numba
 from ._function import Function
-from .compute import can_inspect, filled, put_rows, topk_rows
+from .compute import filled, put_rows, topk_rows
 from .isotonic_numba import numpy_rows
 
 INF_MARGIN = 2.0**27  # a +inf score's stand-in is the dtype's largest number over this
 MAX_M = 64  # the kernel's insertions cost O(m) each: larger selections keep topk
-_DTYPES = (torch.float32, torch.float64)
 
 
 def usable(logits: torch.Tensor, m: int) -> bool:
     """Whether the selection of ``m`` scores from rows ``logits`` (R, C) runs on the kernel."""
-    if torch.compiler.is_compiling() or not (logits.dtype in _DTYPES and compute.on_cpu(logits)):
-        return False
-    if torch._C._functorch.is_functorch_wrapped_tensor(logits) or not pays(logits.shape[-1], m):
-        return False
-    return triton_gate.KERNELS and can_inspect(logits) and isotonic_numba.available()
+    return isotonic_numba.usable_rows(logits) and pays(logits.shape[-1], m)
 
 
 def pays(classes: int, m: int) -> bool:

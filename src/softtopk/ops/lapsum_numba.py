@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from . import compute, isotonic_numba, triton_gate
-from .compute import LOG2E, can_inspect, topk_rows
+from . import isotonic_numba
+from .compute import LOG2E, topk_rows
 from .isotonic_numba import numpy_rows
 from .lapsum_triton import ImplicitMask, candidates, hard_forward, implicit_backward
-
-_DTYPES = (torch.float32, torch.float64)
 
 
 def usable(x: torch.Tensor, k: object, tau: object) -> bool:
@@ -33,11 +31,7 @@ def usable(x: torch.Tensor, k: object, tau: object) -> bool:
     ``torch.func`` transform: their tensors have no storage NumPy can see), numba available, no
     :func:`softtopk.ops.triton_gate.torch_path` block around the call, and a size where they are
     faster (:func:`pays`)."""
-    if not (isinstance(k, int) and isinstance(tau, float) and x.dtype in _DTYPES and compute.on_cpu(x)):
-        return False
-    if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
-        return False
-    return triton_gate.KERNELS and pays(x, k) and can_inspect(x) and isotonic_numba.available()
+    return isinstance(k, int) and isinstance(tau, float) and isotonic_numba.usable_rows(x) and pays(x, k)
 
 
 def pays(x: torch.Tensor, k: int) -> bool:

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from . import compute, isotonic_numba, triton_gate
-from .compute import can_inspect
+from . import isotonic_numba
 from .isotonic_numba import numpy_rows
-
-_DTYPES = (torch.float32, torch.float64)
 
 
 def usable(wires: torch.Tensor, params: dict, mode: str) -> bool:
@@ -29,11 +26,7 @@ def usable(wires: torch.Tensor, params: dict, mode: str) -> bool:
     forward decides, as for the Triton kernels)."""
     if params["distribution"] != "cauchy" or mode != "stand-in" or isinstance(params["steepness"], torch.Tensor):
         return False
-    if not (wires.dtype in _DTYPES and compute.on_cpu(wires)) or torch.compiler.is_compiling():
-        return False
-    if torch._C._functorch.is_functorch_wrapped_tensor(wires):
-        return False
-    return triton_gate.KERNELS and can_inspect(wires) and isotonic_numba.available()
+    return isotonic_numba.usable_rows(wires)
 
 
 def label_forward(wires: torch.Tensor, plan: tuple, far: float) -> tuple:

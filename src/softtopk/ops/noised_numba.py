@@ -15,20 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from . import compute, isotonic_numba, triton_gate
-from .compute import can_inspect
+from . import isotonic_numba
 from .isotonic_numba import numpy_rows
-
-_DTYPES = (torch.float32, torch.float64)
 
 
 def usable(logits: torch.Tensor, noise: torch.Tensor) -> bool:
     """Whether the ``(k+1)``-th largest of ``logits`` (R, C) plus ``noise`` (R, C, S) runs on the kernel."""
-    if torch.compiler.is_compiling() or not (logits.dtype in _DTYPES and compute.on_cpu(logits)):
-        return False
-    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in (logits, noise)):
-        return False
-    return noise.dtype == logits.dtype and triton_gate.KERNELS and can_inspect(noise) and isotonic_numba.available()
+    return noise.dtype == logits.dtype and isotonic_numba.usable_rows(logits) and isotonic_numba.usable_rows(noise)
 
 
 def kth_of_draws(logits: torch.Tensor, noise: torch.Tensor, kth: int) -> tuple[torch.Tensor, torch.Tensor]:
