@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dispatch_counter import accelerator_steps
 from softtopk.losses import BalNoisedTopK, ImbalNoisedTopK, bal_noised_topk, imbal_noised_topk, ldam_margins
+from softtopk.ops import triton_gate
 
 FEW = settings(max_examples=20, deadline=None)
 COUNTS = [50, 7, 200, 1, 13]
@@ -78,15 +79,16 @@ def test_ldam_margins():
 @pytest.mark.parametrize("kind", ["bal", "imbal"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_accelerator_selection_gives_the_same_loss(kind, dtype):
-    """Off the CPU the ``(k+1)``-th draw is taken by ``kthvalue`` (``compute.kth_largest``): a seeded
-    call gives the CPU's loss and gradient bit for bit."""
+    """Off the CPU the ``(k+1)``-th draw is taken by ``kthvalue`` (``compute.kth_largest``): the
+    same noise gives the CPU's loss and gradient bit for bit."""
     s, y = _problem(batch=64, classes=300, seed=3, dtype=dtype)
+    z = torch.randn(64, 300, 4, generator=_gen(9))
     results = []
     for steps in (contextlib.nullcontext(), accelerator_steps()):
         leaf = s.clone().requires_grad_()
         with steps:
             counts = {} if kind == "bal" else {"cls_num_list": list(range(1, 301))}
-            loss = _loss(kind, leaf, y, k=5, epsilon=0.7, n_samples=4, generator=_gen(9), **counts)
+            loss = _loss(kind, leaf, y, k=5, epsilon=0.7, noise=z, **counts)
             loss.backward()
         results.append((loss.detach(), leaf.grad))
     assert torch.equal(results[0][0], results[1][0])
@@ -124,13 +126,6 @@ def test_generator_reproducibility_and_global_rng():
     b = bal_noised_topk(s, y, k=3, epsilon=1.0, generator=_gen(7))
     c = bal_noised_topk(s, y, k=3, epsilon=1.0, generator=_gen(8))
     assert torch.equal(a, b) and not torch.equal(a, c)
-    z = torch.randn(*s.shape, 5, generator=_gen(7))
-    kept = z.clone()
-    assert torch.equal(a, bal_noised_topk(s, y, k=3, epsilon=1.0, noise=z))
-    # the loss scales and adds into its own draw in place, never into the caller's noise
-    half = bal_noised_topk(s, y, k=3, epsilon=0.3, generator=_gen(7), reduction="none")
-    assert torch.equal(half, bal_noised_topk(s, y, k=3, epsilon=0.3, noise=z, reduction="none"))
-    assert torch.equal(z, kept)
     torch.manual_seed(1)
     d = bal_noised_topk(s, y, k=3, epsilon=1.0)
     torch.manual_seed(1)
@@ -138,6 +133,21 @@ def test_generator_reproducibility_and_global_rng():
     module = BalNoisedTopK(3, epsilon=1.0, generator=_gen(7))
     assert torch.equal(module(s, y), a)
     assert not torch.equal(module(s, y), a)  # the generator advanced
+
+
+def test_the_torch_path_draws_randn_of_the_input_shape():
+    """Where no kernel draws the noise (accelerators; CPU with the kernels off, as here), it is
+    ``randn(input.shape + (S,), generator)`` in float32: pytopk's draw."""
+    s, y = _problem(batch=8, classes=30, dtype=torch.float32)
+    z = torch.randn(*s.shape, 5, generator=_gen(7))
+    kept = z.clone()
+    with triton_gate.torch_path():
+        a = bal_noised_topk(s, y, k=3, epsilon=1.0, generator=_gen(7))
+        half = bal_noised_topk(s, y, k=3, epsilon=0.3, generator=_gen(7), reduction="none")
+    assert torch.equal(a, bal_noised_topk(s, y, k=3, epsilon=1.0, noise=z))
+    # the loss scales and adds into its own draw in place, never into the caller's noise
+    assert torch.equal(half, bal_noised_topk(s, y, k=3, epsilon=0.3, noise=z, reduction="none"))
+    assert torch.equal(z, kept)
 
 
 def test_modules_equal_functions():
@@ -203,10 +213,15 @@ def test_spatial_inputs_match_flattened_rows(kind):
     flat = _loss(kind, rows, y.reshape(-1), k=2, epsilon=0.7, noise=rows_z, reduction="none")
     torch.testing.assert_close(per.reshape(-1), flat, rtol=0, atol=0)
     torch.testing.assert_close(_loss(kind, s, y, k=2, epsilon=0.7, noise=z), flat.mean())
-    # drawn noise: a (N, C, d1) loss equals the (N*d1, C) loss with the same noise moved to rows
-    drawn = _loss(kind, s, y, k=2, epsilon=0.7, generator=_gen(9), reduction="none")
+    # drawn noise: on the torch path, the draw of the input's shape; a kernel's own draws go by
+    # rows, so a (N, C, d1) loss equals the (N*d1, C) loss from the same seed
+    with triton_gate.torch_path():
+        drawn = _loss(kind, s, y, k=2, epsilon=0.7, generator=_gen(9), reduction="none")
     z9 = torch.randn(3, 5, 4, 2, 5, generator=_gen(9)).to(torch.float64)
     torch.testing.assert_close(drawn, _loss(kind, s, y, k=2, epsilon=0.7, noise=z9, reduction="none"))
+    drawn = _loss(kind, s, y, k=2, epsilon=0.7, generator=_gen(9), reduction="none")
+    flat = _loss(kind, rows, y.reshape(-1), k=2, epsilon=0.7, generator=_gen(9), reduction="none")
+    torch.testing.assert_close(drawn.reshape(-1), flat, rtol=0, atol=0)
 
 
 # -------------------------------------------------------------------------------- gradients

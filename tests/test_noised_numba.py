@@ -23,13 +23,14 @@ pytestmark = pytest.mark.skipif(
 INF, NAN = float("inf"), float("nan")
 
 
-def _loss_and_grad(x, target, kernel, **kwargs):
-    """``BalNoisedTopK``'s per-row loss and the gradient of its weighted sum, seeded draws."""
+def _loss_and_grad(x, target, kernel, n_samples=5, **kwargs):
+    """``BalNoisedTopK``'s per-row loss and the gradient of its weighted sum, for seeded noise
+    given to the loss (its own draws on CPU rows are another kernel's: ``test_noised_draws.py``)."""
     leaf = x.detach().clone().requires_grad_()
+    noise = torch.randn(*x.shape, n_samples, generator=torch.Generator().manual_seed(7), dtype=x.dtype)
     with pytest.MonkeyPatch.context() as patch, torch.enable_grad() if kernel else triton_gate.torch_path():
         seen = recorded(patch, noised_numba)
-        generator = torch.Generator().manual_seed(7)
-        loss = softtopk.bal_noised_topk(leaf, target, generator=generator, reduction="none", **kwargs)
+        loss = softtopk.bal_noised_topk(leaf, target, noise=noise, reduction="none", **kwargs)
         (loss * torch.linspace(0.5, 1.5, loss.numel(), dtype=loss.dtype)).sum().backward()
     assert seen == [kernel]
     return loss.detach(), leaf.grad

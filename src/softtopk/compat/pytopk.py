@@ -46,6 +46,12 @@ from ..losses import ldam_margins
 __all__ = ["BalNoisedTopK", "ImbalNoisedTopK", "NoisedTopK"]
 
 
+def _pytopk_noise(s: torch.Tensor, samples: int) -> torch.Tensor:
+    """pytopk's draw for scores ``s``: ``randn(s.shape + (samples,))`` from the global RNG, float32.
+    The losses are given it: their own draw on CPU rows is a kernel's, not pytopk's."""
+    return torch.randn((*s.shape, samples), device=s.device, dtype=torch.float32)
+
+
 class NoisedTopK(torch.nn.Module):
     """``pytopk.NoisedTopK``: smoothed (differentiable) k-th largest value along ``dim``.
 
@@ -122,7 +128,9 @@ class BalNoisedTopK(torch.nn.Module):
         self.n_sample = check_int("n_sample", n_sample, low=1)
 
     def forward(self, s: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        per_sample = bal_noised_topk(s, y, k=self.k, epsilon=self.epsilon, n_samples=self.n_sample, reduction="none")
+        s = check_class_input(s)
+        noise = _pytopk_noise(s, self.n_sample)
+        per_sample = bal_noised_topk(s, y, k=self.k, epsilon=self.epsilon, noise=noise, reduction="none")
         return torch.mean(per_sample)  # pytopk's reduction, op for op
 
     def extra_repr(self) -> str:
@@ -185,7 +193,7 @@ class ImbalNoisedTopK(BalNoisedTopK):
             max_m=self.max_m,
             cls_num_list=self.counts,
             scale=self.scale,
-            n_samples=self.n_sample,
+            noise=_pytopk_noise(s, self.n_sample),
             reduction="none",
         )
         return torch.mean(per_sample)

@@ -17,10 +17,20 @@ non-zero entries per row of the loss gradient. The hinge is applied to the Monte
   class gets ``max_m``) and
   :math:`\\ell = \\max(0, \\mathrm{scale}\\,(m_y + \\operatorname{top}_{k+1,\\epsilon}(s) - s_y))`.
 
-Noise: ``Z`` has shape ``input.shape + (S,)`` and, unless given, is drawn by one call
-``torch.randn(input.shape + (S,), generator=generator)`` in float32 (cast to float64 for float64
-inputs). For ``(N, C)`` input and the global RNG this is the draw pytopk 0.1.0 makes, so a seeded
-run gives pytopk's values (see :mod:`softtopk.compat.pytopk`).
+Noise: unless given (``noise``, of shape ``input.shape + (S,)``), it is drawn afresh at every call
+from ``generator`` (the global RNG if ``None``), in one of two ways with the same law:
+
+* on float32/float64 CPU rows with numba installed (eager, outside ``torch.func`` transforms), by a
+  kernel (:mod:`softtopk.ops.noised_numba`) seeded with one integer from the generator: each row
+  draws the Gaussians of the scores that can reach the (k+1)-th largest sum, and accounts for the
+  others by the chance that one of them gets there, exactly in law, without the ``(N, C, S)``
+  tensor of draws (the torch path's cost on a CPU: ``benchmarks/results/gpu_cpu.md``);
+* elsewhere, as one ``torch.randn(input.shape + (S,), generator=generator)`` in float32 (cast to
+  float64 for float64 inputs): for ``(N, C)`` input and the global RNG, pytopk 0.1.0's draw.
+
+So a seeded call is reproducible on one machine and install, but gives other values with and
+without numba, and on another device; :mod:`softtopk.compat.pytopk` passes pytopk's own draw as
+``noise``, and gives its values bit for bit.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from .._validation import (
     check_real,
     check_scale,
 )
+from ..ops import noised_numba
 from ..ops.compute import compute_dtype, owns_rows
 from ..ops.noised_hinge import NoisedHinge
 from ._base import ClassLoss, class_loss
@@ -78,8 +89,8 @@ def noised_hinge(
     ignore_index: int,
     reduction: str,
 ) -> torch.Tensor:
-    """``max(0, scale * (margin_y + top_{k+1,eps}(s) - s_y))``, reduced; pytopk's operation order (so a
-    seeded call equals pytopk's bit for bit). ``params`` are ``(k, epsilon, n_samples, generator)`` as
+    """``max(0, scale * (margin_y + top_{k+1,eps}(s) - s_y))``, reduced; pytopk's operation order (so
+    pytopk's noise, given, gives its values bit for bit). ``params`` are ``(k, epsilon, n_samples, generator)`` as
     :func:`noised_params` returns them; the generator's device is checked here, and the noise is drawn
     after every other check."""
     k, epsilon, n_samples, generator = params
@@ -89,6 +100,10 @@ def noised_hinge(
         check_scale("scale", scale, input.dtype)
 
     def per_row(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        margin = margins.to(logits)[label] if isinstance(margins, torch.Tensor) else margins
+        fresh = None if noise is not None else noised_numba.fresh(logits, epsilon, n_samples, generator)
+        if fresh is not None:  # CPU rows of finite scores: the kernel draws what it needs
+            return NoisedHinge.apply(logits, label, fresh, margin, scale, k, kept)[0]
         given = noise
         if given is None:
             given = torch.randn(
@@ -99,7 +114,6 @@ def noised_hinge(
         rows = given.movedim(1, -2).reshape(-1, input.shape[1], given.shape[-1])
         if epsilon == 0:  # exact (k+1)-th value; the RNG still advanced
             rows = rows[..., :1]
-        margin = margins.to(logits)[label] if isinstance(margins, torch.Tensor) else margins
         if noise is not None or not owns_rows(rows):  # a caller's noise is never written
             scaled = epsilon * rows
         else:  # the draw is ours: scaled in place (the same rounding; times 1 is exact, so skipped)
@@ -128,7 +142,8 @@ def bal_noised_topk(
     """Balanced noised top-k hinge loss. See :class:`BalNoisedTopK` for details.
 
     ``noise``: optional fixed standard noise ``input.shape + (S,)`` (then ``n_samples`` is ignored);
-    by default drawn as ``torch.randn(input.shape + (S,), generator=generator)`` in float32.
+    by default drawn from ``generator`` (see the module's note: by a numba kernel on CPU rows,
+    elsewhere as ``torch.randn(input.shape + (S,), generator=generator)`` in float32).
 
     Example:
         >>> import torch, softtopk
@@ -136,7 +151,8 @@ def bal_noised_topk(
         >>> labels = torch.tensor([0, 2])
         >>> softtopk.bal_noised_topk(scores, labels, k=1, epsilon=0.0, reduction="none")  # 1 + s_[2] - s_y
         tensor([0.5000, 6.5000])
-        >>> softtopk.bal_noised_topk(scores, labels, k=1, epsilon=1.0, generator=torch.Generator().manual_seed(0))
+        >>> noise = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0))  # fixed: the same everywhere
+        >>> softtopk.bal_noised_topk(scores, labels, k=1, epsilon=1.0, noise=noise)
         tensor(2.9793)
     """
     params = noised_params(k, epsilon, n_samples, generator, check_class_input(input).shape[1])
@@ -163,8 +179,10 @@ class BalNoisedTopK(ClassLoss):
 
     with :math:`v_{[j]}` the j-th largest entry of the full score vector (label included) and
     :math:`Z_b` iid standard Gaussian, drawn afresh at every call from ``generator`` (or the global
-    RNG). ``epsilon = 0`` is the exact top-k hinge :math:`\max(0, 1 + s_{[k+1]} - s_y)`. The
-    functional form is :func:`softtopk.bal_noised_topk` (which also takes fixed ``noise``).
+    RNG; on CPU rows with numba, by a kernel that draws only what can reach the (k+1)-th largest:
+    the same law, other values, see :mod:`softtopk.losses.noised`). ``epsilon = 0`` is the exact
+    top-k hinge :math:`\max(0, 1 + s_{[k+1]} - s_y)`. The functional form is
+    :func:`softtopk.bal_noised_topk` (which also takes fixed ``noise``).
 
     Args:
         k: the loss targets top-k accuracy, ``1 <= k <= C - 1``.
@@ -184,7 +202,8 @@ class BalNoisedTopK(ClassLoss):
         >>> import torch, softtopk
         >>> loss_fn = softtopk.BalNoisedTopK(2, epsilon=1.0, generator=torch.Generator().manual_seed(0))
         >>> logits = torch.tensor([[2.0, 1.5, -3.0, 0.5], [7.5, 4.0, -1.5, 0.0]], requires_grad=True)
-        >>> loss = loss_fn(logits, torch.tensor([0, 2]))
+        >>> noise = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(0))  # else drawn from the generator
+        >>> loss = loss_fn(logits, torch.tensor([0, 2]), noise=noise)
         >>> loss
         tensor(1.1972, grad_fn=<DivBackward0>)
         >>> loss.backward()

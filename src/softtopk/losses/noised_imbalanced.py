@@ -83,8 +83,9 @@ def imbal_noised_topk(
         >>> softtopk.imbal_noised_topk(scores, labels, k=1, epsilon=0.0, max_m=0.3, cls_num_list=[5, 15, 10],
         ...                            scale=1.0, reduction="none")  # m_y + s_[2] - s_y
         tensor([0.0000, 5.7523])
+        >>> noise = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0))  # fixed: the same everywhere
         >>> softtopk.imbal_noised_topk(scores, labels, k=1, epsilon=0.1, max_m=0.3, cls_num_list=[5, 15, 10],
-        ...                            generator=torch.Generator().manual_seed(0))
+        ...                            noise=noise)
         tensor(142.4531)
     """
     classes = check_class_input(input).shape[1]
@@ -143,7 +144,8 @@ class ImbalNoisedTopK(ClassLoss):
         ImbalNoisedTopK(k=1, epsilon=0.1, max_m=0.3, scale=1.0, classes=3, n_samples=5, reduction='mean')
         >>> loss_fn.margins
         tensor([0.3000, 0.2280, 0.2523], dtype=torch.float64)
-        >>> loss_fn(torch.tensor([[2.0, 1.5, -3.0], [7.5, 4.0, -1.5]]), torch.tensor([0, 2]))
+        >>> noise = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0))  # else drawn from the generator
+        >>> loss_fn(torch.tensor([[2.0, 1.5, -3.0], [7.5, 4.0, -1.5]]), torch.tensor([0, 2]), noise=noise)
         tensor(2.8491)
 
     Reference:

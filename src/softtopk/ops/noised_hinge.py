@@ -12,7 +12,8 @@ from .compute import constant, kth_largest, overflow_free_mean, owns_rows, zero_
 
 
 class NoisedHinge(Function):
-    """``(logits (R, C), label (R,), scaled noise (R, C, S), margin (R,) or float, scale or None, k,
+    """``(logits (R, C), label (R,), scaled noise (R, C, S) or the kernel's own draws
+    (:class:`~softtopk.ops.noised_numba.FreshDraws`), margin (R,) or float, scale or None, k,
     kept (R,) bool)`` -> ``relu(scale * (margin + top_{k+1,eps}(s) - s_y))`` per row, in pytopk's
     operation order, and 0 at the rows not ``kept`` (ignored targets). Backward: where the hinge
     is active, ``scale / S`` on each draw's (k+1)-th position and ``-scale`` on the label (no dense
@@ -23,7 +24,9 @@ class NoisedHinge(Function):
 
     @staticmethod
     def forward(logits, label, noise, margin, scale, k, kept):
-        if noised_numba.usable(logits, noise):  # CPU rows: one pass of a numba kernel
+        if isinstance(noise, noised_numba.FreshDraws):  # CPU rows of finite scores: drawn in the kernel
+            draws, index = noised_numba.kth_of_fresh_draws(logits, noise, k + 1)
+        elif noised_numba.usable(logits, noise):  # CPU rows: one pass of a numba kernel
             draws, index = noised_numba.kth_of_draws(logits, noise, k + 1)
         else:  # the noise is the caller's fresh tensor: the scores are added into it where allowed
             plus = noise.add_ if owns_rows(noise) else noise.add
