@@ -257,8 +257,9 @@ def _difftopk(device):
 
 def _noise_floor(device):
     """Cross-entropy plus the draw of a noised loss's noise, ``randn(B, C, 5)``, and nothing else:
-    the least any noised top-k loss with five samples costs (the draw alone is several
-    cross-entropies on a CPU)."""
+    the least a noised top-k loss with five samples costs where it draws that tensor (pytopk's;
+    softtopk's off the CPU or without numba: on CPU rows with numba its kernel draws only what
+    can matter, and the loss costs less than this row)."""
 
     def loss(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         torch.randn((*x.shape, 5), device=x.device)
