@@ -13,8 +13,9 @@ them adaptive). Candidates: softtopk's
 ``SmoothTopKSVM`` (k = 5, τ = 1 and τ = 0.1), ``SmoothTop1SVM``, ``BalNoisedTopK`` (ε = 1, 5 samples) and
 ``ImbalNoisedTopK`` (ε = 0.01, max_m = 0.2, scale 60), pytopk 0.1.0's ``BalNoisedTopK`` and ``ImbalNoisedTopK``
 with the same settings when importable, and ``gumbel_topk`` (k = 5, τ = 1) for both relaxations as
-``(mask * g).sum()``, and, as the floor of the noised losses, their
-``torch.randn(b, n, 5)`` draw alone. Berrada's smooth-topk package is not installable here (REFERENCE §2).
+``(mask * g).sum()``, and the ``torch.randn(b, n, 5)`` draw alone: the floor of a noised loss that
+draws that tensor (pytopk's; softtopk's draw their own on CPU rows with numba). Berrada's smooth-topk
+package is not installable here (REFERENCE §2).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _candidates(n: int, b: int) -> dict:
         calls["pytopk ImbalNoisedTopK"] = lambda x: imbal(x, target)
     except ImportError:
         pass
-    # the floor of the noised losses' estimator: its B·C·S Gaussian draws alone (no backward)
+    # the floor of a noised loss that draws B·C·S Gaussians (pytopk's): the draw alone, no backward
     calls["randn(b, n, 5) alone"] = lambda x: torch.randn((*x.shape, 5), generator=gen)
     for relaxation in ("lapsum", "subsets"):
         calls[f"gumbel_topk k=5 {relaxation}"] = lambda x, r=relaxation: (
