@@ -203,3 +203,33 @@ def test_the_kernels_gaussians():
         assert random_kernels.upper_tail(a) == pytest.approx(upper, rel=1e-12)
     u = torch.tensor([random_kernels.uniform(state) for _ in range(n)], dtype=torch.float64)
     assert (u > 0).all() and (u <= 1).all() and _one_sample_ks(u, lambda t: t) < limit
+
+
+@pytest.mark.parametrize(("dim", "largest"), [(-1, True), (0, True), (1, False)])
+def test_noised_kth_value_draws_in_the_kernel(monkeypatch, dim, largest):
+    """``noised_kth_value`` on CPU rows: the kernel's draws along ``dim`` (``largest=False`` on the
+    negated rows), with the torch path's expected value; the output in the input's dtype."""
+    calls = []
+    kernel = noised_numba.kth_of_fresh_draws
+    monkeypatch.setattr(noised_numba, "kth_of_fresh_draws", lambda *a: calls.append(a[0].shape) or kernel(*a))
+    x = torch.randn(4, 30, 5, generator=_gen(9), dtype=torch.float64)
+    kw = {"epsilon": 0.8, "n_samples": 20000, "dim": dim, "largest": largest}  # means to 0.006 or so
+    got = softtopk.noised_kth_value(x, 3, generator=_gen(1), **kw)
+    assert calls == [(x.numel() // x.shape[dim], x.shape[dim])]
+    with triton_gate.torch_path():
+        want = softtopk.noised_kth_value(x, 3, generator=_gen(2), **kw)
+    assert got.shape == want.shape and got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=0, atol=0.03)
+    half = softtopk.noised_kth_value(x.half(), 3, epsilon=0.8, dim=dim, largest=largest, generator=_gen(1))
+    assert half.dtype == torch.float16 and len(calls) == 2
+
+
+def test_noised_kth_value_gradients_with_a_seeded_generator():
+    x = torch.randn(3, 7, 50, generator=_gen(4), dtype=torch.float64, requires_grad=True)
+
+    def kth(s):
+        return softtopk.noised_kth_value(s, 4, epsilon=0.5, dim=2, largest=False, generator=_gen(3))
+
+    assert torch.autograd.gradcheck(kth, (x,), eps=1e-7, atol=1e-6)
+    kth(x).sum().backward()  # each output's gradient: S one-hots of 1/S, on its own row
+    torch.testing.assert_close(x.grad.sum(2), torch.ones(3, 7, dtype=torch.float64))

@@ -22,8 +22,9 @@ from ._validation import (
     check_topk_args,
 )
 from .operators import soft_topk
+from .ops import noised_numba
 from .ops.compute import compute_dtype
-from .ops.perturbed import noised_kth_value_of
+from .ops.perturbed import fresh_kth_value, noised_kth_value_of
 
 __all__ = ["gumbel_topk", "noised_kth_value", "perturbed_topk"]
 
@@ -131,9 +132,14 @@ def noised_kth_value(
     :math:`\\nabla \\mathbb{E}[(x + \\epsilon Z)_{[k]}]`. ``epsilon = 0`` gives the exact k-th largest
     value with a one-hot subgradient (the noise is still drawn, so the RNG advances as for ``epsilon > 0``).
 
-    The noise ``Z`` has shape ``x.shape + (n_samples,)`` (samples last) and is drawn as
-    ``torch.randn(x.shape + (n_samples,), generator=generator, device=x.device)`` in float32, then
-    cast to the compute dtype: with the same global RNG state, the values equal pytopk 0.1.0's.
+    Unless given, the noise is drawn afresh at every call from ``generator``, in one of two ways
+    with the same law (as the noised losses draw theirs, :mod:`softtopk.losses.noised`): on
+    float32/float64 CPU tensors with numba (eager, outside ``torch.func`` transforms), by a kernel
+    seeded with one integer from the generator, which draws only the Gaussians of the entries that
+    can reach the k-th largest sum and accounts for the others by their chance of getting there;
+    elsewhere as ``torch.randn(x.shape + (n_samples,), generator=generator, device=x.device)`` in
+    float32, cast to the compute dtype, where the global RNG gives pytopk 0.1.0's values
+    (:class:`softtopk.compat.pytopk.NoisedTopK` passes that draw as ``noise`` on every device).
 
     Args:
         x: scores, floating tensor of any shape (float16/bfloat16 computed in float32).
@@ -157,7 +163,8 @@ def noised_kth_value(
         >>> x = torch.tensor([[-1.5, 2.0, 0.7, 3.8], [-1.1, -5.4, 0.1, 2.3]], requires_grad=True)
         >>> softtopk.noised_kth_value(x, 3, epsilon=0.0).detach()
         tensor([ 0.7000, -1.1000])
-        >>> out = softtopk.noised_kth_value(x, 3, generator=torch.Generator().manual_seed(0))
+        >>> noise = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(0))  # else drawn by the call
+        >>> out = softtopk.noised_kth_value(x, 3, noise=noise)
         >>> out.detach()
         tensor([ 0.9234, -1.1458])
         >>> out.sum().backward()
@@ -176,7 +183,14 @@ def noised_kth_value(
         n_samples = check_int("n_samples", n_samples, low=1)
     generator = check_generator("generator", generator, x.device)
     dtype = compute_dtype(x.dtype)
+    largest = check_bool("largest", largest)
     if noise is None:
+        rows = x.to(dtype).movedim(dim, -1)
+        flat = rows.reshape(-1, rows.shape[-1])
+        fresh = noised_numba.fresh(flat, epsilon, 5 if n_samples is None else n_samples, generator)
+        if fresh is not None:  # CPU rows: the kernel draws what can matter (same law, its own values)
+            out = fresh_kth_value(flat if largest else -flat, fresh, k)
+            return (out if largest else -out).reshape(rows.shape[:-1]).to(x.dtype)
         shape = (*x.shape, 5 if n_samples is None else n_samples)
         noise = torch.randn(shape, generator=generator, device=x.device, dtype=torch.float32)
     else:
@@ -185,7 +199,7 @@ def noised_kth_value(
         noise = noise[..., :1]
     # epsilon * noise is rounded in the noise's dtype before the cast, as in pytopk (bitwise equal values)
     scores, scaled = x.to(dtype), (epsilon * noise).to(dtype)
-    if check_bool("largest", largest):
+    if largest:
         return noised_kth_value_of(scores, scaled, k, dim).to(x.dtype)
     return (-noised_kth_value_of(-scores, -scaled, k, dim)).to(x.dtype)
 

@@ -48,7 +48,7 @@ __all__ = ["BalNoisedTopK", "ImbalNoisedTopK", "NoisedTopK"]
 
 def _pytopk_noise(s: torch.Tensor, samples: int) -> torch.Tensor:
     """pytopk's draw for scores ``s``: ``randn(s.shape + (samples,))`` from the global RNG, float32.
-    The losses are given it: their own draw on CPU rows is a kernel's, not pytopk's."""
+    The losses and ``noised_kth_value`` are given it: their own draw on CPU rows is a kernel's."""
     return torch.randn((*s.shape, samples), device=s.device, dtype=torch.float32)
 
 
@@ -92,7 +92,7 @@ class NoisedTopK(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = check_scores("x", x)
         check_dim(x, self.dim)
-        return noised_kth_value(x, self.k, epsilon=self.epsilon, n_samples=self.n_sample, dim=self.dim)
+        return noised_kth_value(x, self.k, epsilon=self.epsilon, noise=_pytopk_noise(x, self.n_sample), dim=self.dim)
 
     def extra_repr(self) -> str:
         return f"k={self.k}, epsilon={self.epsilon}, n_sample={self.n_sample}, dim={self.dim}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from . import noised_numba
 from ._function import Function
 from .compute import overflow_free_mean
 
@@ -146,3 +147,31 @@ def noised_kth_value_of(x: torch.Tensor, noise: torch.Tensor, k: int, dim: int) 
     entry of ``x + noise`` along ``dim`` (a non-negative axis of ``x``); the gradient is the mean of
     the ``S`` one-hots."""
     return _NoisedKthValue.apply(x, noise, k, dim)[0]
+
+
+class _FreshKthValue(Function):
+    """``(rows (R, n), noised_numba.FreshDraws, k)`` → the mean over the draws of the k-th largest of
+    each row plus noise the numba kernel draws itself (R,); the gradient is the mean of the one-hots."""
+
+    @staticmethod
+    def forward(rows, draws, k):
+        values, index = noised_numba.kth_of_fresh_draws(rows, draws, k)
+        return overflow_free_mean(values), index
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.columns = inputs[0].shape[1]
+        ctx.save_for_backward(output[1])
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad, _unused):
+        (index,) = ctx.saved_tensors
+        share = (grad / index.shape[1]).unsqueeze(1).expand(index.shape)
+        return grad.new_zeros(index.shape[0], ctx.columns).scatter_add_(1, index, share), None, None
+
+
+def fresh_kth_value(rows: torch.Tensor, draws: noised_numba.FreshDraws, k: int) -> torch.Tensor:
+    """:func:`noised_kth_value_of` of rows ``(R, n)`` along their last axis, the noise drawn by the
+    numba kernel (:func:`softtopk.ops.noised_numba.kth_of_fresh_draws`): ``(R,)``."""
+    return _FreshKthValue.apply(rows, draws, k)[0]
