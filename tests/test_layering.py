@@ -126,7 +126,7 @@ def test_imports_run_one_way(module):
             )
             allowed = {"triton"} if module in kernels else allowed
             # the optional numba kernels, imported at their first use (ops.isotonic_numba, ops.lapsum_numba,
-            # ops.label_select, ops.networks_numba, ops.noised_numba)
+            # ops.label_select, ops.networks_numba, ops.noised_numba), and what they share
             numba_kernels = tuple(
                 f"softtopk.ops.{name}"
                 for name in (
@@ -136,6 +136,7 @@ def test_imports_run_one_way(module):
                     "networks_numba_kernels",
                     "noised_numba_kernels",
                     "order_kernels",
+                    "random_kernels",
                 )
             )
             allowed = {"numba", "numpy"} if module in numba_kernels else allowed
