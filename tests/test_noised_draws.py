@@ -233,3 +233,24 @@ def test_noised_kth_value_gradients_with_a_seeded_generator():
     assert torch.autograd.gradcheck(kth, (x,), eps=1e-7, atol=1e-6)
     kth(x).sum().backward()  # each output's gradient: S one-hots of 1/S, on its own row
     torch.testing.assert_close(x.grad.sum(2), torch.ones(3, 7, dtype=torch.float64))
+
+
+def test_a_short_row_draws_one_gaussian_per_class_in_order():
+    """A short row's draws are exactly its stream's Gaussians, one per class in order, per draw:
+    nothing else consumes the stream (an empty tier drew a uniform or not from an unset bound,
+    so the values depended on leftover memory)."""
+    import numpy as np
+
+    from softtopk.ops import random_kernels
+
+    x = torch.randn(3, 9, generator=_gen(11), dtype=torch.float64)
+    values, index = _fresh(x, 0.7, 2, samples=4, seed=5)
+    state = np.empty(4, np.uint64)
+    for r in range(3):
+        random_kernels.seed(state, np.uint64(5), np.uint64(r))
+        for s in range(4):
+            sums = torch.tensor(
+                [x[r, c].item() + 0.7 * random_kernels.normal(state) for c in range(9)], dtype=torch.float64
+            )
+            want, at = sums.topk(2)
+            assert values[r, s].item() == want[1].item() and index[r, s].item() == at[1].item()

@@ -105,6 +105,8 @@ def _draw_tier(row, members, bound, epsilon, val, idx, filled, state):
     """The classes ``members`` of ``row`` (scores ``<= bound``) into the ``kth`` largest sums
     ``val``/``idx`` (``filled`` of them): a tier of :func:`kth_of_fresh_draws`."""
     size = members.shape[0]
+    if size == 0:  # no draw at all: a row's stream must not depend on its tiers' bounds
+        return filled
     least, above, chance, step = _threshold(val, filled, bound, epsilon)
     pos = -1
     while chance > 0.0:
@@ -147,6 +149,7 @@ def _split(row, width, cand, cand_idx, members, sizes, bounds, scratch):
     whole. A count of -1 where a score is ``±inf`` or NaN."""
     classes = row.shape[0]
     sizes[:] = 0
+    bounds[:] = -np.inf
     if classes <= 2 * width:
         for c in range(classes):
             cand[c] = row[c]
