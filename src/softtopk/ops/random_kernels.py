@@ -1,9 +1,10 @@
 r"""Random numbers inside the numba kernels (imported only by them: this module imports numba).
 
 A kernel that draws its own noise needs no ``(R, C, S)`` tensor of draws, and may draw only the
-values that can matter (:func:`softtopk.ops.noised_numba_kernels.kth_of_fresh_draws`). Each row
-gets its own stream, seeded from one integer the caller draws from a :class:`torch.Generator`, so
-a call is reproducible under ``torch.manual_seed`` and independent of how rows are split.
+values that can matter (:func:`softtopk.ops.noised_numba_kernels.kth_of_fresh_draws`). A call's
+seed is one integer the caller draws from a :class:`torch.Generator` (so the call is reproducible
+under ``torch.manual_seed``), and each row index of the call has its own stream of that seed: a
+row's draws do not depend on the order, or the thread, in which rows are drawn.
 
 * :func:`seed`: a row's xoshiro256** state from ``(seed, stream)`` through splitmix64
   (D. Blackman, S. Vigna, "Scrambled Linear Pseudorandom Number Generators", ACM TOMS 2021);
