@@ -182,23 +182,23 @@ def noised_kth_value(
     if n_samples is not None:
         n_samples = check_int("n_samples", n_samples, low=1)
     generator = check_generator("generator", generator, x.device)
-    dtype = compute_dtype(x.dtype)
+    scores = x.to(compute_dtype(x.dtype))
     largest = check_bool("largest", largest)
     if noise is None:
-        rows = x.to(dtype).movedim(dim, -1)
-        flat = rows.reshape(-1, rows.shape[-1])
-        fresh = noised_numba.fresh(flat, epsilon, 5 if n_samples is None else n_samples, generator)
+        samples = 5 if n_samples is None else n_samples
+        fresh = noised_numba.fresh(scores, epsilon, samples, generator)
         if fresh is not None:  # CPU rows: the kernel draws what can matter (same law, its own values)
+            rows = scores.movedim(dim, -1)
+            flat = rows.reshape(-1, rows.shape[-1])
             out = fresh_kth_value(flat if largest else -flat, fresh, k)
             return (out if largest else -out).reshape(rows.shape[:-1]).to(x.dtype)
-        shape = (*x.shape, 5 if n_samples is None else n_samples)
-        noise = torch.randn(shape, generator=generator, device=x.device, dtype=torch.float32)
+        noise = torch.randn((*x.shape, samples), generator=generator, device=x.device, dtype=torch.float32)
     else:
         noise = check_noise("noise", noise, x.shape, samples=n_samples or 0)
     if epsilon == 0:  # exact k-th value (a mean of S copies can be off by an ulp); the RNG still advanced
         noise = noise[..., :1]
     # epsilon * noise is rounded in the noise's dtype before the cast, as in pytopk (bitwise equal values)
-    scores, scaled = x.to(dtype), (epsilon * noise).to(dtype)
+    scaled = (epsilon * noise).to(scores.dtype)
     if largest:
         return noised_kth_value_of(scores, scaled, k, dim).to(x.dtype)
     return (-noised_kth_value_of(-scores, -scaled, k, dim)).to(x.dtype)

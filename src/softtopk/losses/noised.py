@@ -102,7 +102,7 @@ def noised_hinge(
     def per_row(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
         margin = margins.to(logits)[label] if isinstance(margins, torch.Tensor) else margins
         fresh = None if noise is not None else noised_numba.fresh(logits, epsilon, n_samples, generator)
-        if fresh is not None:  # CPU rows of finite scores: the kernel draws what it needs
+        if fresh is not None:  # CPU rows: the kernel draws what it needs
             return NoisedHinge.apply(logits, label, fresh, margin, scale, k, kept)[0]
         given = noise
         if given is None:

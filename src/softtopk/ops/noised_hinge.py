@@ -24,7 +24,7 @@ class NoisedHinge(Function):
 
     @staticmethod
     def forward(logits, label, noise, margin, scale, k, kept):
-        if isinstance(noise, noised_numba.FreshDraws):  # CPU rows of finite scores: drawn in the kernel
+        if isinstance(noise, noised_numba.FreshDraws):  # CPU rows: the kernel draws its own noise
             draws, index = noised_numba.kth_of_fresh_draws(logits, noise, k + 1)
         elif noised_numba.usable(logits, noise):  # CPU rows: one pass of a numba kernel
             draws, index = noised_numba.kth_of_draws(logits, noise, k + 1)

@@ -10,11 +10,11 @@ path's bit for bit (pytopk's too); among equal sums it keeps the first class, wh
 choice is unspecified. ``triton_gate.torch_path()`` and ``SOFTTOPK_NUMBA=0`` turn it off; the
 tests hold it to the torch path (``tests/test_noised_numba.py``).
 
-Where the losses draw the noise themselves, rows of finite scores need no ``(R, C, S)`` draw at
-all (:func:`kth_of_fresh_draws`): the kernel draws each row's Gaussians from a stream seeded by
-one integer taken from the caller's generator, and only those that can reach the ``k + 1``
-largest sums; the rest it accounts for exactly in law, by the chance that any of them gets there
-(:func:`softtopk.ops.noised_numba_kernels.kth_of_fresh_draws`). The estimator is the same, its
+Where the losses draw the noise themselves, no ``(R, C, S)`` draw is needed at all
+(:func:`kth_of_fresh_draws`): the kernel draws each row's Gaussians from a stream seeded by one
+integer taken from the caller's generator, and on rows of finite scores only those that can reach
+the ``k + 1`` largest sums; the rest it accounts for exactly in law, by the chance that any of
+them gets there (:func:`softtopk.ops.noised_numba_kernels.kth_of_fresh_draws`). The estimator is the same, its
 draws are not pytopk's (``tests/test_noised_draws.py`` holds the law to the torch path's).
 """
 
