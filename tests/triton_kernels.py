@@ -78,9 +78,10 @@ def route_kernels(monkeypatch, module, *names: str) -> list:
     return launched
 
 
-def both_paths(module, names, call, x) -> list:
+def both_paths(module, names, call, x, launches: int = 2) -> list:
     """``[(value, grad)]`` of ``call(x)`` by the torch path, then by ``module``'s kernels ``names``
-    (which must run once forward and once backward), for one seeded upstream gradient."""
+    (which must launch ``launches`` times forward and backward together: once each by default),
+    for one seeded upstream gradient."""
     from softtopk.ops import triton_gate
 
     out = []
@@ -93,7 +94,7 @@ def both_paths(module, names, call, x) -> list:
             value = call(leaf)
             g = torch.randn(value.shape, generator=torch.Generator().manual_seed(1), dtype=x.dtype).to(x.device)
             (value * g).sum().backward()
-        assert len(launched) == (2 if kernels else 0)
+        assert len(launched) == (launches if kernels else 0)
         out.append((value.detach(), leaf.grad))
     return out
 
@@ -132,13 +133,16 @@ def seeded_rows(rows: int, n: int, dtype: torch.dtype, seed: int = 0) -> torch.T
     return torch.randn(rows, n, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(DEVICE)
 
 
-def mask_close(module, names, method: str, x, k: int, tau, tol: float) -> tuple:
+def mask_close(module, names, method: str, x, k: int, tau, tol: float, launches: int = 2) -> tuple:
     """``soft_topk(x, k, method=method, tau=tau)``'s mask and gradient on ``module``'s kernels
-    ``names``, equal to the torch path's within ``tol`` (the gradient's relative to its largest
-    entry); NaN where the torch path has NaN."""
+    ``names`` (``launches`` of them), equal to the torch path's within ``tol`` (the gradient's
+    relative to its largest entry); NaN where the torch path has NaN."""
     import softtopk
 
-    (m0, g0), (m1, g1) = both_paths(module, names, lambda v: softtopk.soft_topk(v, k, method=method, tau=tau), x)
+    def call(v):
+        return softtopk.soft_topk(v, k, method=method, tau=tau)
+
+    (m0, g0), (m1, g1) = both_paths(module, names, call, x, launches)
     torch.testing.assert_close(m1, m0, rtol=0, atol=tol, equal_nan=True)
     scale = max(1.0, float(g0.nan_to_num().abs().max()))
     torch.testing.assert_close(g1, g0, rtol=0, atol=tol * scale, equal_nan=True)

@@ -12,13 +12,17 @@ plus ``Σ_i w_ri`` on the entry of ``t_r``, the torch path's backward. Memory O(
 (an infinite distance weighs 0), a row with at most ``k`` entries above ``-inf`` selects them with
 gradient 0, a NaN makes its row NaN.
 
-Scope: the distance ``|·|`` (``power=1``, the default), an int ``k < n``, a float ``τ`` and rows
-of at most :data:`MAX_ENTRIES`; :func:`~softtopk.ops.softsort.softsort_mask` keeps the torch path
-for a tensor ``τ``, another power, longer rows (one program passes over its row four times, where
-the torch path spreads a few long rows over the whole GPU: ``bench_gpu.py`` measured the kernels
-slower at 64 × 1e5 and faster up to 64 × 1e4), under ``torch.compile`` and ``vmap`` and off CUDA
-(:mod:`softtopk.ops.triton_gate`), and the ranks (``soft_topk_ranks``, top-k cross-entropy)
-always take it. The tests run the kernels
+Rows of many ranks or entries (``n k`` above :data:`ROW_WORK`) take the tiled kernels instead:
+the rank sums by programs of ``RB`` ranks over :data:`CHUNK` entries, whose partial sums one
+``sum`` adds, the entries' sums by programs of ``BLOCK`` entries over every rank; the backward
+adds the ranks' own gradients (per block) and scatters them onto their entries. So a few long
+rows, or a thousand ranks, spread over the whole GPU instead of one program per row, with memory
+O(n k / BLOCK) per row for the backward's per-block sums.
+
+Scope: the distance ``|·|`` (``power=1``, the default), an int ``k < n`` and a float ``τ``;
+:func:`~softtopk.ops.softsort.softsort_mask` keeps the torch path for a tensor ``τ``, another
+power, under ``torch.compile`` and ``vmap`` and off CUDA (:mod:`softtopk.ops.triton_gate`), and
+the ranks (``soft_topk_ranks``, top-k cross-entropy) always take it. The tests run the kernels
 under ``TRITON_INTERPRET=1`` on the CPU against the torch path, values and gradients; on a GPU
 they are timed by ``benchmarks/bench_gpu.py`` (``benchmarks/results/gpu_runs.md``).
 """
@@ -31,7 +35,8 @@ from . import triton_gate
 from ._function import Function
 from .compute import topk_rows
 
-MAX_ENTRIES = 16384  # the longest rows the kernels take
+ROW_WORK = 1 << 17  # n k of the rows one program takes each; above, the tiled kernels
+CHUNK = 4096  # entries of a rank sum's program in the tiled kernels
 TILE = 4096  # float32 entries of a program's (ranks, entries) tile; half as many in float64
 
 
@@ -54,11 +59,14 @@ class TritonSoftSort(Function):
         xs = x.nan_to_num(nan=float("nan")).contiguous()  # ±inf → ±max, NaN stays
         top, index = topk_rows(xs, k + 1)
         top, index = top.contiguous(), index[..., :k].contiguous()
-        mask = torch.empty_like(xs)
-        z = xs.new_empty((xs.shape[0], k))
-        if xs.shape[0]:
-            low = torch.finfo(xs.dtype).min
-            kernels.mask_forward[(xs.shape[0],)](xs, top, z, mask, xs.shape[-1], k, tau, low, **_launch(xs, k))
+        mask, (rows, n), low, launch = torch.empty_like(xs), xs.shape, torch.finfo(xs.dtype).min, _launch(xs, k)
+        if rows and _tiled(xs, k):
+            z = _rank_sums(kernels, xs, top, xs, xs, tau, k)
+            kernels.mask_entries[(rows, -(-n // launch["BLOCK"]))](xs, top, z, mask, n, k, tau, low, **launch)
+        else:
+            z = xs.new_empty((rows, k))
+            if rows:
+                kernels.mask_forward[(rows,)](xs, top, z, mask, n, k, tau, low, **launch)
         return mask, xs, top, index, z
 
     @staticmethod
@@ -78,7 +86,9 @@ class TritonSoftSort(Function):
             return None, None, None
         xs, top, index, z = ctx.saved_tensors
         grad_x = torch.empty_like(xs)
-        if xs.shape[0]:
+        if xs.shape[0] and _tiled(xs, ctx.k):
+            _tiled_backward(kernels, xs, top, index, z, grad.contiguous(), grad_x, ctx.tau, ctx.k)
+        elif xs.shape[0]:
             low = torch.finfo(xs.dtype).min
             kernels.mask_backward[(xs.shape[0],)](
                 *(xs, top, index, z, grad.contiguous(), grad_x),
@@ -88,10 +98,38 @@ class TritonSoftSort(Function):
         return grad_x, None, None
 
 
+def _tiled(xs: torch.Tensor, k: int) -> bool:
+    """Whether rows ``xs`` take the tiled kernels (module docstring)."""
+    return xs.shape[-1] * k > ROW_WORK
+
+
+def _rank_sums(kernels, xs, top, z, g, tau: float, k: int) -> torch.Tensor:
+    """``Z_r`` (B, k) (``g`` is ``xs``: unread), or ``ḡ_r`` (``g`` the mask's gradient, ``z`` the
+    normalisers), by the tiled kernels: each chunk's share, then their sum."""
+    n, launch = xs.shape[-1], _launch(xs, k)
+    chunk = max(CHUNK, 1 << (-(-n // 65535) - 1).bit_length())  # at most 65535 chunks (a grid axis)
+    parts = xs.new_empty((xs.shape[0], -(-n // chunk), k))
+    grid = (xs.shape[0], -(-k // launch["RB"]), parts.shape[1])
+    low = torch.finfo(xs.dtype).min
+    kernels.rank_parts[grid](xs, top, z, g, parts, n, k, tau, low, GRAD=g is not xs, CHUNK=chunk, **launch)
+    return parts.sum(1) if parts.shape[1] > 1 else parts.view(parts.shape[0], k)
+
+
+def _tiled_backward(kernels, xs, top, index, z, grad, grad_x, tau: float, k: int) -> None:
+    """Writes the rows' gradient into ``grad_x`` by the tiled kernels."""
+    n, launch = xs.shape[-1], _launch(xs, k)
+    mean = _rank_sums(kernels, xs, top, z, grad, tau, k)
+    blocks = -(-n // launch["BLOCK"])
+    cols = xs.new_empty((xs.shape[0], blocks, k))
+    low = torch.finfo(xs.dtype).min
+    kernels.grad_entries[(xs.shape[0], blocks)](xs, top, z, mean, grad, grad_x, cols, n, k, tau, low, **launch)
+    grad_x.scatter_add_(-1, index, cols.sum(1))  # each t_r's gradient onto its entry
+
+
 def usable(x: torch.Tensor, k: int, tau: object) -> bool:
     """Whether the SoftSort mask of rows ``x`` runs on the kernels (``triton_gate.usable`` first: it
     checks that ``k`` is an int before the sizes compare it)."""
-    return triton_gate.usable(x, k, tau) and 0 < k < x.shape[-1] <= MAX_ENTRIES
+    return triton_gate.usable(x, k, tau) and 0 < k < x.shape[-1]
 
 
 def triton_mask(x: torch.Tensor, k: int, tau: float) -> torch.Tensor:
