@@ -11,13 +11,15 @@ Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven rep
 
 * masks: ``soft_topk`` lapsum (tau 1), ``sparse_topk_mask`` (l 0.1, p 4/3) and NeuralSort, each
   on CUDA by its Triton kernels and by the torch path (lapsum on a CPU too: by its numba kernels,
-  where they pay, and by the torch path), SoftSort, gumbel (tau 1), and torchsort's
+  where they pay, and by the torch path), SoftSort, NeuralSort and SoftSort on CUDA by their tiled
+  kernels at every shape too (their default for long rows and many ranks), gumbel (tau 1), and torchsort's
   soft-rank mask and SoftTorch where importable, at 64 x 100 (k = 10), 64 x 1e3/1e4/1e5 (k = 10
   and 1000 where k < n), 16384 x 64 (k = 2, 8) and 65536 x 256 (k = 8), float32 and bfloat16
   (``--quick``: k = 10 at 64 x n, k = 2 at 16384 x 64, bfloat16 at 64 x 1000 only); fwd+bwd is
   ``f(x, k).backward(g)``. Baseline: ``zeros_like(x).scatter(-1, i, v)`` of ``torch.topk``. The
   O(n k) methods are skipped where ``rows n k`` exceeds 2^31 (recorded; ``--quick`` on a CPU:
-  2^25, NeuralSort and SoftSort at 64 x 1e5, which take seconds a call there).
+  2^25, NeuralSort and SoftSort at 64 x 1e5, which take seconds a call there), except NeuralSort
+  and SoftSort on their Triton kernels (O(n) memory).
 * losses at 512 x 1000 and 4096 x 1000 (float32): ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16,
   splitter network, on CUDA by its Triton kernels and by the torch path, and NeuralSort),
   ``SmoothTopKSVM(k=5)`` (on CUDA by its Triton kernels and by the torch path),
@@ -122,9 +124,19 @@ def _mask_case(fn: Callable, stochastic: bool = False) -> Callable:
     return build
 
 
-def _dense(fn: Callable, limit: int) -> Callable:
+def _kernels_here(x) -> bool:
+    """Whether the masks' Triton kernels run on ``x``: CUDA, triton installed, not switched off."""
+    from softtopk.ops import triton_gate
+
+    return x.device.type == "cuda" and importlib.util.find_spec("triton") is not None and triton_gate.ENABLED
+
+
+def _dense(fn: Callable, limit: int, kernels: bool = False) -> Callable:
+    """``fn``, skipped where rows * n * k exceeds ``limit`` (O(n k) memory or time), unless
+    ``kernels`` and the Triton kernels run (NeuralSort's and SoftSort's: O(n) memory)."""
+
     def call(x, k):
-        if x.numel() * k > limit:
+        if x.numel() * k > limit and not (kernels and _kernels_here(x)):
             why = "memory" if limit == DENSE_LIMIT else "time: --quick on a CPU"
             raise Skip(f"O(n k) {why}: rows * n * k = {x.numel() * k} > 2^{limit.bit_length() - 1}")
         return fn(x, k)
@@ -151,6 +163,23 @@ def _torch_path(fn: Callable, cpu_kernels: bool = False) -> Callable:
             raise Skip("the same as the kernels' row here: they run on CUDA with triton installed")
         with triton_gate.torch_path():
             return fn(x, k)
+
+    return call
+
+
+def _tiled(fn: Callable, module: str) -> Callable:
+    """``fn`` with the tiled kernels of ``softtopk.ops.<module>`` at every shape (by default they
+    take long rows and many ranks only; the row kernels the rest)."""
+
+    def call(x, k):
+        if not _kernels_here(x):
+            raise Skip("the kernels run on CUDA with triton installed")
+        layout = importlib.import_module(f"softtopk.ops.{module}")
+        saved, layout.ROW_WORK = layout.ROW_WORK, -1
+        try:
+            return fn(x, k)
+        finally:
+            layout.ROW_WORK = saved
 
     return call
 
@@ -203,9 +232,11 @@ def mask_cases(dense_limit: int) -> dict[str, Callable]:
         "lapsum (torch path)": _mask_case(_torch_path(topk_method("lapsum", tau=1.0), cpu_kernels=True)),
         "sparse p=4/3": _mask_case(sparse),
         "sparse p=4/3 (torch path)": _mask_case(_torch_path(sparse)),
-        "neuralsort": _mask_case(_dense(topk_method("neuralsort", tau=1.0), dense_limit)),
+        "neuralsort": _mask_case(_dense(topk_method("neuralsort", tau=1.0), dense_limit, kernels=True)),
+        "neuralsort (tiled kernels)": _mask_case(_tiled(topk_method("neuralsort", tau=1.0), "neuralsort_triton")),
         "neuralsort (torch path)": _mask_case(_torch_path(_dense(topk_method("neuralsort", tau=1.0), dense_limit))),
-        "softsort": _mask_case(_dense(topk_method("softsort", tau=1.0), dense_limit)),
+        "softsort": _mask_case(_dense(topk_method("softsort", tau=1.0), dense_limit, kernels=True)),
+        "softsort (tiled kernels)": _mask_case(_tiled(topk_method("softsort", tau=1.0), "softsort_triton")),
         "gumbel": _mask_case(topk_method("gumbel", tau=1.0), stochastic=True),
         "torchsort soft_rank clamp": lambda *a: _mask_case(_peer_torchsort())(*a),
         "SoftTorch": lambda *a: _mask_case(_peer_softtorch())(*a),

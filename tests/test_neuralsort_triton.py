@@ -12,14 +12,17 @@ import torch
 
 import softtopk
 from softtopk import _validation
-from softtopk.ops import neuralsort, neuralsort_kernels
+from softtopk.ops import neuralsort, neuralsort_kernels, neuralsort_triton
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
 from extended_rows import PERMUTATION_ROWS  # noqa: E402
 from triton_kernels import (  # noqa: E402
     DEVICE,
+    LAYOUTS,
     both_paths,
+    count_kernels,
+    kernel_layout,
     mask_close,
     mask_launches,
     nan_row_stays_nan,
@@ -33,6 +36,7 @@ pytestmark = needs_triton
 
 INF = float("inf")
 KERNELS = ("mask_forward", "label_forward", "backward")
+TILED = ("rank_parts", "entry_sums")
 
 
 @pytest.fixture
@@ -41,11 +45,17 @@ def kernel_launches(monkeypatch):
     return route_kernels(monkeypatch, neuralsort_kernels, *KERNELS)
 
 
-def _close(x, k, tau=1.0):
+@pytest.fixture(params=LAYOUTS)
+def layout(request, monkeypatch):
+    """Each test on the row kernels and on the tiled ones."""
+    return kernel_layout(request, monkeypatch, neuralsort_triton, KERNELS, TILED)
+
+
+def _close(x, k, layout=(KERNELS, 2), tau=1.0):
     """Both compute in float64 (the kernels' prefix sums add in another order: relative 1e-16 of
     the row's sums, which the logits' cancellation turns into about 1e-12 of the mask)."""
     tol = 1e-10 if x.dtype == torch.float64 else 2e-6
-    return mask_close(neuralsort_kernels, KERNELS, "neuralsort", x, k, tau, tol)
+    return mask_close(neuralsort_kernels, layout[0], "neuralsort", x, k, tau, tol, layout[1])
 
 
 _rows = seeded_rows
@@ -56,33 +66,33 @@ _rows = seeded_rows
     ("rows", "n", "k", "tau"),
     [(5, 16, 5, 1.0), (3, 7, 6, 10.0), (2, 100, 10, 0.1), (2, 1000, 10, 1.0), (1, 2048, 3, 1.0), (3, 2, 1, 1.0)],
 )
-def test_the_kernels_equal_the_torch_path(dtype, rows, n, k, tau):
-    mask, _ = _close(_rows(rows, n, dtype, seed=n + k), k, tau)
+def test_the_kernels_equal_the_torch_path(layout, dtype, rows, n, k, tau):
+    mask, _ = _close(_rows(rows, n, dtype, seed=n + k), k, layout, tau)
     torch.testing.assert_close(mask.sum(-1), torch.full_like(mask[:, 0], float(k)), rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("scale", [1e-6, 1.0, 1e6])
 @pytest.mark.parametrize("tau", [1e-4, 1.0, 1e4])
-def test_scales_and_temperatures(dtype, scale, tau):
+def test_scales_and_temperatures(layout, dtype, scale, tau):
     x = _rows(3, 40, dtype, seed=2) * scale
-    mask, grad = _close(x, 4, tau * scale)
+    mask, grad = _close(x, 4, layout, tau * scale)
     assert bool(mask.isfinite().all()) and bool(grad.isfinite().all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_ties_and_infinities(dtype):
+def test_ties_and_infinities(layout, dtype):
     """Ties; ``±inf`` as ``M`` and ``-M/2``; a row with at most k entries above ``-inf`` selects
     them with gradient 0; ``+inf`` entries share the first ranks; all-tied rows."""
     x = torch.tensor(PERMUTATION_ROWS, dtype=dtype).to(DEVICE)
-    mask, grad = _close(x, 3)
+    mask, grad = _close(x, 3, layout)
     assert bool(mask.isfinite().all()) and bool(grad.isfinite().all())
     assert bool((grad[x.isinf()] == 0).all())
     torch.testing.assert_close(mask[1, 6:], torch.ones(2, dtype=dtype).to(DEVICE))
 
 
-def test_nan_makes_its_row_nan():
-    nan_row_stays_nan(_close)
+def test_nan_makes_its_row_nan(layout):
+    nan_row_stays_nan(lambda x, k: _close(x, k, layout))
 
 
 def test_a_second_derivative_raises(kernel_launches):
@@ -93,12 +103,39 @@ def test_the_mask_runs_the_kernels_within_the_launch_budget(kernel_launches):
     mask_launches("neuralsort", kernel_launches, budget=24)  # issue 21's budget for NeuralSort
 
 
-@pytest.mark.parametrize(("n", "tau"), [(3000, 1.0), (50, torch.full((4,), 0.5))], ids=["3000 entries", "tensor tau"])
-def test_the_torch_path_stays_outside_the_kernels_scope(kernel_launches, n, tau):
-    tau = tau.to(DEVICE) if isinstance(tau, torch.Tensor) else tau
-    softtopk.soft_topk(torch.randn(4, n).to(DEVICE), 5, method="neuralsort", tau=tau)
+def test_the_torch_path_stays_outside_the_kernels_scope(kernel_launches):
+    tiled = count_kernels(pytest.MonkeyPatch(), neuralsort_kernels, *TILED)
+    softtopk.soft_topk(torch.randn(4, 50).to(DEVICE), 5, method="neuralsort", tau=torch.full((4,), 0.5).to(DEVICE))
     softtopk.soft_topk_ranks(torch.randn(4, 50).to(DEVICE), 5, method="neuralsort")
-    assert kernel_launches == []
+    position = torch.zeros(2, dtype=torch.long).to(DEVICE)  # the label's ranks of rows too long for one program
+    neuralsort.neuralsort_label_ranks(
+        torch.randn(2, neuralsort_triton.MAX_ENTRIES + 1).to(DEVICE), position, 3, tau=1.0
+    )
+    assert kernel_launches == [] and tiled == []
+
+
+def test_long_rows_and_many_ranks_take_the_tiled_kernels(kernel_launches, monkeypatch):
+    """Rows longer than one program holds, or ``n k`` above ``ROW_WORK``: the tiled kernels."""
+    tiled = count_kernels(monkeypatch, neuralsort_kernels, *TILED)
+    monkeypatch.setattr(neuralsort_triton, "MAX_ENTRIES", 64)
+    monkeypatch.setattr(neuralsort_triton, "ROW_WORK", 1000)
+    x = _rows(2, 64, torch.float32).requires_grad_()
+    softtopk.soft_topk(x, 15, method="neuralsort").sum().backward()  # n k = 960: one program per row
+    assert (len(kernel_launches), len(tiled)) == (2, 0)
+    softtopk.soft_topk(x, 16, method="neuralsort").sum().backward()  # 1024
+    softtopk.soft_topk(_rows(2, 65, torch.float32), 2, method="neuralsort")  # 65 entries
+    assert (len(kernel_launches), len(tiled)) == (2, 6)
+
+
+def test_the_tiled_kernels_read_no_value_and_launch_few_ops(monkeypatch):
+    """At 1000 entries and k = 10 with the tiled kernels forced: no value read, and at most 36
+    launches (issue 21's budget of 24 at this shape holds for the row kernels, which take it; the
+    tiled ones add the torch ops of the logits' pieces and of the scores' gradient)."""
+    tiled = route_kernels(monkeypatch, neuralsort_kernels, *TILED)
+    monkeypatch.setattr(neuralsort_triton, "ROW_WORK", 0)
+    counts = count_call(lambda v: softtopk.soft_topk(v, 10, method="neuralsort"), _rows(2, 1000, torch.float32))
+    assert len(tiled) == 6 and counts.reads == 0  # a warm-up forward (2), then forward and backward
+    assert counts.launches + 4 <= 36, counts.ops
 
 
 def test_vmap_keeps_the_torch_path(kernel_launches):

@@ -17,7 +17,9 @@ from dispatch_counter import count_call  # noqa: E402
 from extended_rows import PERMUTATION_ROWS  # noqa: E402
 from triton_kernels import (  # noqa: E402
     DEVICE,
+    LAYOUTS,
     count_kernels,
+    kernel_layout,
     mask_close,
     mask_launches,
     nan_row_stays_nan,
@@ -40,15 +42,10 @@ def kernel_launches(monkeypatch):
     return route_kernels(monkeypatch, softsort_kernels, *KERNELS)
 
 
-@pytest.fixture(params=["row kernels", "tiled kernels"])
+@pytest.fixture(params=LAYOUTS)
 def layout(request, monkeypatch):
-    """Each test on both layouts: the tiled kernels forced (every row above ``ROW_WORK``) in
-    chunks of 64 entries, so that even short rows are split."""
-    if request.param == "tiled kernels":
-        monkeypatch.setattr(softsort_triton, "ROW_WORK", 0)
-        monkeypatch.setattr(softsort_triton, "CHUNK", 64)
-        return TILED, 4  # two rank sums, the mask's and the gradient's entries
-    return KERNELS, 2
+    """Each test on the row kernels and on the tiled ones."""
+    return kernel_layout(request, monkeypatch, softsort_triton, KERNELS, TILED)
 
 
 def _close(x, k, layout, tau=1.0):

@@ -128,6 +128,21 @@ def mask_launches(method: str, launched: list, budget: int) -> None:
     assert counts.launches + kernels <= budget, counts.ops
 
 
+LAYOUTS = ["row kernels", "tiled kernels"]
+
+
+def kernel_layout(request, monkeypatch, launcher, names: tuple, tiled: tuple) -> tuple:
+    """The kernels of layout ``request.param`` (one of :data:`LAYOUTS`) and their launches in one
+    forward and backward: the row kernels ``names`` (one each way), or the tiled kernels ``tiled``
+    (two each way), forced on every row by ``launcher`` (the kernels' module) in chunks of 64
+    entries, so that even short rows are split."""
+    if request.param == "tiled kernels":
+        monkeypatch.setattr(launcher, "ROW_WORK", 0)
+        monkeypatch.setattr(launcher, "CHUNK", 64)
+        return tiled, 4
+    return names, 2
+
+
 def seeded_rows(rows: int, n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     """Standard normal rows ``(rows, n)`` on the kernels' device, from a seeded CPU generator."""
     return torch.randn(rows, n, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(DEVICE)

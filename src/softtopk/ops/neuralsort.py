@@ -44,11 +44,11 @@ Continuous Relaxations", ICML 2019.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from . import neuralsort_triton
 from ._function import Function
-from .compute import label_row, scan_rows, sort_rows, unsort
+from .compute import label_row, sort_rows, unsort
+from .neuralsort_rows import logit_pieces, scores_grad
 
 _WIDE = torch.float64
 _FAR = 2.0**600  # M for float64 scores (float32 ones take their largest finite value): M n / tau stays finite
@@ -73,12 +73,7 @@ class _NeuralSort(Function):
         n = x.shape[-1]
         ordered, order = sort_rows(x)
         ordered = ordered.contiguous()  # for searchsorted (rows of a vmapped input may be strided)
-        # the s_i factor: ±inf as ±M (-M/2 below, so that searchsorted counts the -inf entries)
-        big = _far(x.dtype)
-        far = ordered.nan_to_num(nan=float("nan"), posinf=big, neginf=-big / 2)
-        below = torch.searchsorted(ordered, far)  # ℓ_i (+inf: the entries below +inf)
-        cleaned = ordered.nan_to_num(nan=float("nan"), posinf=0.0, neginf=0.0)
-        sums = scan_rows(F.pad(cleaned, (1, 0)), dtype=_WIDE).gather(-1, below)  # C_i
+        far, below, sums = logit_pieces(ordered, _far(x.dtype))  # s'_i, ℓ_i, C_i
         shift = torch.arange(n - 0.5, n - 0.5 - k, -1.0, dtype=_WIDE, device=x.device)  # ρ + 1/2
         # C_i - (ℓ_i - 1/2 - ρ) s_i, in float64
         # laid out (B, k, n): each softmax runs along contiguous memory
@@ -123,13 +118,7 @@ class _NeuralSort(Function):
             mean = (ranks * grad).sum(-1, keepdim=True)
         centred = grad - mean
         gamma = ranks * centred  # γ τ, (B, k, n)
-        alpha = gamma.sum(-2)
-        beta = shift @ gamma
-        # Σ_{s_l < s_i} α_l + Σ_{s_l <= s_i} α_l, from the prefix sums of α (in sorted order)
-        cumulative = scan_rows(F.pad(alpha, (1, 0)))  # Σ_{l < j}
-        at_most = torch.searchsorted(ordered, far, right=True)
-        signs = cumulative.gather(-1, below).add_(cumulative.gather(-1, at_most))
-        grad_x = torch.addcmul(signs, below + at_most, alpha).sub_(beta, alpha=2.0)  # -τ ∂s
+        grad_x = scores_grad(ordered, far, below, gamma.sum(-2), shift @ gamma)  # -τ ∂s
         scale = -tau_t if ctx.tau_tensor else -ctx.tau
         grad_x = grad_x.div_(scale).masked_fill_(ordered.isinf(), 0.0).to(ctx.dtype)
         grad_tau = None
@@ -150,7 +139,7 @@ def neuralsort_label_ranks(
 ) -> torch.Tensor:
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` (B,) lands among the top-k
     ranks of ``x`` (B, n) (top-k cross-entropy's label), the rows of :func:`neuralsort_ranks`."""
-    if isinstance(tau, float) and neuralsort_triton.usable(x, k, tau):
+    if isinstance(tau, float) and neuralsort_triton.label_usable(x, k, tau):
         return neuralsort_triton.triton_label_ranks(x, position, k, tau, _far(x.dtype))
     return label_row(neuralsort_ranks(x, k, tau=tau), position)
 

@@ -162,3 +162,126 @@ def label_forward(
         p, shift = _ranks(base, far, inside, rank, n, tau, WIDE)
         picked = tl.sum(tl.where(label, p, 0.0), 0)
         tl.store(out_ptr + row * k + rank, picked.to(out_ptr.dtype.element_ty))
+
+
+# The tiled kernels: programs of RB ranks over a chunk of the sorted row (the ranks' sums), and of
+# BLOCK entries over every rank (the entries' sums), from the logits' pieces computed by torch ops.
+
+
+@triton.jit
+def _pre_logits(base_ptr, far_ptr, row, n, offs, rk, hi):
+    """``y_ri = base_i + (ρ_r + 1/2) s'_i`` (float64, RB × BLOCK; ``-inf`` from ``hi`` on), where the
+    logits are ``2 y/τ`` up to a constant of the rank; and ``ρ_r + 1/2``."""
+    inside = offs < hi
+    base = tl.load(base_ptr + row * n + offs, mask=inside, other=0.0)
+    far = tl.load(far_ptr + row * n + offs, mask=inside, other=0.0).to(tl.float64)
+    shift = (n - rk).to(tl.float64) - 0.5
+    return tl.where(inside[None, :], base[None, :] + shift[:, None] * far[None, :], float("-inf")), shift
+
+
+@triton.jit
+def _sorted_grad(s_ptr, order_ptr, grad_ptr, row, n, k, offs):
+    """The mask's gradient at sorted entries ``offs`` (float64), 0 in a row with at most ``k``
+    entries above ``-inf`` (it selects them, with gradient 0)."""
+    inside = offs < n
+    order = tl.load(order_ptr + row * n + offs, mask=inside, other=0)
+    short = tl.load(s_ptr + row * n + (n - 1 - k)).to(tl.float64) == float("-inf")
+    g = tl.load(grad_ptr + row * n + order, mask=inside, other=0.0).to(tl.float64)
+    return tl.where(short, 0.0, g)
+
+
+@triton.jit
+def rank_parts(
+    s_ptr,  # (B, n) the rows sorted ascending
+    order_ptr,  # (B, n) the sort's permutation
+    base_ptr,  # (B, n) float64: C_i - ℓ_i s'_i
+    far_ptr,  # (B, n) s'
+    top_ptr,  # (B, k) float64: each rank's largest y (GRAD; unread otherwise)
+    norm_ptr,  # (B, k) float64: each rank's Σ_i exp(2 (y_ri - top_r)/τ) (GRAD)
+    grad_ptr,  # (B, n) the mask's gradient (GRAD)
+    max_ptr,  # (B, chunks, k) out: each chunk's largest y (not GRAD)
+    sum_ptr,  # (B, chunks, k) out: each chunk's Σ exp(2 (y - its max)/τ), or (GRAD) Σ P g
+    n,
+    k,
+    tau: tl.float64,
+    GRAD: tl.constexpr,
+    RB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Programs (rows, rank blocks, chunks): the softmax's running maximum and sum of ``RB`` ranks
+    over ``CHUNK`` entries, or (``GRAD``) their share of ``ḡ_r = Σ_i P_ri g_i``."""
+    row, chunk, chunks = tl.program_id(0).to(tl.int64), tl.program_id(2), tl.num_programs(2)
+    rk = tl.program_id(1) * RB + tl.arange(0, RB)
+    lo, lanes, scale = chunk * CHUNK, tl.arange(0, BLOCK), 2.0 / tau
+    hi = tl.minimum(n, lo + CHUNK)
+    total = tl.zeros([RB], dtype=tl.float64)
+    if GRAD:
+        top = tl.load(top_ptr + row * k + rk, mask=rk < k, other=float("inf"))  # weight 0 past k
+        norm = tl.load(norm_ptr + row * k + rk, mask=rk < k, other=1.0)
+        for start in range(lo, hi, BLOCK):
+            y, _ = _pre_logits(base_ptr, far_ptr, row, n, start + lanes, rk, hi)
+            g = _sorted_grad(s_ptr, order_ptr, grad_ptr, row, n, k, start + lanes)
+            total += tl.sum(tl.exp((y - top[:, None]) * scale) / norm[:, None] * g[None, :], 1)
+    else:
+        top = tl.full([RB], float("-inf"), dtype=tl.float64)
+        for start in range(lo, hi, BLOCK):
+            y, _ = _pre_logits(base_ptr, far_ptr, row, n, start + lanes, rk, hi)
+            higher = tl.maximum(top, tl.max(y, 1))  # finite from the first tile on
+            total = total * tl.exp((top - higher) * scale) + tl.sum(tl.exp((y - higher[:, None]) * scale), 1)
+            top = higher
+        tl.store(max_ptr + (row * chunks + chunk) * k + rk, top, mask=rk < k)
+    tl.store(sum_ptr + (row * chunks + chunk) * k + rk, total, mask=rk < k)
+
+
+@triton.jit
+def entry_sums(
+    s_ptr,
+    order_ptr,
+    base_ptr,
+    far_ptr,
+    top_ptr,
+    norm_ptr,
+    mean_ptr,  # (B, k) float64: ḡ_r (GRAD; unread otherwise)
+    grad_ptr,  # (B, n) the mask's gradient (GRAD)
+    out_ptr,  # (B, n) out: the mask in the row's order; or (GRAD) α in sorted order
+    beta_ptr,  # (B, n) out: β in sorted order (GRAD)
+    n,
+    k,
+    tau: tl.float64,
+    GRAD: tl.constexpr,
+    RB: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Programs (rows, blocks): the mask ``Σ_r P_ri`` of ``BLOCK`` sorted entries (1 on the entries
+    above ``-inf`` of a row with at most ``k`` of them), or (``GRAD``) ``α_i = Σ_r γ_ri`` and
+    ``β_i = Σ_r (ρ_r + 1/2) γ_ri`` with ``γ = P (g - ḡ_r)``."""
+    row = tl.program_id(0).to(tl.int64)
+    offs, ranks, scale = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK), tl.arange(0, RB), 2.0 / tau
+    inside = offs < n
+    alpha = tl.zeros([BLOCK], dtype=tl.float64)
+    beta = tl.zeros([BLOCK], dtype=tl.float64)
+    if GRAD:
+        g = _sorted_grad(s_ptr, order_ptr, grad_ptr, row, n, k, offs)
+    for r0 in range(0, k, RB):
+        rk = r0 + ranks
+        top = tl.load(top_ptr + row * k + rk, mask=rk < k, other=float("inf"))  # weight 0 past k
+        norm = tl.load(norm_ptr + row * k + rk, mask=rk < k, other=1.0)
+        y, shift = _pre_logits(base_ptr, far_ptr, row, n, offs, rk, n)
+        p = tl.where((rk < k)[:, None], tl.exp((y - top[:, None]) * scale) / norm[:, None], 0.0)
+        if GRAD:
+            mean = tl.load(mean_ptr + row * k + rk, mask=rk < k, other=0.0)
+            gamma = p * (g[None, :] - mean[:, None])
+            alpha += tl.sum(gamma, 0)
+            beta += tl.sum(shift[:, None] * gamma, 0)
+        else:
+            alpha += tl.sum(p, 0)
+    if GRAD:
+        tl.store(out_ptr + row * n + offs, alpha, mask=inside)
+        tl.store(beta_ptr + row * n + offs, beta, mask=inside)
+    else:
+        s = tl.load(s_ptr + row * n + offs, mask=inside, other=0.0).to(tl.float64)
+        short = tl.load(s_ptr + row * n + (n - 1 - k)).to(tl.float64) == float("-inf")
+        mask = tl.where(short, tl.where(s > float("-inf"), 1.0, alpha), alpha)
+        order = tl.load(order_ptr + row * n + offs, mask=inside, other=0)
+        tl.store(out_ptr + row * n + order, mask.to(out_ptr.dtype.element_ty), mask=inside)

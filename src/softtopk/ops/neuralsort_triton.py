@@ -13,11 +13,19 @@ entries above ``-inf`` selects them, with gradient 0); a NaN makes its row NaN. 
 kernels compute the ranks' column of the label's item only (no rule for those rows: the ranks
 have none), and the backward of that row alone.
 
-Scope: an int ``k < n``, a float ``τ`` and rows of at most :data:`MAX_ENTRIES`;
-:func:`~softtopk.ops.neuralsort.neuralsort_mask` and
+Masks of long rows or many ranks (``n > MAX_ENTRIES`` or ``n k`` above :data:`ROW_WORK`) take
+the tiled kernels instead, which spread a few long rows, or a thousand ranks, over the whole GPU:
+torch ops compute the logits' pieces of the sorted row (:mod:`softtopk.ops.neuralsort_rows`), then
+programs of ``RB`` ranks over :data:`CHUNK` entries each rank's softmax maximum and sum (chunks
+combined by a few ops), programs of ``BLOCK`` entries the mask over every rank; backward, the same
+two layouts give ``ḡ_r`` and then ``α`` and ``β``, whose prefix sums torch ops take as the torch
+path does. Memory O(n) per row (the torch path's is O(n k)).
+
+Scope: an int ``k < n`` and a float ``τ``; the label's ranks only for rows of at most
+:data:`MAX_ENTRIES`. :func:`~softtopk.ops.neuralsort.neuralsort_mask` and
 :func:`~softtopk.ops.neuralsort.neuralsort_label_ranks` keep the torch path for a tensor ``τ``,
-longer rows, the full ranks, under ``torch.compile`` and ``vmap`` and off CUDA
-(:mod:`softtopk.ops.triton_gate`). The tests run the kernels under ``TRITON_INTERPRET=1`` on the
+the full ranks, under ``torch.compile`` and ``vmap`` and off CUDA (:mod:`softtopk.ops.triton_gate`),
+and the label's ranks for longer rows. The tests run the kernels under ``TRITON_INTERPRET=1`` on the
 CPU against the torch path, values and gradients; on a GPU they are timed by
 ``benchmarks/bench_gpu.py`` (``benchmarks/results/gpu_runs.md``).
 """
@@ -28,9 +36,13 @@ import torch
 
 from . import triton_gate
 from ._function import Function
-from .compute import sort_rows
+from .compute import sort_rows, unsort
+from .neuralsort_rows import logit_pieces, scores_grad
 
 MAX_ENTRIES = 2048  # a row held in one program
+ROW_WORK = 1 << 15  # n k of the rows one program takes each; above, the tiled kernels
+CHUNK = 4096  # entries of a rank sum's program in the tiled kernels
+TILE = 2048  # float64 entries of a tiled program's (ranks, entries) tile
 
 
 def _launch(x: torch.Tensor) -> dict:
@@ -89,13 +101,104 @@ class TritonNeuralSort(Function):
         return grad_x, None, None, None, None
 
 
+class TiledNeuralSort(Function):
+    """``(x (B, n), τ, k, M)`` → the mask (B, n) by the tiled kernels (module docstring), with what
+    the backward recomputes from: the sorted rows, their permutation, the logits' pieces ``s'``,
+    ``ℓ`` and ``C - ℓ s'``, and each rank's softmax maximum and sum."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, tau: float, k: int, big: float):
+        from . import neuralsort_kernels as kernels
+
+        ordered, order = sort_rows(x)
+        ordered, order = ordered.contiguous(), order.contiguous()
+        far, below, sums = logit_pieces(ordered, big)
+        base, far = torch.addcmul(sums, below, far, value=-1), far.contiguous()
+        top, norm = _softmax_stats(kernels, ordered, order, base, far, tau, k)
+        mask = torch.empty_like(x)
+        if x.shape[0]:
+            tile = _tile(x.shape[-1], k)
+            kernels.entry_sums[(x.shape[0], -(-x.shape[-1] // tile["BLOCK"]))](
+                *(ordered, order, base, far, top, norm, top, ordered, mask, mask, x.shape[-1], k, tau),
+                GRAD=False,
+                **tile,
+            )
+        return mask, ordered, order, far, below, base, top, norm
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _, ctx.tau, ctx.k, _ = inputs
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*output[1:])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises
+    def backward(ctx, grad, *_):
+        from . import neuralsort_kernels as kernels
+
+        if grad is None or not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        ordered, order, far, below, base, top, norm = ctx.saved_tensors
+        (rows, n), k, grad = ordered.shape, ctx.k, grad.contiguous()
+        alpha, beta = base.new_empty((rows, n)), base.new_empty((rows, n))
+        if rows:
+            mean = _rank_parts(kernels, (ordered, order, base, far, top, norm, grad), ctx.tau, k, True)[1]
+            tile = _tile(n, k)
+            kernels.entry_sums[(rows, -(-n // tile["BLOCK"]))](
+                *(ordered, order, base, far, top, norm, mean, grad, alpha, beta, n, k, ctx.tau), GRAD=True, **tile
+            )
+        grad_x = scores_grad(ordered, far, below, alpha, beta).div_(-ctx.tau)
+        return unsort(grad_x.masked_fill_(ordered.isinf(), 0.0).to(ordered.dtype), order), None, None, None
+
+
+def _tile(n: int, k: int) -> dict:
+    """The tiled kernels' tile: ``RB`` ranks (at most 16) by ``BLOCK`` entries."""
+    ranks = min(16, 1 << max(1, (k - 1).bit_length()))
+    return {"RB": ranks, "BLOCK": min(triton_gate.block_for(n), TILE // ranks)}
+
+
+def _rank_parts(kernels, tensors: tuple, tau: float, k: int, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each chunk's share of the ranks' sums (B, chunks, k): the softmax's maxima and sums, or
+    (``grad``, with the stats and the mask's gradient in ``tensors``) ``ḡ_r`` summed over them."""
+    ordered, order, base, far, top, norm, g = tensors
+    n, tile = ordered.shape[-1], _tile(ordered.shape[-1], k)
+    chunk = max(CHUNK, 1 << (-(-n // 65535) - 1).bit_length())  # at most 65535 chunks (a grid axis)
+    maxima, sums = (base.new_empty((ordered.shape[0], -(-n // chunk), k)) for _ in range(2))
+    grid = (ordered.shape[0], -(-k // tile["RB"]), sums.shape[1])
+    kernels.rank_parts[grid](
+        ordered, order, base, far, top, norm, g, maxima, sums, n, k, tau, GRAD=grad, CHUNK=chunk, **tile
+    )
+    return maxima, sums.sum(1) if grad else sums
+
+
+def _softmax_stats(kernels, ordered, order, base, far, tau: float, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each rank's largest ``y`` and ``Σ_i exp(2 (y_ri - max)/τ)`` (B, k), float64: the chunks'
+    running ones, combined."""
+    if not ordered.shape[0]:
+        return base.new_empty((0, k)), base.new_empty((0, k))
+    maxima, sums = _rank_parts(kernels, (ordered, order, base, far, base, base, ordered), tau, k, False)
+    if maxima.shape[1] == 1:
+        return maxima[:, 0], sums[:, 0]
+    top = maxima.amax(1)
+    return top, sums.mul_(maxima.sub_(top.unsqueeze(1)).mul_(2.0 / tau).exp_()).sum(1)
+
+
 def usable(x: torch.Tensor, k: int, tau: object) -> bool:
     """Whether the NeuralSort mask of rows ``x`` runs on the kernels."""
-    return triton_gate.usable(x, k, tau) and 0 < k < x.shape[-1] <= MAX_ENTRIES  # k an int first
+    return triton_gate.usable(x, k, tau) and 0 < k < x.shape[-1]  # k an int first
+
+
+def label_usable(x: torch.Tensor, k: int, tau: object) -> bool:
+    """Whether the label's NeuralSort ranks of rows ``x`` run on the kernels."""
+    return usable(x, k, tau) and x.shape[-1] <= MAX_ENTRIES
 
 
 def triton_mask(x: torch.Tensor, k: int, tau: float, big: float) -> torch.Tensor:
-    """The NeuralSort mask of rows ``x`` (B, n) by the kernels, ``M = big``."""
+    """The NeuralSort mask of rows ``x`` (B, n) by the kernels, ``M = big``: the tiled ones for
+    long rows or many ranks."""
+    if x.shape[-1] > MAX_ENTRIES or x.shape[-1] * k > ROW_WORK:
+        return TiledNeuralSort.apply(x, tau, k, big)[0]
     return TritonNeuralSort.apply(x, None, tau, k, big)[0]
 
 

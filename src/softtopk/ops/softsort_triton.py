@@ -73,6 +73,7 @@ class TritonSoftSort(Function):
     def setup_context(ctx, inputs, output) -> None:
         _, ctx.tau, ctx.k = inputs
         _, xs, top, index, z = output
+        ctx.tiled = _tiled(xs, ctx.k)  # the forward's layout (ROW_WORK may change before the backward)
         ctx.mark_non_differentiable(xs, top, index, z)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(xs, top, index, z)
@@ -86,7 +87,7 @@ class TritonSoftSort(Function):
             return None, None, None
         xs, top, index, z = ctx.saved_tensors
         grad_x = torch.empty_like(xs)
-        if xs.shape[0] and _tiled(xs, ctx.k):
+        if xs.shape[0] and ctx.tiled:
             _tiled_backward(kernels, xs, top, index, z, grad.contiguous(), grad_x, ctx.tau, ctx.k)
         elif xs.shape[0]:
             low = torch.finfo(xs.dtype).min
