@@ -51,6 +51,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -599,6 +600,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="JSON to write, the .md next to it (default: results/gpu.json; cpu: gpu_cpu.json)",
     )
+    parser.add_argument(
+        "--cases",
+        default=None,
+        help="a regular expression: only the cases whose name it finds, with each shape's baseline "
+        "(shapes where it finds none are left out)",
+    )
     opts = parser.parse_args(argv)
     if opts.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (use --device cpu)")
@@ -617,6 +624,17 @@ def main(argv: list[str] | None = None) -> None:
 
     args = argv if argv is not None else sys.argv[1:]
     records: list[dict] = []
+
+    def chosen(cases: dict[str, Callable]) -> dict[str, Callable]:
+        """``cases`` as ``--cases`` keeps them: the baseline (first) and the matching ones, or none."""
+        if opts.cases is None:
+            return cases
+        names = [name for name in list(cases)[1:] if re.search(opts.cases, name)]
+        return {name: cases[name] for name in list(cases)[:1] + names} if names else {}
+
+    def group(kind: str, info: dict, cases: dict[str, Callable], case_args: list) -> None:
+        if cases := chosen(cases):
+            save(run_group(kind, info, cases, case_args, device, opts, log))
 
     def save(group_records: list[dict]) -> None:
         """Add one group's records and rewrite both files: an interrupted run keeps what it measured."""
@@ -655,12 +673,11 @@ def main(argv: list[str] | None = None) -> None:
         for dtype in dtypes if not opts.quick or shape == (64, 1000) else dtypes[:1]:
             for k in (k for k in ks if k < shape[-1]):
                 info = {"shape": list(shape), "dtype": str(dtype).removeprefix("torch."), "k": k}
-                save(run_group("mask", info, mask_cases(dense_limit), [shape, k, dtype], device, opts, log))
+                group("mask", info, mask_cases(dense_limit), [shape, k, dtype])
     for rows in QUICK_LOSS_ROWS if opts.quick else LOSS_ROWS:
-        info = {"shape": [rows, CLASSES], "dtype": "float32"}
-        save(run_group("loss", info, loss_cases(), [rows], device, opts, log))
+        group("loss", {"shape": [rows, CLASSES], "dtype": "float32"}, loss_cases(), [rows])
     info = {"shape": [tokens, ROUTER["d_model"], ROUTER["experts"]], "dtype": "bfloat16", "k": ROUTER["k"]}
-    save(run_group("router", info, router_cases(), [tokens], device, opts, log))
+    group("router", info, router_cases(), [tokens])
     log(f"wrote {opts.out} and {opts.out.with_suffix('.md').name}")
 
 

@@ -48,6 +48,17 @@ def _row(s_ptr, row, n, k, big, STEPS: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
+def _exp(d, WIDE: tl.constexpr):
+    """``exp(d)`` (float64) of logits ``d <= 0`` from their maximum: in float64 for float64 scores,
+    else in float32. The logits and the subtraction, where the cancellation is, stay float64;
+    float32 scores need no more than float32's precision of each weight, and a float64 ``exp`` is
+    a long instruction sequence on a GPU (a float32 one, one instruction)."""
+    if WIDE:
+        return tl.exp(d)
+    return tl.exp(d.to(tl.float32)).to(tl.float64)
+
+
+@triton.jit
 def _ranks(base, far, inside, rank, n, tau, WIDE: tl.constexpr):
     """Column ``rank`` of ``P`` over the sorted row, ``softmax_i(2 (base_i + (ρ + 1/2) s'_i)/τ)``
     with ``ρ = n - 1 - rank``, from the rank's maximum (for float64 scores subtracted before
@@ -59,7 +70,7 @@ def _ranks(base, far, inside, rank, n, tau, WIDE: tl.constexpr):
     else:
         logits = logits * (2.0 / tau)
         logits = logits - tl.max(logits, 0)
-    e = tl.exp(logits)
+    e = _exp(logits, WIDE)
     return e / tl.sum(e, 0), shift
 
 
@@ -205,6 +216,7 @@ def rank_parts(
     k,
     tau: tl.float64,
     GRAD: tl.constexpr,
+    WIDE: tl.constexpr,  # float64 scores
     RB: tl.constexpr,
     BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
@@ -222,13 +234,13 @@ def rank_parts(
         for start in range(lo, hi, BLOCK):
             y, _ = _pre_logits(base_ptr, far_ptr, row, n, start + lanes, rk, hi)
             g = _sorted_grad(s_ptr, order_ptr, grad_ptr, row, n, k, start + lanes)
-            total += tl.sum(tl.exp((y - top[:, None]) * scale) / norm[:, None] * g[None, :], 1)
+            total += tl.sum(_exp((y - top[:, None]) * scale, WIDE) / norm[:, None] * g[None, :], 1)
     else:
         top = tl.full([RB], float("-inf"), dtype=tl.float64)
         for start in range(lo, hi, BLOCK):
             y, _ = _pre_logits(base_ptr, far_ptr, row, n, start + lanes, rk, hi)
             higher = tl.maximum(top, tl.max(y, 1))  # finite from the first tile on
-            total = total * tl.exp((top - higher) * scale) + tl.sum(tl.exp((y - higher[:, None]) * scale), 1)
+            total = total * _exp((top - higher) * scale, WIDE) + tl.sum(_exp((y - higher[:, None]) * scale, WIDE), 1)
             top = higher
         tl.store(max_ptr + (row * chunks + chunk) * k + rk, top, mask=rk < k)
     tl.store(sum_ptr + (row * chunks + chunk) * k + rk, total, mask=rk < k)
@@ -250,6 +262,7 @@ def entry_sums(
     k,
     tau: tl.float64,
     GRAD: tl.constexpr,
+    WIDE: tl.constexpr,
     RB: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -268,7 +281,7 @@ def entry_sums(
         top = tl.load(top_ptr + row * k + rk, mask=rk < k, other=float("inf"))  # weight 0 past k
         norm = tl.load(norm_ptr + row * k + rk, mask=rk < k, other=1.0)
         y, shift = _pre_logits(base_ptr, far_ptr, row, n, offs, rk, n)
-        p = tl.where((rk < k)[:, None], tl.exp((y - top[:, None]) * scale) / norm[:, None], 0.0)
+        p = tl.where((rk < k)[:, None], _exp((y - top[:, None]) * scale, WIDE) / norm[:, None], 0.0)
         if GRAD:
             mean = tl.load(mean_ptr + row * k + rk, mask=rk < k, other=0.0)
             gamma = p * (g[None, :] - mean[:, None])

@@ -117,7 +117,7 @@ class TiledNeuralSort(Function):
         top, norm = _softmax_stats(kernels, ordered, order, base, far, tau, k)
         mask = torch.empty_like(x)
         if x.shape[0]:
-            tile = _tile(x.shape[-1], k)
+            tile = _tile(x, k)
             kernels.entry_sums[(x.shape[0], -(-x.shape[-1] // tile["BLOCK"]))](
                 *(ordered, order, base, far, top, norm, top, ordered, mask, mask, x.shape[-1], k, tau),
                 GRAD=False,
@@ -144,7 +144,7 @@ class TiledNeuralSort(Function):
         alpha, beta = base.new_empty((rows, n)), base.new_empty((rows, n))
         if rows:
             mean = _rank_parts(kernels, (ordered, order, base, far, top, norm, grad), ctx.tau, k, True)[1]
-            tile = _tile(n, k)
+            tile = _tile(ordered, k)
             kernels.entry_sums[(rows, -(-n // tile["BLOCK"]))](
                 *(ordered, order, base, far, top, norm, mean, grad, alpha, beta, n, k, ctx.tau), GRAD=True, **tile
             )
@@ -152,17 +152,22 @@ class TiledNeuralSort(Function):
         return unsort(grad_x.masked_fill_(ordered.isinf(), 0.0).to(ordered.dtype), order), None, None, None
 
 
-def _tile(n: int, k: int) -> dict:
-    """The tiled kernels' tile: ``RB`` ranks (at most 16) by ``BLOCK`` entries."""
+def _tile(x: torch.Tensor, k: int) -> dict:
+    """The tiled kernels' tile for rows ``x``: ``RB`` ranks (at most 16) by ``BLOCK`` entries, and
+    whether the scores are float64 (``WIDE``: the weights' ``exp`` in float64)."""
     ranks = min(16, 1 << max(1, (k - 1).bit_length()))
-    return {"RB": ranks, "BLOCK": min(triton_gate.block_for(n), TILE // ranks)}
+    return {
+        "RB": ranks,
+        "BLOCK": min(triton_gate.block_for(x.shape[-1]), TILE // ranks),
+        "WIDE": x.dtype == torch.float64,
+    }
 
 
 def _rank_parts(kernels, tensors: tuple, tau: float, k: int, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Each chunk's share of the ranks' sums (B, chunks, k): the softmax's maxima and sums, or
     (``grad``, with the stats and the mask's gradient in ``tensors``) ``ḡ_r`` summed over them."""
     ordered, order, base, far, top, norm, g = tensors
-    n, tile = ordered.shape[-1], _tile(ordered.shape[-1], k)
+    n, tile = ordered.shape[-1], _tile(ordered, k)
     chunk = max(CHUNK, 1 << (-(-n // 65535) - 1).bit_length())  # at most 65535 chunks (a grid axis)
     maxima, sums = (base.new_empty((ordered.shape[0], -(-n // chunk), k)) for _ in range(2))
     grid = (ordered.shape[0], -(-k // tile["RB"]), sums.shape[1])
