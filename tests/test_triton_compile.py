@@ -85,12 +85,14 @@ class _Recorded:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             signature, constexprs = _signature(self.kernel, args, kwargs)
-            key = json.dumps([self.module, self.name, signature, constexprs], sort_keys=True, default=str)
+            options = {name: value for name, value in kwargs.items() if name not in signature}  # num_warps
+            key = json.dumps([self.module, self.name, signature, constexprs, options], sort_keys=True, default=str)
             self.launches[key] = {
                 "module": self.module,
                 "kernel": self.name,
                 "signature": signature,
                 "constexprs": constexprs,
+                "options": options,
             }
             return self.kernel[grid](*args, **kwargs)
 
@@ -112,6 +114,7 @@ def _calls():
         for method in ("splitter_selection", "neuralsort"):
             yield lambda x=x, method=method: softtopk.TopKCrossEntropyLoss([0.5, 0.5], method=method, m=8)(x, target)
         yield lambda x=x: softtopk.SmoothTopKSVM(k=3)(x, target)
+        yield lambda x=x: softtopk.soft_rank(x)
     long = seeded_rows(2, 1500, torch.float32, seed=2).requires_grad_()  # longer than one tile
     for p in (4.0 / 3.0, 2.0):
         yield lambda p=p: softtopk.sparse_topk_mask(long, 5, l=0.1, p=p)

@@ -46,6 +46,8 @@ def assert_floats_are_float64(kernel, args, kwargs) -> None:
     parameters = inspect.signature(kernel.fn).parameters
     bound = dict(zip(parameters, args, strict=False)) | kwargs  # defaults may stay unpassed
     for name, value in bound.items():
+        if name not in parameters:  # a launch option (num_warps)
+            continue
         annotation = parameters[name].annotation
         if isinstance(value, float) and annotation is not tl.constexpr:
             assert annotation is tl.float64, f"{kernel.fn.__name__}({name}=float) needs `{name}: tl.float64`"

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import torch
 
-from . import isotonic_numba
+from . import isotonic_numba, pav_triton
 from .compute import can_inspect, scan_rows
 from .isotonic_small import small_kl, small_l2, small_size
 
@@ -302,6 +302,8 @@ def isotonic_l2(y: torch.Tensor) -> torch.Tensor:
         found = isotonic_numba.pav_l2(y) if isotonic_numba.available() else _pooled_runs(y, None)
         if found is not None:
             return found
+    if pav_triton.usable(y):  # CUDA: one Triton program per row
+        return pav_triton.pav_l2(y)
     return levels_l2(y)
 
 

@@ -1,0 +1,44 @@
+"""The l2 isotonic fit of :mod:`softtopk.ops.isotonic` as a Triton kernel (optional, CUDA).
+
+Off the CPU the torch path solves a row by fixed-shape level merges: ``⌈log2 n⌉`` levels of
+dozens of small ops each, whatever the values, which is what made the soft sort and rank slower
+than torchsort's CUDA kernel on an H200 (``benchmarks/results/soft_sort_cuda.md``). Here one
+program per row runs Pool-Adjacent-Violators, as torchsort's kernel and softtopk's numba kernel on
+the CPU do: a pass over the row that pushes each point as a block and pools it with the blocks
+below while their mean is at most its own (in float64, the blocks' sums and sizes in a scratch
+row of the device's memory), then a pass that writes each block's mean over its points. One
+launch, O(n) work and memory per row; rows run in parallel, each sequential.
+
+Scope: rows on CUDA with triton (:mod:`softtopk.ops.triton_gate`);
+:func:`~softtopk.ops.isotonic.isotonic_l2` keeps the level merges under ``torch.compile`` and
+``vmap`` (and the kl fit keeps them everywhere off the CPU). The tests run the kernel under
+``TRITON_INTERPRET=1`` on the CPU against the numba kernel and the level merges, and compile it for
+sm_90 (``tests/test_triton_compile.py``); it has not been timed on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import triton_gate
+
+BLOCK = 128  # entries a store of a block's mean writes at once
+
+
+def usable(y: torch.Tensor) -> bool:
+    """Whether the l2 fit of rows ``y`` runs on the kernel (the gate's device and context; PAV has
+    no ``k`` nor scale, so an int and a float stand in for them)."""
+    return triton_gate.usable(y, 1, 1.0)
+
+
+def pav_l2(y: torch.Tensor) -> torch.Tensor:
+    """``argmin_{v_1 >= ... >= v_n} ½ ||v - y||²`` of rows ``y`` (B, n) by the kernel, in y's dtype."""
+    from . import pav_kernels  # imports triton: only once the kernel runs
+
+    y = y.contiguous()
+    out = torch.empty_like(y)
+    if y.shape[0]:
+        sums = y.new_empty(y.shape, dtype=torch.float64)
+        counts = y.new_empty(y.shape, dtype=torch.int64)
+        pav_kernels.pav_l2[(y.shape[0],)](y, out, sums, counts, y.shape[-1], BLOCK=BLOCK, num_warps=1)
+    return out
