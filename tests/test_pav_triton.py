@@ -1,6 +1,6 @@
-"""The Triton kernel of Pool-Adjacent-Violators (the l2 isotonic fit off the CPU) against the numba
-kernel and the fixed-shape level merges, and the soft rank and sort on it against the torch path
-(in Triton's interpreter without a GPU: ``triton_kernels.py``)."""
+"""The Triton kernels of Pool-Adjacent-Violators (the l2 and kl isotonic fits off the CPU) against
+the numba kernels and the fixed-shape level merges, and the soft rank and sort on them against the
+torch path (in Triton's interpreter without a GPU: ``triton_kernels.py``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def kernel_launches(monkeypatch):
     rounds of pooling), with its launches counted."""
     monkeypatch.setattr(isotonic, "can_inspect", lambda value: False)
     monkeypatch.setattr(permutahedron, "can_inspect", lambda value: False)
-    return route_kernels(monkeypatch, pav_kernels, "pav_l2")
+    return route_kernels(monkeypatch, pav_kernels, "pav_l2", "pav_kl")
 
 
 def _check(y: torch.Tensor, launched: list) -> torch.Tensor:
@@ -49,6 +49,24 @@ def _check(y: torch.Tensor, launched: list) -> torch.Tensor:
 @pytest.mark.parametrize(("rows", "n"), [(3, 1), (2, 2), (4, 17), (2, 300), (1, 700)])
 def test_the_kernel_equals_the_other_solvers(kernel_launches, dtype, rows, n):
     _check(seeded_rows(rows, n, dtype, seed=n), kernel_launches)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    ("rows", "n", "spread"), [(3, 1, 1.0), (2, 2, 1.0), (4, 17, 3.0), (2, 300, 1.0), (2, 200, 400.0)]
+)
+def test_the_kl_kernel_equals_the_other_solvers(kernel_launches, dtype, rows, n, spread):
+    """The soft rank's log weights ``log(n..1)``; a spread of 400 takes the numba kernel's
+    log-sum-exp blocks, smaller ones its linear sums (the Triton kernel always takes the former)."""
+    y = seeded_rows(rows, n, dtype, seed=n) * spread
+    lw = torch.arange(n, 0, -1, dtype=dtype).log().to(DEVICE).expand_as(y)
+    v = isotonic.isotonic_kl(y, lw)
+    assert len(kernel_launches) == 1 and v.dtype == y.dtype
+    tol = (1e-12 if dtype == torch.float64 else 1e-6) * max(1.0, float(y.abs().max()))
+    torch.testing.assert_close(v, isotonic.levels_kl(y, lw), rtol=0, atol=tol)
+    if dtype == torch.float64 and isotonic_numba.available():
+        torch.testing.assert_close(v, isotonic_numba.pav_kl(y, lw), rtol=0, atol=tol)
+    assert bool((v[..., 1:] <= v[..., :-1]).all())
 
 
 def test_pooling_extremes(kernel_launches):
@@ -90,8 +108,9 @@ def test_the_fit_is_the_projection(values, power):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("regularization", ["l2", "kl"])
 @pytest.mark.parametrize("call", ["rank", "sort"])
-def test_soft_rank_and_sort_on_the_kernel_equal_the_torch_path(monkeypatch, dtype, call):
+def test_soft_rank_and_sort_on_the_kernel_equal_the_torch_path(monkeypatch, dtype, regularization, call):
     """One launch each (their backward uses the fit's blocks, not the kernel); values and
     gradients as the level merges give them, ``±inf`` included."""
     monkeypatch.setattr(isotonic, "can_inspect", lambda value: False)
@@ -99,7 +118,10 @@ def test_soft_rank_and_sort_on_the_kernel_equal_the_torch_path(monkeypatch, dtyp
     fn = softtopk.soft_rank if call == "rank" else softtopk.soft_sort
     x = seeded_rows(3, 50, dtype, seed=4) * 3.0
     x[1, 7], x[2, 3] = float("inf"), float("-inf")
-    (v0, g0), (v1, g1) = both_paths(pav_kernels, ("pav_l2",), lambda t: fn(t, strength=0.5), x, 1)
+    kernel = "pav_" + regularization
+    (v0, g0), (v1, g1) = both_paths(
+        pav_kernels, (kernel,), lambda t: fn(t, regularization=regularization, strength=0.5), x, 1
+    )
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(v1, v0, rtol=tol, atol=tol)
     torch.testing.assert_close(g1, g0, rtol=tol, atol=tol)

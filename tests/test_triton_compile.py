@@ -115,6 +115,7 @@ def _calls():
             yield lambda x=x, method=method: softtopk.TopKCrossEntropyLoss([0.5, 0.5], method=method, m=8)(x, target)
         yield lambda x=x: softtopk.SmoothTopKSVM(k=3)(x, target)
         yield lambda x=x: softtopk.soft_rank(x)
+        yield lambda x=x: softtopk.soft_sort(x, regularization="kl")
     long = seeded_rows(2, 1500, torch.float32, seed=2).requires_grad_()  # longer than one tile
     for p in (4.0 / 3.0, 2.0):
         yield lambda p=p: softtopk.sparse_topk_mask(long, 5, l=0.1, p=p)
@@ -123,11 +124,13 @@ def _calls():
 @pytest.fixture(scope="module")
 def launches():
     """The distinct launches of the calls, with the tiled NeuralSort and SoftSort kernels too."""
-    from softtopk.ops import neuralsort_triton, softsort_triton, triton_gate
+    from softtopk.ops import isotonic, neuralsort_triton, permutahedron, softsort_triton, triton_gate
 
     recorded: dict = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(triton_gate, "usable", usable_on_any_device)
+        patch.setattr(isotonic, "can_inspect", lambda value: False)  # CPU rows as CUDA ones go: no numba PAV
+        patch.setattr(permutahedron, "can_inspect", lambda value: False)
         for name in MODULES:
             module = importlib.import_module(f"softtopk.ops.{name}")
             for kernel_name, kernel in _kernels(module).items():

@@ -326,6 +326,8 @@ def isotonic_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
         found = isotonic_numba.pav_kl(y, lw) if isotonic_numba.available() else _pooled_runs(y, lw)
         if found is not None:
             return found
+    if pav_triton.usable(y):  # CUDA: one Triton program per row
+        return pav_triton.pav_kl(y, lw)
     return levels_kl(y, lw)
 
 

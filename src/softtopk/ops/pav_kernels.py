@@ -1,7 +1,7 @@
-"""Triton kernel of Pool-Adjacent-Violators for the l2 isotonic fit (see
-:mod:`softtopk.ops.pav_triton`, which launches it; importing this module imports triton): one
-program per row walks the row once, as the numba kernel of :mod:`softtopk.ops.isotonic_kernels`
-does on the CPU, with its stack of blocks in a scratch row of the device's memory."""
+"""Triton kernels of Pool-Adjacent-Violators for the l2 and kl isotonic fits (see
+:mod:`softtopk.ops.pav_triton`, which launches them; importing this module imports triton): one
+program per row walks the row once, as the numba kernels of :mod:`softtopk.ops.isotonic_kernels`
+do on the CPU, with its stack of blocks in scratch rows of the device's memory."""
 
 import triton
 import triton.language as tl
@@ -14,6 +14,23 @@ def _violates(sums, counts, top, total, count):
     below = tl.maximum(top, 0)
     s, c = tl.load(sums + below), tl.load(counts + below)
     return (top >= 0) & (s * count.to(tl.float64) <= total * c.to(tl.float64)), s, c
+
+
+@triton.jit
+def _write_blocks(out_row, values, counts, top, VALUES: tl.constexpr, BLOCK: tl.constexpr):
+    """Writes each block of the stack (``0..top``) over its points: its value (``VALUES``) or its
+    sum over its size (the mean)."""
+    lanes, start = tl.arange(0, BLOCK), tl.full([], 0, tl.int64)
+    for t in range(0, top + 1):
+        c = tl.load(counts + t)
+        if VALUES:
+            value = tl.load(values + t).to(out_row.dtype.element_ty)
+        else:
+            value = (tl.load(values + t) / c.to(tl.float64)).to(out_row.dtype.element_ty)
+        for first in range(start, start + c, BLOCK):
+            offs = first + lanes
+            tl.store(out_row + offs, tl.zeros([BLOCK], dtype=out_row.dtype.element_ty) + value, mask=offs < start + c)
+        start += c
 
 
 @triton.jit
@@ -38,11 +55,65 @@ def pav_l2(
         tl.store(sums + top, total)
         tl.store(counts + top, count)
         tl.debug_barrier()  # stored by some threads, read by all at the next point
-    lanes, start = tl.arange(0, BLOCK), tl.full([], 0, tl.int64)
-    for t in range(0, top + 1):  # each block's mean over its points
-        c = tl.load(counts + t)
-        value = (tl.load(sums + t) / c.to(tl.float64)).to(out_ptr.dtype.element_ty)
-        for first in range(start, start + c, BLOCK):
-            offs = first + lanes
-            tl.store(out_row + offs, tl.zeros([BLOCK], dtype=out_ptr.dtype.element_ty) + value, mask=offs < start + c)
-        start += c
+    _write_blocks(out_row, sums, counts, top, 0, BLOCK)
+
+
+@triton.jit
+def _kl_top(scratch, counts, n, top):
+    """The block on top of the stack (read at 0 when there is none): the maxima and sums relative
+    to them of ``exp(y)`` and ``exp(lw)`` over it, its value and its size."""
+    below = tl.maximum(top, 0)
+    ymax, ysum = tl.load(scratch + below), tl.load(scratch + n + below)
+    lmax, lsum = tl.load(scratch + 2 * n + below), tl.load(scratch + 3 * n + below)
+    return ymax, ysum, lmax, lsum, tl.load(scratch + 4 * n + below), tl.load(counts + below)
+
+
+@triton.jit
+def _log_add(m, s, m2, s2):
+    """``log(s e^m + s2 e^m2)`` as a maximum and a sum relative to it."""
+    top = tl.maximum(m, m2)
+    return top, s * tl.exp(m - top) + s2 * tl.exp(m2 - top)
+
+
+@triton.jit
+def pav_kl(
+    y_ptr,  # (B, n) the rows
+    lw_ptr,  # (B, n) the log weights
+    out_ptr,  # (B, n) out: argmin_{v_1 >= ... >= v_n} <exp(y - v), 1> + <exp(lw), v>, in y's dtype
+    scratch_ptr,  # (B, 5, n) float64 scratch: the blocks' maxima and relative sums of exp(y) and exp(lw), values
+    counts_ptr,  # (B, n) int64 scratch: their sizes
+    n,
+    BLOCK: tl.constexpr,
+):
+    """PAV for the kl fit, a block's value ``logsumexp(y_B) - logsumexp(lw_B)`` (a point alone:
+    ``y_i - lw_i``, in float64), as the numba kernel's log-sum-exp blocks."""
+    row = tl.program_id(0).to(tl.int64)
+    y_row, lw_row, out_row = y_ptr + row * n, lw_ptr + row * n, out_ptr + row * n
+    scratch, counts = scratch_ptr + row * 5 * n, counts_ptr + row * n
+    top = tl.full([], -1, tl.int32)
+    for i in range(0, n):
+        ym, lm = tl.load(y_row + i).to(tl.float64), tl.load(lw_row + i).to(tl.float64)
+        ys, ls, count, value = (
+            tl.full([], 1.0, tl.float64),
+            tl.full([], 1.0, tl.float64),
+            tl.full([], 1, tl.int64),
+            ym - lm,
+        )
+        tym, tys, tlm, tls, tvalue, tcount = _kl_top(scratch, counts, n, top)
+        merging = (top >= 0) & (tvalue <= value)
+        while merging:  # pool the block below while its value is at most the new one's
+            ym, ys = _log_add(ym, ys, tym, tys)
+            lm, ls = _log_add(lm, ls, tlm, tls)
+            count, top = count + tcount, top - 1
+            value = (ym + tl.log(ys)) - (lm + tl.log(ls))
+            tym, tys, tlm, tls, tvalue, tcount = _kl_top(scratch, counts, n, top)
+            merging = (top >= 0) & (tvalue <= value)
+        top += 1
+        tl.store(scratch + top, ym)
+        tl.store(scratch + n + top, ys)
+        tl.store(scratch + 2 * n + top, lm)
+        tl.store(scratch + 3 * n + top, ls)
+        tl.store(scratch + 4 * n + top, value)
+        tl.store(counts + top, count)
+        tl.debug_barrier()  # stored by some threads, read by all at the next point
+    _write_blocks(out_row, scratch + 4 * n, counts, top, 1, BLOCK)

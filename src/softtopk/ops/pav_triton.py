@@ -1,19 +1,21 @@
-"""The l2 isotonic fit of :mod:`softtopk.ops.isotonic` as a Triton kernel (optional, CUDA).
+"""The l2 and kl isotonic fits of :mod:`softtopk.ops.isotonic` as Triton kernels (optional, CUDA).
 
 Off the CPU the torch path solves a row by fixed-shape level merges: ``⌈log2 n⌉`` levels of
 dozens of small ops each, whatever the values, which is what made the soft sort and rank slower
 than torchsort's CUDA kernel on an H200 (``benchmarks/results/soft_sort_cuda.md``). Here one
 program per row runs Pool-Adjacent-Violators, as torchsort's kernel and softtopk's numba kernel on
 the CPU do: a pass over the row that pushes each point as a block and pools it with the blocks
-below while their mean is at most its own (in float64, the blocks' sums and sizes in a scratch
-row of the device's memory), then a pass that writes each block's mean over its points. One
+below while their value is at most its own (in float64, the blocks in scratch rows of the
+device's memory: for l2 their sums and sizes, a value the mean; for kl the maxima and relative
+sums of ``exp(y)`` and ``exp(lw)``, a value ``logsumexp(y_B) - logsumexp(lw_B)``, as the numba
+kernel's log-sum-exp blocks), then a pass that writes each block's value over its points. One
 launch, O(n) work and memory per row; rows run in parallel, each sequential.
 
 Scope: rows on CUDA with triton (:mod:`softtopk.ops.triton_gate`);
-:func:`~softtopk.ops.isotonic.isotonic_l2` keeps the level merges under ``torch.compile`` and
-``vmap`` (and the kl fit keeps them everywhere off the CPU). The tests run the kernel under
-``TRITON_INTERPRET=1`` on the CPU against the numba kernel and the level merges, and compile it for
-sm_90 (``tests/test_triton_compile.py``); it has not been timed on a GPU yet.
+:func:`~softtopk.ops.isotonic.isotonic_l2` and :func:`~softtopk.ops.isotonic.isotonic_kl` keep
+the level merges under ``torch.compile`` and ``vmap``. The tests run the kernels under
+``TRITON_INTERPRET=1`` on the CPU against the numba kernels and the level merges, and compile them
+for sm_90 (``tests/test_triton_compile.py``); they have not been timed on a GPU yet.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ BLOCK = 128  # entries a store of a block's mean writes at once
 
 
 def usable(y: torch.Tensor) -> bool:
-    """Whether the l2 fit of rows ``y`` runs on the kernel (the gate's device and context; PAV has
+    """Whether the fits of rows ``y`` run on the kernels (the gate's device and context; PAV has
     no ``k`` nor scale, so an int and a float stand in for them)."""
     return triton_gate.usable(y, 1, 1.0)
 
@@ -41,4 +43,18 @@ def pav_l2(y: torch.Tensor) -> torch.Tensor:
         sums = y.new_empty(y.shape, dtype=torch.float64)
         counts = y.new_empty(y.shape, dtype=torch.int64)
         pav_kernels.pav_l2[(y.shape[0],)](y, out, sums, counts, y.shape[-1], BLOCK=BLOCK, num_warps=1)
+    return out
+
+
+def pav_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
+    """``argmin_{v_1 >= ... >= v_n} <exp(y - v), 1> + <exp(lw), v>`` of rows ``y``, ``lw`` (B, n) by
+    the kernel, in y's dtype."""
+    from . import pav_kernels
+
+    y, lw = y.contiguous(), lw.expand_as(y).contiguous()
+    out = torch.empty_like(y)
+    if y.shape[0]:
+        scratch = y.new_empty((y.shape[0], 5, y.shape[-1]), dtype=torch.float64)
+        counts = y.new_empty(y.shape, dtype=torch.int64)
+        pav_kernels.pav_kl[(y.shape[0],)](y, lw, out, scratch, counts, y.shape[-1], BLOCK=BLOCK, num_warps=1)
     return out
