@@ -40,7 +40,7 @@ def _check(y: torch.Tensor, launched: list) -> torch.Tensor:
     scale = max(1.0, float(y.abs().max())) if y.numel() else 1.0
     torch.testing.assert_close(v, isotonic.levels_l2(y), rtol=0, atol=tol * scale)
     if y.dtype == torch.float64 and isotonic_numba.available() and y.numel():
-        torch.testing.assert_close(v, isotonic_numba.pav_l2(y), rtol=0, atol=tol * scale)
+        torch.testing.assert_close(v.cpu(), isotonic_numba.pav_l2(y.cpu()), rtol=0, atol=tol * scale)
     assert bool((v[..., 1:] <= v[..., :-1]).all())  # decreasing
     return v
 
@@ -65,7 +65,7 @@ def test_the_kl_kernel_equals_the_other_solvers(kernel_launches, dtype, rows, n,
     tol = (1e-12 if dtype == torch.float64 else 1e-6) * max(1.0, float(y.abs().max()))
     torch.testing.assert_close(v, isotonic.levels_kl(y, lw), rtol=0, atol=tol)
     if dtype == torch.float64 and isotonic_numba.available():
-        torch.testing.assert_close(v, isotonic_numba.pav_kl(y, lw), rtol=0, atol=tol)
+        torch.testing.assert_close(v.cpu(), isotonic_numba.pav_kl(y.cpu(), lw.cpu()), rtol=0, atol=tol)
     assert bool((v[..., 1:] <= v[..., :-1]).all())
 
 
