@@ -62,7 +62,7 @@ def count_kernels(monkeypatch, module, *names: str, launched: list | None = None
     return launched
 
 
-def usable_on_any_device(x, k, scale):
+def usable_on_any_device(x, k=0, scale=0.0):
     """``triton_gate.usable`` without its device test: the same scope (an int ``k``, a float
     scale), compile and vmap excluded; patched in, it routes CPU rows to the kernels."""
     if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):

@@ -113,7 +113,7 @@ class TiledNeuralSort(Function):
         ordered, order = sort_rows(x)
         ordered, order = ordered.contiguous(), order.contiguous()
         far, below, sums = logit_pieces(ordered, big)
-        base, far = torch.addcmul(sums, below, far, value=-1), far.contiguous()
+        base = torch.addcmul(sums, below, far, value=-1)
         top, norm = _softmax_stats(kernels, ordered, order, base, far, tau, k)
         mask = torch.empty_like(x)
         if x.shape[0]:
@@ -155,7 +155,7 @@ class TiledNeuralSort(Function):
 def _tile(x: torch.Tensor, k: int) -> dict:
     """The tiled kernels' tile for rows ``x``: ``RB`` ranks (at most 16) by ``BLOCK`` entries, and
     whether the scores are float64 (``WIDE``: the weights' ``exp`` in float64)."""
-    ranks = min(16, 1 << max(1, (k - 1).bit_length()))
+    ranks = triton_gate.rank_block(k)
     return {
         "RB": ranks,
         "BLOCK": min(triton_gate.block_for(x.shape[-1]), TILE // ranks),
@@ -168,9 +168,9 @@ def _rank_parts(kernels, tensors: tuple, tau: float, k: int, grad: bool) -> tupl
     (``grad``, with the stats and the mask's gradient in ``tensors``) ``ḡ_r`` summed over them."""
     ordered, order, base, far, top, norm, g = tensors
     n, tile = ordered.shape[-1], _tile(ordered, k)
-    chunk = max(CHUNK, 1 << (-(-n // 65535) - 1).bit_length())  # at most 65535 chunks (a grid axis)
-    maxima, sums = (base.new_empty((ordered.shape[0], -(-n // chunk), k)) for _ in range(2))
-    grid = (ordered.shape[0], -(-k // tile["RB"]), sums.shape[1])
+    chunk, chunks = triton_gate.chunking(n, CHUNK)
+    maxima, sums = (base.new_empty((ordered.shape[0], chunks, k)) for _ in range(2))
+    grid = (ordered.shape[0], -(-k // tile["RB"]), chunks)
     kernels.rank_parts[grid](
         ordered, order, base, far, top, norm, g, maxima, sums, n, k, tau, GRAD=grad, CHUNK=chunk, **tile
     )

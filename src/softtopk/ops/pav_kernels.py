@@ -37,7 +37,7 @@ def _write_blocks(out_row, values, counts, top, VALUES: tl.constexpr, BLOCK: tl.
 def pav_l2(
     y_ptr,  # (B, n) the rows
     out_ptr,  # (B, n) out: argmin_{v_1 >= ... >= v_n} ½ ||v - y||², in y's dtype
-    sums_ptr,  # (B, n) float64 scratch: the blocks' sums
+    sums_ptr,  # (B, 1, n) float64 scratch: the blocks' sums
     counts_ptr,  # (B, n) int64 scratch: their sizes
     n,
     BLOCK: tl.constexpr,

@@ -28,33 +28,32 @@ BLOCK = 128  # entries a store of a block's mean writes at once
 
 
 def usable(y: torch.Tensor) -> bool:
-    """Whether the fits of rows ``y`` run on the kernels (the gate's device and context; PAV has
-    no ``k`` nor scale, so an int and a float stand in for them)."""
-    return triton_gate.usable(y, 1, 1.0)
+    """Whether the fits of rows ``y`` run on the kernels (the gate's device and context)."""
+    return triton_gate.usable(y)
 
 
 def pav_l2(y: torch.Tensor) -> torch.Tensor:
     """``argmin_{v_1 >= ... >= v_n} ½ ||v - y||²`` of rows ``y`` (B, n) by the kernel, in y's dtype."""
-    from . import pav_kernels  # imports triton: only once the kernel runs
-
-    y = y.contiguous()
-    out = torch.empty_like(y)
-    if y.shape[0]:
-        sums = y.new_empty(y.shape, dtype=torch.float64)
-        counts = y.new_empty(y.shape, dtype=torch.int64)
-        pav_kernels.pav_l2[(y.shape[0],)](y, out, sums, counts, y.shape[-1], BLOCK=BLOCK, num_warps=1)
-    return out
+    return _solve("pav_l2", y, None, planes=1)
 
 
 def pav_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
     """``argmin_{v_1 >= ... >= v_n} <exp(y - v), 1> + <exp(lw), v>`` of rows ``y``, ``lw`` (B, n) by
     the kernel, in y's dtype."""
-    from . import pav_kernels
+    return _solve("pav_kl", y, lw, planes=5)
 
-    y, lw = y.contiguous(), lw.expand_as(y).contiguous()
+
+def _solve(name: str, y: torch.Tensor, lw: torch.Tensor | None, planes: int) -> torch.Tensor:
+    """One program per row of kernel ``name``, with ``planes`` float64 scratch rows per row (the
+    blocks' numbers) and one int64 (their sizes)."""
+    from . import pav_kernels  # imports triton: only once a kernel runs
+
+    y = y.contiguous()
     out = torch.empty_like(y)
     if y.shape[0]:
-        scratch = y.new_empty((y.shape[0], 5, y.shape[-1]), dtype=torch.float64)
+        scratch = y.new_empty((y.shape[0], planes, y.shape[-1]), dtype=torch.float64)
         counts = y.new_empty(y.shape, dtype=torch.int64)
-        pav_kernels.pav_kl[(y.shape[0],)](y, lw, out, scratch, counts, y.shape[-1], BLOCK=BLOCK, num_warps=1)
+        rows = (y,) if lw is None else (y, lw.expand_as(y).contiguous())
+        kernel = getattr(pav_kernels, name)
+        kernel[(y.shape[0],)](*rows, out, scratch, counts, y.shape[-1], BLOCK=BLOCK, num_warps=1)
     return out

@@ -42,7 +42,7 @@ TILE = 4096  # float32 entries of a program's (ranks, entries) tile; half as man
 
 def _launch(x: torch.Tensor, k: int) -> dict:
     """The kernels' tile: ``RB`` ranks (at most 16) by ``BLOCK`` entries."""
-    ranks = min(16, 1 << max(1, (k - 1).bit_length()))
+    ranks = triton_gate.rank_block(k)
     tile = TILE // (2 if x.dtype == torch.float64 else 1)
     return {"RB": ranks, "BLOCK": min(triton_gate.block_for(x.shape[-1]), tile // ranks)}
 
@@ -108,9 +108,9 @@ def _rank_sums(kernels, xs, top, z, g, tau: float, k: int) -> torch.Tensor:
     """``Z_r`` (B, k) (``g`` is ``xs``: unread), or ``ḡ_r`` (``g`` the mask's gradient, ``z`` the
     normalisers), by the tiled kernels: each chunk's share, then their sum."""
     n, launch = xs.shape[-1], _launch(xs, k)
-    chunk = max(CHUNK, 1 << (-(-n // 65535) - 1).bit_length())  # at most 65535 chunks (a grid axis)
-    parts = xs.new_empty((xs.shape[0], -(-n // chunk), k))
-    grid = (xs.shape[0], -(-k // launch["RB"]), parts.shape[1])
+    chunk, chunks = triton_gate.chunking(n, CHUNK)
+    parts = xs.new_empty((xs.shape[0], chunks, k))
+    grid = (xs.shape[0], -(-k // launch["RB"]), chunks)
     low = torch.finfo(xs.dtype).min
     kernels.rank_parts[grid](xs, top, z, g, parts, n, k, tau, low, GRAD=g is not xs, CHUNK=chunk, **launch)
     return parts.sum(1) if parts.shape[1] > 1 else parts.view(parts.shape[0], k)

@@ -42,6 +42,19 @@ def torch_path() -> Iterator[None]:
 BLOCK = 1024  # entries per step of a row pass
 
 
+def rank_block(k: int) -> int:
+    """Ranks a program takes at once, of ``k``: ``k`` rounded up to a power of 2 (at least 2), at
+    most 16."""
+    return min(16, 1 << max(1, (k - 1).bit_length()))
+
+
+def chunking(n: int, least: int) -> tuple[int, int]:
+    """``(entries, chunks)``: rows of ``n`` entries cut into chunks of ``least`` entries, or of the
+    power of 2 that keeps them at most 65535 (the limit of a grid's second and third axes)."""
+    entries = max(least, 1 << (-(-n // 65535) - 1).bit_length())
+    return entries, -(-n // entries)
+
+
 def block_for(n: int) -> int:
     """Entries per step of a pass over rows of ``n``: ``n`` rounded up to a power of 2 (at least
     16), at most :data:`BLOCK` (short rows, e.g. 64 experts, waste no lanes)."""
@@ -60,10 +73,11 @@ def _supported(device: torch.device) -> bool:
     return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def usable(x: torch.Tensor, k: object, scale: object) -> bool:
+def usable(x: torch.Tensor, k: object = 0, scale: object = 0.0) -> bool:
     """Whether an operator hands rows ``x`` to its kernels: enabled, triton installed, a CUDA
     tensor outside compile and vmap on a supported GPU, an int ``k`` and a float scale (the Laplace
-    mask's ``τ``, the sparse mask's ``λ``, the networks' steepness)."""
+    mask's ``τ``, the sparse mask's ``λ``, the networks' steepness; an operator with neither, such
+    as PAV, leaves them out)."""
     if not (ENABLED and x.is_cuda and isinstance(k, int) and isinstance(scale, float)):
         return False
     if torch.compiler.is_compiling() or torch._C._functorch.is_functorch_wrapped_tensor(x):
