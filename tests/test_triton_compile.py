@@ -36,6 +36,7 @@ MODULES = (
     "neuralsort_kernels",
     "softsort_kernels",
     "svm_kernels",
+    "pav_kernels",
 )
 POINTERS = {
     torch.float32: "*fp32",
