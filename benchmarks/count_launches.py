@@ -122,6 +122,7 @@ def _with_kernels(fn, x: torch.Tensor) -> int | None:
         networks_kernels,
         neuralsort_kernels,
         pav_kernels,
+        select_kernels,
         softsort_kernels,
         sparse_kernels,
         svm_kernels,
@@ -138,6 +139,7 @@ def _with_kernels(fn, x: torch.Tensor) -> int | None:
         count_kernels(patch, svm_kernels, "forward", "backward", launched=launched)
         count_kernels(patch, softsort_kernels, "mask_forward", "mask_backward", launched=launched)
         count_kernels(patch, pav_kernels, "pav_l2", "pav_kl", launched=launched)
+        count_kernels(patch, select_kernels, "label_select", launched=launched)
         patch.setattr(triton_gate, "usable", lambda v, k=0, scale=0.0: isinstance(k, int) and isinstance(scale, float))
         fn(x)  # the kernels of one forward: count_call runs a warm-up forward first
         forward = len(launched)

@@ -33,3 +33,15 @@ def sweep_rows(big: float) -> list[list[float]]:
         [-INF, -INF, 1.0, 1.0, 2.0, 3.0, 3.0, 4.0],
         [-big, -1.0, 0.0, 1.0, 2.0, 3.0, big / 2, big],
     ]
+
+
+# top-k cross-entropy's selection of m = 16 from rows of 40 classes (tests/test_label_select*.py)
+SELECTION_ROWS = [
+    [1.0, INF, -INF, 2, 0, -1, 3, INF] * 5,  # +inf entries beyond the stand-in
+    [-INF] * 38 + [1.0, 2.0],  # fewer finite entries than m: -inf others are selected
+    [0.5] * 40,  # all tied
+    [3.4e38, -3.4e38, 1, 2, 0, 0, 0, 0] * 5,
+    [1.0, float("nan"), 0.0, 2.0] * 10,  # NaN ranks first, as in topk
+    list(range(40)),
+]
+SELECTION_LABELS = ([2, 0, 7, 1, 1, 39], [1, 39, 0, 0, 2, 5], [7, 5, 39, 3, 0, 0])

@@ -17,12 +17,13 @@ from softtopk.ops.label_select import LabelSelect
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_kernels import by_value, topk_ce_paths  # noqa: E402
 from dispatch_counter import accelerator_steps  # noqa: E402
+from extended_rows import SELECTION_LABELS, SELECTION_ROWS  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not isotonic_numba.available(), reason="numba is not installed, so there is no kernel to test (pip install numba)"
 )
 
-INF, NAN = float("inf"), float("nan")
+INF = float("inf")
 
 
 @pytest.fixture(autouse=True)
@@ -82,17 +83,8 @@ def test_labels_at_every_place_and_rank():
 
 
 def test_infinities_nan_and_ties():
-    x = torch.tensor(
-        [
-            [1.0, INF, -INF, 2, 0, -1, 3, INF] * 5,  # +inf entries beyond the stand-in
-            [-INF] * 38 + [1.0, 2.0],  # fewer finite entries than m: -inf others are selected
-            [0.5] * 40,  # all tied
-            [3.4e38, -3.4e38, 1, 2, 0, 0, 0, 0] * 5,
-            [1.0, NAN, 0.0, 2.0] * 10,  # NaN ranks first, as in topk
-            list(range(40)),
-        ]
-    )
-    for label in ([2, 0, 7, 1, 1, 39], [1, 39, 0, 0, 2, 5], [7, 5, 39, 3, 0, 0]):
+    x = torch.tensor(SELECTION_ROWS)
+    for label in SELECTION_LABELS:
         _same(x, torch.tensor(label), 16, ties=True)
 
 

@@ -122,7 +122,7 @@ def test_imports_run_one_way(module):
             # the optional Triton kernels, imported only where they run (softtopk.ops.*_triton)
             kernels = tuple(
                 f"softtopk.ops.{name}_kernels"
-                for name in ("lapsum", "sparse", "networks", "neuralsort", "softsort", "svm", "pav")
+                for name in ("lapsum", "sparse", "networks", "neuralsort", "softsort", "svm", "pav", "select")
             )
             allowed = {"triton"} if module in kernels else allowed
             # the optional numba kernels, imported at their first use (ops.isotonic_numba, ops.lapsum_numba,

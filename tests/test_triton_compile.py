@@ -37,6 +37,7 @@ MODULES = (
     "softsort_kernels",
     "svm_kernels",
     "pav_kernels",
+    "select_kernels",
 )
 POINTERS = {
     torch.float32: "*fp32",
@@ -125,13 +126,14 @@ def _calls():
 @pytest.fixture(scope="module")
 def launches():
     """The distinct launches of the calls, with the tiled NeuralSort and SoftSort kernels too."""
-    from softtopk.ops import isotonic, neuralsort_triton, permutahedron, softsort_triton, triton_gate
+    from softtopk.ops import isotonic, label_select, neuralsort_triton, permutahedron, softsort_triton, triton_gate
 
     recorded: dict = {}
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(triton_gate, "usable", usable_on_any_device)
         patch.setattr(isotonic, "can_inspect", lambda value: False)  # CPU rows as CUDA ones go: no numba PAV
         patch.setattr(permutahedron, "can_inspect", lambda value: False)
+        patch.setattr(label_select, "usable", lambda logits, m: False)  # top-k CE's selection: no numba kernel
         for name in MODULES:
             module = importlib.import_module(f"softtopk.ops.{name}")
             for kernel_name, kernel in _kernels(module).items():

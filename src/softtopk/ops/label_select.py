@@ -10,7 +10,10 @@ kernel instead (:mod:`softtopk.ops.label_select_kernels`) where it is faster (:f
 same scores, classes and positions, except that among equal scores at the boundary of the
 selection it keeps the first in the row, where ``topk``'s choice is unspecified.
 ``triton_gate.torch_path()`` and ``SOFTTOPK_NUMBA=0`` turn it off; the tests hold it to the torch
-path (``tests/test_label_select.py``).
+path (``tests/test_label_select.py``). On CUDA with triton (:mod:`softtopk.ops.triton_gate`), rows
+of at most :data:`MAX_CLASSES` classes and selections of at most :data:`MAX_M` take one Triton
+kernel (:mod:`softtopk.ops.select_kernels`): the numba kernel's selection and order, in one launch
+where the torch path dispatches about fifteen ops (``tests/test_label_select_triton.py``).
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import math
 
 import torch
 
-from . import isotonic_numba
+from . import isotonic_numba, triton_gate
 from ._function import Function
 from .compute import filled, put_rows, topk_rows
 from .isotonic_numba import numpy_rows
 
 INF_MARGIN = 2.0**27  # a +inf score's stand-in is the dtype's largest number over this
 MAX_M = 64  # the kernel's insertions cost O(m) each: larger selections keep topk
+MAX_CLASSES = 4096  # the Triton kernel holds a row in one program
 
 
 def usable(logits: torch.Tensor, m: int) -> bool:
@@ -64,6 +68,8 @@ class LabelSelect(Function):
         cap = torch.finfo(logits.dtype).max / INF_MARGIN
         if usable(logits, m):
             return _kernel_select(logits, label, m, cap)
+        if triton_gate.usable(logits, m) and m <= MAX_M and logits.shape[-1] <= MAX_CLASSES:
+            return _triton_select(logits, label, m, cap)
         label = label.unsqueeze(-1)
         label_score = logits.gather(-1, label)
         masked = label_score == -math.inf
@@ -104,4 +110,31 @@ def _kernel_select(logits: torch.Tensor, label: torch.Tensor, m: int, cap: float
     masked = torch.empty(rows, dtype=torch.bool)
     arrays = (scores.numpy(), index.numpy(), position.numpy(), masked.numpy())
     kernels.select_rows(numpy_rows(logits), numpy_rows(label.to(torch.int64)), cap, *arrays)
+    return scores, index, position, masked
+
+
+def _triton_select(logits: torch.Tensor, label: torch.Tensor, m: int, cap: float):
+    from . import select_kernels as kernels  # imports triton: only once the kernel runs
+
+    rows, classes = logits.shape
+    scores = logits.new_empty((rows, m))
+    index = label.new_empty((rows, m), dtype=torch.int64)
+    position = label.new_empty(rows, dtype=torch.int64)
+    masked = label.new_empty(rows, dtype=torch.bool)
+    if rows:
+        width = 1 << max(4, (classes - 1).bit_length())
+        kernels.label_select[(rows,)](
+            logits.contiguous(),
+            label.to(torch.int64).contiguous(),
+            scores,
+            index,
+            position,
+            masked,
+            classes,
+            cap,
+            M=m,
+            MP=1 << (m - 1).bit_length(),
+            W=width,
+            num_warps=4 if width <= 1024 else 8,
+        )
     return scores, index, position, masked
