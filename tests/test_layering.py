@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from softtopk.ops import triton_gate
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 SHARED = {"softtopk._checks", "softtopk._window"}
 CONVENTIONS = {"softtopk._validation", "softtopk._layout", "softtopk._extended", "softtopk._registry"}
@@ -120,10 +122,7 @@ def test_imports_run_one_way(module):
             allowed = {"torch"} if module.startswith("softtopk.") or module == "softtopk" else None
             allowed = {"jax", "numpy"} if front_end else set() if module in SHARED else allowed
             # the optional Triton kernels, imported only where they run (softtopk.ops.*_triton)
-            kernels = tuple(
-                f"softtopk.ops.{name}_kernels"
-                for name in ("lapsum", "sparse", "networks", "neuralsort", "softsort", "svm", "pav", "select")
-            )
+            kernels = tuple(f"softtopk.ops.{name}" for name in triton_gate.KERNEL_MODULES)
             allowed = {"triton"} if module in kernels else allowed
             # the optional numba kernels, imported at their first use (ops.isotonic_numba, ops.lapsum_numba,
             # ops.label_select, ops.networks_numba, ops.noised_numba), and what they share

@@ -23,22 +23,14 @@ import pytest
 import torch
 
 import softtopk
+from softtopk.ops import triton_gate
 
 sys.path.insert(0, str(Path(__file__).parent))
 from triton_kernels import needs_triton, seeded_rows, usable_on_any_device  # noqa: E402
 
 pytestmark = needs_triton
 
-MODULES = (
-    "lapsum_kernels",
-    "sparse_kernels",
-    "networks_kernels",
-    "neuralsort_kernels",
-    "softsort_kernels",
-    "svm_kernels",
-    "pav_kernels",
-    "select_kernels",
-)
+MODULES = triton_gate.KERNEL_MODULES
 POINTERS = {
     torch.float32: "*fp32",
     torch.float64: "*fp64",
@@ -115,6 +107,8 @@ def _calls():
             yield lambda x=x, method=method: softtopk.soft_topk(x, 5, method=method)
         for method in ("splitter_selection", "neuralsort"):
             yield lambda x=x, method=method: softtopk.TopKCrossEntropyLoss([0.5, 0.5], method=method, m=8)(x, target)
+        for mode in ("smce", "sort"):  # the head's other variants
+            yield lambda x=x, mode=mode: softtopk.TopKCrossEntropyLoss([0.5, 0.5], m=8, top1_mode=mode)(x, target)
         yield lambda x=x: softtopk.SmoothTopKSVM(k=3)(x, target)
         yield lambda x=x: softtopk.soft_rank(x)
         yield lambda x=x: softtopk.soft_sort(x, regularization="kl")

@@ -29,15 +29,17 @@ import torch
 
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
+from ..ops import ce_head_triton
 from ..ops._function import Function
-from ..ops.compute import constant, filled, label_row
+from ..ops.ce_head_triton import FLOOR as _FLOOR
+from ..ops.ce_head_triton import TritonHead
+from ..ops.compute import constant, filled, label_row, zero_unless
 from ..ops.label_select import LabelSelect
 from ._base import ClassLoss, class_loss
 
 __all__ = ["TopKCrossEntropyLoss", "topk_cross_entropy"]
 
 TOP1_MODES = ("sm", "smce", "sort")
-_FLOOR = 1e-7
 _MANY_CLASSES = 100  # above this, m=None (relax every class) is slow enough to say so
 
 
@@ -176,22 +178,31 @@ def topk_cross_entropy(
     weights, p1 = rank_weights(p_k, top1_mode), p_k[0] if top1_mode != "sort" else 0.0
     m = _effective_m(m, classes, k)
 
-    def per_row(logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    def per_row(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
         scores, _, position, masked = LabelSelect.apply(logits, label, classes if m is None else m)
         if spec.label_ranks is not None:
             label_ranks = spec.label_ranks(scores, position, k, **params)
         else:
             label_ranks = label_row(spec.ranks(scores, k, **params), position)
-        loss = _Head.apply(scores, label_ranks, position, masked, weights, p1, top1_mode == "smce")[0]
+        if ce_head_triton.usable(scores):
+            loss = TritonHead.apply(
+                scores, label_ranks, position, masked, kept, weights, p1, top1_mode if p1 else "sort"
+            )
+        else:
+            loss = zero_unless(
+                kept, _Head.apply(scores, label_ranks, position, masked, weights, p1, top1_mode == "smce")[0]
+            )
         if top1_mode != "smce" or not p1:
             return loss
         # the cross-entropy term's limit with another class at +inf and the label below: inf, not
         # the stand-in's large finite value (gradient 0, as where the label is -inf)
         label_inf = logits.gather(-1, label.unsqueeze(-1)).squeeze(-1) == math.inf
         beaten = torch.isposinf(logits).any(-1) & ~label_inf & ~logits.isnan().any(-1)
-        return torch.where(beaten, math.inf, loss)
+        return torch.where(beaten & kept, math.inf, loss)
 
-    return class_loss(input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction)
+    return class_loss(
+        input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction, masks_rows=True
+    )
 
 
 class TopKCrossEntropyLoss(ClassLoss):

@@ -39,6 +39,20 @@ def torch_path() -> Iterator[None]:
         ENABLED, KERNELS = saved
 
 
+# the modules of the Triton kernels (softtopk.ops.<name>, each importing triton), imported only by
+# their launchers, where a kernel runs
+KERNEL_MODULES = (
+    "lapsum_kernels",
+    "sparse_kernels",
+    "networks_kernels",
+    "neuralsort_kernels",
+    "softsort_kernels",
+    "svm_kernels",
+    "pav_kernels",
+    "select_kernels",
+    "ce_head_kernels",
+)
+
 BLOCK = 1024  # entries per step of a row pass
 
 

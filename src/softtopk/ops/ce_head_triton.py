@@ -1,0 +1,90 @@
+"""Top-k cross-entropy's head as two Triton kernels (optional, CUDA): each row's loss from its
+selected scores and the label's relaxed ranks, ``-log(floor(w . ranks + p_1 softmax(scores)_y))``
+with the ``'sort'``/``'sm'``/``'smce'`` variants, in one launch forward and one backward, where the
+torch path (:class:`softtopk.losses.topk_ce._Head` and the reduction's masking) dispatches about
+twelve ops forward and twelve backward. The backward recomputes the softmax instead of saving it.
+
+Scope: selections of at most :data:`MAX_M` scores, on CUDA outside ``torch.compile`` and
+``vmap`` (:mod:`softtopk.ops.triton_gate`); the tests run the kernels under
+``TRITON_INTERPRET=1`` on the CPU against the torch path (``tests/test_ce_head_triton.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import triton_gate
+from ._function import Function
+from .compute import constant
+
+MAX_M = 1024  # scores a program's rows hold
+FLOOR = 1e-7  # the floor of the relaxed probability: p (1 - 2 FLOOR) + FLOOR
+MODES = {"sort": 0, "sm": 1, "smce": 2}
+
+
+def usable(scores: torch.Tensor) -> bool:
+    """Whether the head of rows ``scores`` (R, m) runs on the kernels."""
+    return triton_gate.usable(scores) and scores.shape[-1] <= MAX_M
+
+
+def _launch(scores: torch.Tensor, ranks: torch.Tensor, p1: float, mode: str) -> tuple[tuple, dict]:
+    """The grid and the kernels' scalar arguments for rows ``scores`` (R, m), ``ranks`` (R, K)."""
+    rows, m = scores.shape
+    width = 1 << max(1, (m - 1).bit_length())
+    block = max(1, min(64, 2048 // width))
+    options = {"MODE": MODES[mode], "ROWS": block, "MP": width, "KP": 1 << max(1, (ranks.shape[1] - 1).bit_length())}
+    return (-(-rows // block),), {"p1": p1, "keep": 1 - 2 * FLOOR, "floor": FLOOR, **options}
+
+
+class TritonHead(Function):
+    """``(scores (R, m), label_ranks (R, K), position (R,), masked (R,), kept (R,), weights, p1,
+    mode)`` -> each row's loss (R,): ``inf`` where ``masked`` (the label at ``-inf``), 0 where not
+    ``kept`` (an ignored target), both with gradient 0; the torch path's ``_Head`` otherwise
+    (``mode``: ``'sort'``, or ``'sm'``/``'smce'`` with ``p1 > 0``)."""
+
+    @staticmethod
+    def forward(scores, label_ranks, position, masked, kept, weights, p1, mode):
+        from . import ce_head_kernels as kernels  # imports triton: only once a kernel runs
+
+        loss = scores.new_empty(scores.shape[0])
+        if scores.shape[0]:
+            grid, args = _launch(scores, label_ranks, p1, mode)
+            w = constant(weights, scores)
+            kernels.head_forward[grid](
+                scores, label_ranks, w, position, kept, masked, loss, *scores.shape, label_ranks.shape[1], **args
+            )
+        return loss
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*inputs[:5])
+        ctx.weights, ctx.p1, ctx.mode = inputs[5:]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises
+    def backward(ctx, grad):
+        from . import ce_head_kernels as kernels
+
+        if grad is None:
+            return (None,) * 8
+        scores, label_ranks, position, masked, kept = ctx.saved_tensors
+        grad_scores = torch.empty_like(scores) if ctx.mode != "sort" else None
+        grad_ranks = torch.empty_like(label_ranks)
+        if scores.shape[0]:
+            grid, args = _launch(scores, label_ranks, ctx.p1, ctx.mode)
+            kernels.head_backward[grid](
+                grad.contiguous(),
+                scores,
+                label_ranks,
+                constant(ctx.weights, scores),
+                position,
+                kept,
+                masked,
+                grad_ranks if grad_scores is None else grad_scores,  # unwritten for 'sort'
+                grad_ranks,
+                *scores.shape,
+                label_ranks.shape[1],
+                **args,
+            )
+        return grad_scores, grad_ranks, None, None, None, None, None, None

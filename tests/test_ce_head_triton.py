@@ -1,0 +1,114 @@
+"""The Triton kernels of top-k cross-entropy's head against the torch path, values and gradients
+(in Triton's interpreter without a GPU: ``triton_kernels.py``)."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import softtopk
+from softtopk import _validation
+from softtopk.ops import ce_head_kernels, ce_head_triton
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dispatch_counter import count_call  # noqa: E402
+from triton_kernels import DEVICE, both_paths, count_kernels, needs_triton, route_kernels, seeded_rows  # noqa: E402
+
+pytestmark = needs_triton
+
+INF, NAN = float("inf"), float("nan")
+KERNELS = ("head_forward", "head_backward")
+
+
+def _close(x, target, tol: float, **kwargs) -> None:
+    """Loss and gradient of ``topk_cross_entropy(x, target, **kwargs)`` on the head's kernels equal
+    the torch path's, NaN and ``inf`` where it has them."""
+
+    def loss(s):
+        return softtopk.topk_cross_entropy(s, target, **kwargs)
+
+    (v0, g0), (v1, g1) = both_paths(ce_head_kernels, KERNELS, loss, x)
+    torch.testing.assert_close(v1, v0, rtol=tol, atol=tol, equal_nan=True)
+    torch.testing.assert_close(g1, g0, rtol=tol, atol=tol, equal_nan=True)
+
+
+def _target(rows: int, classes: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, classes, (rows,), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("top1_mode", ["sm", "smce", "sort"])
+@pytest.mark.parametrize("method", ["softsort", "splitter_selection"])
+def test_the_kernels_equal_the_torch_path(dtype, top1_mode, method):
+    x = seeded_rows(6, 40, dtype, seed=1) * 3
+    target = _target(6, 40)
+    target[2] = -100  # an ignored row: loss and gradient 0
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    for reduction in ("none", "mean"):
+        _close(x, target, tol, p_k=[0.4, 0.3, 0.3], method=method, top1_mode=top1_mode, m=8, reduction=reduction)
+
+
+def test_weights_and_every_class_relaxed():
+    """``weight`` and ``m=None`` (every class, here 12: a program's rows of 16 columns)."""
+    x = seeded_rows(5, 12, torch.float64, seed=2)
+    weight = torch.linspace(0.5, 2.0, 12, dtype=torch.float64).to(DEVICE)
+    _close(x, _target(5, 12, 1), 1e-12, p_k=[0.5, 0.5], method="softsort", m=None, weight=weight)
+
+
+def test_infinities_and_nan():
+    """The label at ``-inf`` gives ``inf`` (gradient 0), ``+inf`` entries their stand-in, a NaN row
+    NaN; the rows of an ignored target 0 whatever they hold."""
+    x = torch.tensor(
+        [
+            [-INF, 1.0, 2.0, 0.0, -1.0, 3.0, 0.5, 0.25],
+            [INF, 1.0, 2.0, INF, -1.0, 3.0, 0.5, 0.25],
+            [1.0, NAN, 2.0, 0.0, -1.0, 3.0, 0.5, 0.25],
+            [1.0, NAN, 2.0, 0.0, -1.0, 3.0, 0.5, 0.25],
+            [-INF] * 6 + [1.0, 2.0],
+        ],
+        dtype=torch.float64,
+    ).to(DEVICE)
+    target = torch.tensor([0, 1, 2, -100, 6]).to(DEVICE)
+    for top1_mode in ("sm", "smce"):
+        _close(x, target, 1e-12, p_k=[0.5, 0.5], method="softsort", m=4, top1_mode=top1_mode, reduction="none")
+
+
+def test_long_selections_keep_the_torch_path(monkeypatch):
+    monkeypatch.setattr(ce_head_triton, "MAX_M", 8)
+    launched = route_kernels(monkeypatch, ce_head_kernels, *KERNELS)
+    x = seeded_rows(2, 12, torch.float32, seed=3).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 12 classes: no warning for m=None
+        softtopk.topk_cross_entropy(x, _target(2, 12), [0.5, 0.5], method="softsort", m=None).backward()
+    assert launched == []
+
+
+def test_a_second_derivative_raises(monkeypatch):
+    route_kernels(monkeypatch, ce_head_kernels, *KERNELS)
+    x = seeded_rows(2, 20, torch.float64, seed=4).requires_grad_()
+    loss = softtopk.topk_cross_entropy(x, _target(2, 20), [0.5, 0.5], method="softsort", m=8, reduction="none")
+    w = torch.ones_like(loss).requires_grad_()  # an upstream gradient with a graph of its own
+    (grad,) = torch.autograd.grad((loss * w).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        grad.sum().backward()
+
+
+def test_the_default_loss_runs_every_kernel_within_the_launch_budget(monkeypatch):
+    """One fwd+bwd at 64 rows x 1000 classes, m = 16, splitter network: the selection's, the
+    network's and the head's kernels and a few more ops (issue 21's budget: 96); no value read."""
+    from softtopk.ops import networks_kernels, select_kernels
+
+    monkeypatch.setattr(_validation, "values_checked", lambda value: False)
+    launched = route_kernels(monkeypatch, ce_head_kernels, *KERNELS)
+    count_kernels(monkeypatch, networks_kernels, "label_forward", "label_backward", launched=launched)
+    count_kernels(monkeypatch, select_kernels, "label_select", launched=launched)
+    logits = seeded_rows(64, 1000, torch.float32, seed=5)
+    target = _target(64, 1000, 2)
+    counts = count_call(lambda s: softtopk.TopKCrossEntropyLoss([0.2] * 5)(s, target), logits)
+    kernels = len(launched) - 3  # count_call runs a warm-up forward first
+    assert kernels == 5 and counts.reads == 0
+    assert counts.launches + kernels <= 32, counts.ops
