@@ -6,7 +6,11 @@ per case, loops of ``--calls`` calls (forward, and forward + backward): the host
 loop's last call returns ("host", the device still busy or not), and until the device has finished
 ("loop"), per call, median of ``--repeats`` loops; then profiles a loop of forwards with cProfile
 (the functions with the most own time, per call). On a CPU "host" and "loop" are the same time;
-small shapes (``--rows 8 --classes 50``) make it the per-op overhead.
+small shapes (``--rows 8 --classes 50``) make it the per-op overhead. ``--stubbed-kernels`` (CPU,
+with triton installed) runs the CPU tensors down a CUDA tensor's path with every Triton kernel
+routed in and stubbed out (``_accelerator.py``): what the calls cost the host that drives a GPU,
+dispatch, allocation and Python, less the launches' own cost; without a GPU, the CPU's proxy of
+``--device cuda``'s host column.
 
 Cases: ``F.cross_entropy``; softtopk's ``BalNoisedTopK(5, epsilon=1, n_samples=5)``,
 ``SmoothTopKSVM(k=5)``, ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16; splitter network and
@@ -18,11 +22,13 @@ Usage::
 
     python benchmarks/bench_host.py --device cuda      # -> benchmarks/results/host.md
     python benchmarks/bench_host.py --device cpu --rows 8 --classes 50 --out /tmp/host_cpu.md
+    python benchmarks/bench_host.py --device cpu --stubbed-kernels --rows 8 --classes 64  # -> results/host_stubbed.md
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import statistics
@@ -33,6 +39,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _accelerator import stubbed_kernels
 from _machine import machine_info
 
 import softtopk
@@ -105,16 +112,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=100, help="calls per timed loop")
     parser.add_argument("--repeats", type=int, default=7, help="timed loops per case (median)")
     parser.add_argument("--top", type=int, default=12, help="functions listed per profile")
+    parser.add_argument("--stubbed-kernels", action="store_true", help="CPU: a CUDA call's path, kernels stubbed")
     parser.add_argument("--out", type=Path, default=None, help="markdown to write (default results/host.md)")
     opts = parser.parse_args(argv)
     if opts.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
+    if opts.stubbed_kernels and opts.device != "cpu":
+        parser.error("--stubbed-kernels stands in for a GPU on the CPU: use it with --device cpu")
     device = torch.device(opts.device)
     if device.type == "cpu":
         torch.set_num_threads(1)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    out = opts.out or RESULTS / "host.md"
+    out = opts.out or RESULTS / ("host_stubbed.md" if opts.stubbed_kernels else "host.md")
     started = time.time()
+    with stubbed_kernels() if opts.stubbed_kernels else contextlib.nullcontext():
+        table, profiles = measure(opts, device, sync)
+    write(out, opts, device, table, profiles, time.time() - started)
+    print(f"wrote {out}")
+
+
+def measure(opts, device: torch.device, sync: Callable) -> tuple[list, list]:
+    """The table's rows and the profiles, case by case."""
     table, profiles = [], []
     for name, (call, differentiable) in cases(opts.rows, opts.classes, device).items():
         for _ in range(10):  # warm-up: caches, Triton's compilation
@@ -132,8 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: {row}", flush=True)
         if differentiable:
             profiles.append((name, profile(call, opts.calls, sync, opts.top)))
-    write(out, opts, device, table, profiles, time.time() - started)
-    print(f"wrote {out}")
+    return table, profiles
 
 
 def write(out: Path, opts, device, table, profiles, seconds: float) -> None:
@@ -143,7 +160,8 @@ def write(out: Path, opts, device, table, profiles, seconds: float) -> None:
     lines = [
         f"# bench_host: {name}",
         "",
-        f"`python benchmarks/bench_host.py --device {opts.device} --rows {opts.rows} --classes {opts.classes}`, "
+        f"`python benchmarks/bench_host.py --device {opts.device} --rows {opts.rows} --classes {opts.classes}"
+        f"{' --stubbed-kernels' if opts.stubbed_kernels else ''}`, "
         f"torch {torch.__version__}, softtopk commit {info.get('git_commit')}"
         f"{' (src modified)' if info.get('git_src_dirty') else ''}, {time.strftime('%Y-%m-%dT%H:%M:%S')}, "
         f"{seconds:.0f} s. Microseconds per call, median of {opts.repeats} loops of {opts.calls} calls: "

@@ -18,13 +18,11 @@ Run ``python benchmarks/count_launches.py``; writes ``benchmarks/results/launche
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -33,6 +31,7 @@ sys.path.insert(0, str(ROOT.parent / "tests"))  # one counter for the tests and 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
+from _accelerator import accelerator_path, kernels  # noqa: E402
 from _machine import machine_info  # noqa: E402
 
 import softtopk  # noqa: E402
@@ -97,19 +96,6 @@ def _cases(target: torch.Tensor) -> dict:
     }
 
 
-@contextlib.contextmanager
-def _accelerator_path():
-    """Run CPU tensors down the path a CUDA tensor takes: no value checks, no CPU shortcut."""
-    with (
-        mock.patch("softtopk.ops.sparse.can_inspect", lambda value: False),
-        mock.patch("softtopk._validation.can_inspect", lambda value: False),
-        mock.patch("softtopk.ops.isotonic.can_inspect", lambda value: False),
-        mock.patch("softtopk.ops.permutahedron.can_inspect", lambda value: False),
-        mock.patch("softtopk.ops.isotonic_small._cap", lambda device: 128),
-    ):
-        yield
-
-
 def _with_kernels(fn, x: torch.Tensor) -> int | None:
     """Launches of one fwd+bwd on the accelerator path with the Triton kernels routed in
     (aten ops plus kernel launches); None without triton."""
@@ -117,29 +103,13 @@ def _with_kernels(fn, x: torch.Tensor) -> int | None:
         return None
     import pytest  # its MonkeyPatch restores every attribute set (the test extra has it)
 
-    from softtopk.ops import (
-        lapsum_kernels,
-        networks_kernels,
-        neuralsort_kernels,
-        pav_kernels,
-        select_kernels,
-        softsort_kernels,
-        sparse_kernels,
-        svm_kernels,
-        triton_gate,
-    )
+    from softtopk.ops import triton_gate
     from triton_kernels import count_kernels
 
     with pytest.MonkeyPatch.context() as patch:
-        launched = count_kernels(patch, lapsum_kernels, "mask_forward", "mask_backward")
-        count_kernels(patch, sparse_kernels, "mask_forward", launched=launched)
-        count_kernels(patch, networks_kernels, "label_forward", "label_backward", launched=launched)
-        count_kernels(patch, networks_kernels, "mask_forward", "mask_backward", launched=launched)
-        count_kernels(patch, neuralsort_kernels, "mask_forward", "label_forward", "backward", launched=launched)
-        count_kernels(patch, svm_kernels, "forward", "backward", launched=launched)
-        count_kernels(patch, softsort_kernels, "mask_forward", "mask_backward", launched=launched)
-        count_kernels(patch, pav_kernels, "pav_l2", "pav_kl", launched=launched)
-        count_kernels(patch, select_kernels, "label_select", launched=launched)
+        launched: list = []
+        for module, name in list(kernels()):
+            count_kernels(patch, module, name, launched=launched)
         patch.setattr(triton_gate, "usable", lambda v, k=0, scale=0.0: isinstance(k, int) and isinstance(scale, float))
         fn(x)  # the kernels of one forward: count_call runs a warm-up forward first
         forward = len(launched)
@@ -161,7 +131,7 @@ def main() -> None:
     few = _cases(target[:2])
     for name, fn in _cases(target).items():
         cpu = count_call(fn, x)
-        with _accelerator_path():
+        with accelerator_path():
             accel = count_call(fn, x)
             count_call(few[name], x[:2])  # the same history: a module's gradients exist, so they accumulate
             kernels = _with_kernels(few[name], x[:2])
