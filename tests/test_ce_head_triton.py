@@ -77,6 +77,27 @@ def test_infinities_and_nan():
         _close(x, target, 1e-12, p_k=[0.5, 0.5], method="softsort", m=4, top1_mode=top1_mode, reduction="none")
 
 
+def test_rows_of_any_layout(monkeypatch):
+    """Non-contiguous ranks (a method's torch path may return a view) give the contiguous
+    rows' loss and gradients."""
+    launched = route_kernels(monkeypatch, ce_head_kernels, *KERNELS)
+    gen = torch.Generator().manual_seed(6)
+    scores = torch.randn(5, 8, generator=gen, dtype=torch.float64).to(DEVICE)
+    ranks = torch.rand(3, 5, generator=gen, dtype=torch.float64).to(DEVICE).t()  # (5, 3), transposed
+    position = torch.tensor([0, 7, 3, 3, 5]).to(DEVICE)
+    masked = torch.tensor([False, False, True, False, False]).to(DEVICE)
+    kept = torch.tensor([True, True, True, False, True]).to(DEVICE)
+    results = []
+    for layout in (lambda t: t, torch.Tensor.contiguous):
+        leaves = [scores.clone().requires_grad_(), layout(ranks.clone()).requires_grad_()]
+        loss = ce_head_triton.head(*leaves, position, masked, kept, (1.0, 0.5, 0.25), 0.5, "sm")
+        loss.sum().backward()
+        results.append((loss.detach(), leaves[0].grad, leaves[1].grad))
+    assert not ranks.is_contiguous() and len(launched) == 4
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_long_selections_keep_the_torch_path(monkeypatch):
     monkeypatch.setattr(ce_head_triton, "MAX_M", 8)
     launched = route_kernels(monkeypatch, ce_head_kernels, *KERNELS)

@@ -32,7 +32,6 @@ from .._validation import check_choice, check_class_input, check_int, check_p_k,
 from ..ops import ce_head_triton
 from ..ops._function import Function
 from ..ops.ce_head_triton import FLOOR as _FLOOR
-from ..ops.ce_head_triton import TritonHead
 from ..ops.compute import constant, filled, label_row, zero_unless
 from ..ops.label_select import LabelSelect
 from ._base import ClassLoss, class_loss
@@ -185,7 +184,7 @@ def topk_cross_entropy(
         else:
             label_ranks = label_row(spec.ranks(scores, k, **params), position)
         if ce_head_triton.usable(scores):
-            loss = TritonHead.apply(
+            loss = ce_head_triton.head(
                 scores, label_ranks, position, masked, kept, weights, p1, top1_mode if p1 else "sort"
             )
         else:

@@ -36,6 +36,22 @@ def _launch(scores: torch.Tensor, ranks: torch.Tensor, p1: float, mode: str) -> 
     return (-(-rows // block),), {"p1": p1, "keep": 1 - 2 * FLOOR, "floor": FLOOR, **options}
 
 
+def head(
+    scores: torch.Tensor,
+    label_ranks: torch.Tensor,
+    position: torch.Tensor,
+    masked: torch.Tensor,
+    kept: torch.Tensor,
+    weights: tuple[float, ...],
+    p1: float,
+    mode: str,
+) -> torch.Tensor:
+    """:class:`TritonHead` on rows laid out as the kernels read them (contiguous; a no-op for
+    the selection's and the label kernels' outputs)."""
+    rows = (scores, label_ranks, position, masked, kept)
+    return TritonHead.apply(*(t.contiguous() for t in rows), weights, p1, mode)
+
+
 class TritonHead(Function):
     """``(scores (R, m), label_ranks (R, K), position (R,), masked (R,), kept (R,), weights, p1,
     mode)`` -> each row's loss (R,): ``inf`` where ``masked`` (the label at ``-inf``), 0 where not
