@@ -122,7 +122,7 @@ def test_imports_run_one_way(module):
             allowed = {"torch"} if module.startswith("softtopk.") or module == "softtopk" else None
             allowed = {"jax", "numpy"} if front_end else set() if module in SHARED else allowed
             # the optional Triton kernels, imported only where they run (softtopk.ops.*_triton)
-            kernels = tuple(f"softtopk.ops.{name}" for name in triton_gate.KERNEL_MODULES)
+            kernels = tuple(f"softtopk.ops.{name}" for name in triton_gate.KERNEL_MODULES + triton_gate.KERNEL_HELPERS)
             allowed = {"triton"} if module in kernels else allowed
             # the optional numba kernels, imported at their first use (ops.isotonic_numba, ops.lapsum_numba,
             # ops.label_select, ops.networks_numba, ops.noised_numba), and what they share

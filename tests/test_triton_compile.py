@@ -110,6 +110,9 @@ def _calls():
         for mode in ("smce", "sort"):  # the head's other variants
             yield lambda x=x, mode=mode: softtopk.TopKCrossEntropyLoss([0.5, 0.5], m=8, top1_mode=mode)(x, target)
         yield lambda x=x: softtopk.SmoothTopKSVM(k=3)(x, target)
+        for epsilon in (1.0, 0.0):
+            yield lambda x=x, epsilon=epsilon: softtopk.BalNoisedTopK(3, epsilon=epsilon)(x, target)
+        yield lambda x=x: softtopk.ImbalNoisedTopK(3, epsilon=0.5, max_m=0.3, cls_num_list=range(1, 41))(x, target)
         yield lambda x=x: softtopk.soft_rank(x)
         yield lambda x=x: softtopk.soft_sort(x, regularization="kl")
     long = seeded_rows(2, 1500, torch.float32, seed=2).requires_grad_()  # longer than one tile
@@ -120,7 +123,15 @@ def _calls():
 @pytest.fixture(scope="module")
 def launches():
     """The distinct launches of the calls, with the tiled NeuralSort and SoftSort kernels too."""
-    from softtopk.ops import isotonic, label_select, neuralsort_triton, permutahedron, softsort_triton, triton_gate
+    from softtopk.ops import (
+        isotonic,
+        label_select,
+        neuralsort_triton,
+        noised_numba,
+        permutahedron,
+        softsort_triton,
+        triton_gate,
+    )
 
     recorded: dict = {}
     with pytest.MonkeyPatch.context() as patch:
@@ -128,6 +139,7 @@ def launches():
         patch.setattr(isotonic, "can_inspect", lambda value: False)  # CPU rows as CUDA ones go: no numba PAV
         patch.setattr(permutahedron, "can_inspect", lambda value: False)
         patch.setattr(label_select, "usable", lambda logits, m: False)  # top-k CE's selection: no numba kernel
+        patch.setattr(noised_numba, "fresh", lambda *args: None)  # the noised losses draw with torch.randn
         for name in MODULES:
             module = importlib.import_module(f"softtopk.ops.{name}")
             for kernel_name, kernel in _kernels(module).items():

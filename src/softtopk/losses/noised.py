@@ -28,6 +28,8 @@ from ``generator`` (the global RNG if ``None``), in one of two ways with the sam
 * elsewhere, as one ``torch.randn(input.shape + (S,), generator=generator)`` in float32 (cast to
   float64 for float64 inputs): for ``(N, C)`` input and the global RNG, pytopk 0.1.0's draw.
 
+On CUDA with triton the torch draw's hinge runs as two Triton kernels
+(:mod:`softtopk.ops.noised_triton`: the same draws, roundings that may differ in the last bits).
 So a seeded call is reproducible on one machine and install, but gives other values with and
 without numba, and on another device; :mod:`softtopk.compat.pytopk` passes pytopk's own draw as
 ``noise``, and gives its values bit for bit.
@@ -47,7 +49,7 @@ from .._validation import (
     check_real,
     check_scale,
 )
-from ..ops import noised_numba
+from ..ops import noised_numba, noised_triton
 from ..ops.compute import compute_dtype, owns_rows
 from ..ops.noised_hinge import NoisedHinge
 from ._base import ClassLoss, class_loss
@@ -77,6 +79,11 @@ def noised_params(
     )
 
 
+def _label_margins(margins: torch.Tensor | float, logits: torch.Tensor, label: torch.Tensor) -> torch.Tensor | float:
+    """The margin of each row's label (R,) from per-class ``margins`` (C,), or the one float."""
+    return margins.to(logits)[label] if isinstance(margins, torch.Tensor) else margins
+
+
 def noised_hinge(
     input: torch.Tensor,
     target: torch.Tensor,
@@ -100,10 +107,9 @@ def noised_hinge(
         check_scale("scale", scale, input.dtype)
 
     def per_row(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-        margin = margins.to(logits)[label] if isinstance(margins, torch.Tensor) else margins
         fresh = None if noise is not None else noised_numba.fresh(logits, epsilon, n_samples, generator)
         if fresh is not None:  # CPU rows: the kernel draws what it needs
-            return NoisedHinge.apply(logits, label, fresh, margin, scale, k, kept)[0]
+            return NoisedHinge.apply(logits, label, fresh, _label_margins(margins, logits, label), scale, k, kept)[0]
         given = noise
         if given is None:
             given = torch.randn(
@@ -112,6 +118,9 @@ def noised_hinge(
         else:
             check_noise("noise", given, input.shape, samples=0)
         rows = given.movedim(1, -2).reshape(-1, input.shape[1], given.shape[-1])
+        if noise is None and noised_triton.usable(logits, n_samples):  # CUDA: two kernels on our own draws
+            return noised_triton.hinge(logits, label, rows, epsilon, margins, scale, k, kept)
+        margin = _label_margins(margins, logits, label)
         if epsilon == 0:  # exact (k+1)-th value; the RNG still advanced
             rows = rows[..., :1]
         if noise is not None or not owns_rows(rows):  # a caller's noise is never written

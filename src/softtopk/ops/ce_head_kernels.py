@@ -7,14 +7,7 @@ softmax. A program holds ``ROWS`` rows; the formulas are the torch path's
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _as(value, like):
-    """A float64 argument in ``like``'s dtype, as torch rounds a Python scalar against a tensor (a
-    compile-time branch: float64 rows keep it as it is)."""
-    if like.dtype != tl.float64:
-        value = tl.cast(value, like.dtype)
-    return value
+from . import triton_steps as steps
 
 
 @triton.jit
@@ -63,10 +56,10 @@ def head_forward(
         scores_ptr, ranks_ptr, weights_ptr, position_ptr, rows, m, k, ROWS, MP, KP
     )
     if MODE == 1:
-        mass = mass + _as(p1, mass) * tl.sum(tl.where(at, q, 0.0), 1)
-    loss = -tl.log(mass * _as(keep, mass) + _as(floor, mass))
+        mass = mass + steps.in_dtype(p1, mass) * tl.sum(tl.where(at, q, 0.0), 1)
+    loss = -tl.log(mass * steps.in_dtype(keep, mass) + steps.in_dtype(floor, mass))
     if MODE == 2:
-        loss = loss * _as(1.0 - p1, mass) - _as(p1, mass) * log_q_y
+        loss = loss * steps.in_dtype(1.0 - p1, mass) - steps.in_dtype(p1, mass) * log_q_y
     row = tl.reshape(r, (ROWS,))
     masked = tl.load(masked_ptr + row, mask=row < rows, other=0) != 0
     kept = tl.load(kept_ptr + row, mask=row < rows, other=0) != 0
@@ -106,12 +99,12 @@ def head_backward(
     grad = tl.where(stop, 0.0, tl.load(grad_ptr + row, mask=row < rows, other=0.0))
     q_y = tl.sum(tl.where(at, q, 0.0), 1)
     if MODE == 1:
-        mass = mass + _as(p1, mass) * q_y
-    c = grad * _as(-keep, mass) / (mass * _as(keep, mass) + _as(floor, mass))
-    d = c * q_y * _as(p1, mass)  # the weight of (e_y - q) in the scores' gradient
+        mass = mass + steps.in_dtype(p1, mass) * q_y
+    c = grad * steps.in_dtype(-keep, mass) / (mass * steps.in_dtype(keep, mass) + steps.in_dtype(floor, mass))
+    d = c * q_y * steps.in_dtype(p1, mass)  # the weight of (e_y - q) in the scores' gradient
     if MODE == 2:
-        d = grad * _as(-p1, mass)  # the cross-entropy's
-        c = c * _as(1.0 - p1, mass)
+        d = grad * steps.in_dtype(-p1, mass)  # the cross-entropy's
+        c = c * steps.in_dtype(1.0 - p1, mass)
     ranks = tl.arange(0, KP)[None, :]
     w = tl.load(weights_ptr + ranks, mask=ranks < k, other=0.0)
     tl.store(grad_ranks_ptr + r * k + ranks, c[:, None] * w, mask=(r < rows) & (ranks < k))

@@ -8,6 +8,8 @@ one launch where the torch path dispatches about fifteen ops."""
 import triton
 import triton.language as tl
 
+from . import triton_steps as steps
+
 
 @triton.jit
 def label_select(
@@ -34,20 +36,8 @@ def label_select(
     val = tl.zeros([MP], dtype=x.dtype)
     idx = tl.zeros([MP], dtype=tl.int64)
     for i in range(M - 1):
-        nan_left = (left & nan).to(tl.int32)
-        value = tl.where(left & ~nan, x, float("-inf"))
-        top = tl.max(value, 0)
-        # the first NaN left; else the first largest; where only -inf is left, the first one left
-        pick = tl.where(
-            tl.max(nan_left, 0) > 0,
-            tl.argmax(nan_left, 0, tie_break_left=True),
-            tl.where(
-                top == float("-inf"),
-                tl.argmax(left.to(tl.int32), 0, tie_break_left=True),
-                tl.argmax(value, 0, tie_break_left=True),
-            ),
-        )
-        val = tl.where(slots == i, tl.where(tl.max(nan_left, 0) > 0, float("nan"), top), val)
+        top, pick = steps.next_largest(x, nan, left)
+        val = tl.where(slots == i, top, val)
         idx = tl.where(slots == i, pick, idx)
         left = left & (offs != pick)
     masked = s == float("-inf")

@@ -51,7 +51,9 @@ KERNEL_MODULES = (
     "pav_kernels",
     "select_kernels",
     "ce_head_kernels",
+    "noised_kernels",
 )
+KERNEL_HELPERS = ("triton_steps",)  # triton.jit helpers those modules share, never launched
 
 BLOCK = 1024  # entries per step of a row pass
 

@@ -1,0 +1,121 @@
+"""The noised top-k hinge of :mod:`softtopk.losses.noised` as two Triton kernels (optional, CUDA):
+one program a row forms the row's noised scores from its standard draws, takes each draw's
+``(k+1)``-th largest and the hinge of their mean, and one more writes the row's gradient, where
+the torch path (:class:`softtopk.ops.noised_hinge.NoisedHinge`, after the draws' scaling) launches
+about ten ops forward and eight backward (:mod:`softtopk.ops.noised_kernels` has the formulas).
+
+Scope: the loss's own draws (a caller's ``noise`` keeps the torch path, whose roundings are
+pytopk's op for op), rows whose ``C x S`` block fits a program (:data:`MAX_BLOCK`), on CUDA outside
+``torch.compile`` and ``vmap`` (:mod:`softtopk.ops.triton_gate`). The draws are the torch path's;
+the kernel may round ``s + ε Z`` as one fused multiply-add and sums the mean in its own order, so
+values may differ from it in the last bits. The tests run the kernels under ``TRITON_INTERPRET=1``
+on the CPU against the torch path (``tests/test_noised_triton.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from . import triton_gate
+from .compute import constant
+from .noised_hinge import NoisedHinge
+
+MAX_BLOCK = 1 << 14  # classes x draws a program holds
+
+
+def _widths(classes: int, samples: int) -> tuple[int, int]:
+    return 1 << max(4, (classes - 1).bit_length()), 1 << max(1, (samples - 1).bit_length())
+
+
+def usable(logits: torch.Tensor, samples: int) -> bool:
+    """Whether the hinge of rows ``logits`` (R, C) with ``samples`` draws runs on the kernels."""
+    width, draws = _widths(logits.shape[-1], samples)
+    return triton_gate.usable(logits) and width * draws <= MAX_BLOCK
+
+
+class OwnDraws(NamedTuple):
+    """A loss's own standard draws (R, C, S) (float32) and their scale ``epsilon``, which the
+    forward kernel applies."""
+
+    draws: torch.Tensor
+    epsilon: float
+
+
+def hinge(
+    logits: torch.Tensor,
+    label: torch.Tensor,
+    noise: torch.Tensor,
+    epsilon: float,
+    margins: torch.Tensor | float,
+    scale: float | None,
+    k: int,
+    kept: torch.Tensor,
+) -> torch.Tensor:
+    """``relu(scale * (margin_y + top_{k+1,eps}(s) - s_y))`` of rows ``logits`` (R, C) with labels
+    ``label`` (R,) and standard draws ``noise`` (R, C, S) (float32), 0 where not ``kept``;
+    ``margins`` per class (C,) or one float, ``scale`` None for 1."""
+    margin = margins.to(logits).contiguous() if isinstance(margins, torch.Tensor) else constant((margins,), logits)
+    draws = OwnDraws(noise.contiguous(), epsilon)
+    return TritonNoisedHinge.apply(logits.contiguous(), label.contiguous(), draws, margin, scale, k, kept.contiguous())[
+        0
+    ]
+
+
+class TritonNoisedHinge(NoisedHinge):
+    """:class:`~softtopk.ops.noised_hinge.NoisedHinge` on the kernels: ``(logits (R, C), label (R,),
+    OwnDraws, margin (C,) per class or (1,), scale or None, k, kept (R,))`` -> the hinge of each
+    row (R,) and each draw's class (R, S); the gradient of ``logits`` only."""
+
+    @staticmethod
+    def forward(logits, label, noise, margin, scale, k, kept):
+        from . import noised_kernels as kernels  # imports triton: only once a kernel runs
+
+        rows, classes = logits.shape
+        samples = noise.draws.shape[-1]
+        used = samples if noise.epsilon else 1  # epsilon = 0: the exact (k+1)-th value, one draw
+        loss = logits.new_empty(rows)
+        index = label.new_empty((rows, used), dtype=torch.int64)
+        if rows:
+            width, draws = _widths(classes, used)
+            kernels.hinge_forward[(rows,)](
+                logits,
+                noise.draws,
+                label,
+                margin,
+                kept,
+                loss,
+                index,
+                classes,
+                samples,
+                used,
+                float(noise.epsilon),
+                1.0 if scale is None else float(scale),
+                2.0 ** -math.ceil(math.log2(used)),
+                MARGIN_STRIDE=int(margin.shape[0] > 1),
+                KTH=k + 1,
+                W=width,
+                SP=draws,
+                num_warps=4 if width * draws <= 4096 else 8,
+            )
+        return loss, index
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises
+    def backward(ctx, grad, _unused):
+        from . import noised_kernels as kernels
+
+        if grad is None:
+            return (None,) * 7
+        label, index, loss = ctx.saved_tensors
+        rows, used = index.shape
+        grad_logits = loss.new_empty((rows, ctx.classes))
+        if rows:
+            width, draws = _widths(ctx.classes, used)
+            scale = 1.0 if ctx.scale is None else float(ctx.scale)
+            kernels.hinge_backward[(rows,)](
+                grad.contiguous(), loss, label, index, grad_logits, ctx.classes, used, scale, W=width, SP=draws
+            )
+        return grad_logits, None, None, None, None, None, None
