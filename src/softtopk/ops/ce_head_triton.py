@@ -30,9 +30,9 @@ def usable(scores: torch.Tensor) -> bool:
 def _launch(scores: torch.Tensor, ranks: torch.Tensor, p1: float, mode: str) -> tuple[tuple, dict]:
     """The grid and the kernels' scalar arguments for rows ``scores`` (R, m), ``ranks`` (R, K)."""
     rows, m = scores.shape
-    width = 1 << max(1, (m - 1).bit_length())
+    width = triton_gate.lanes(m, 2)
     block = max(1, min(64, 2048 // width))
-    options = {"MODE": MODES[mode], "ROWS": block, "MP": width, "KP": 1 << max(1, (ranks.shape[1] - 1).bit_length())}
+    options = {"MODE": MODES[mode], "ROWS": block, "MP": width, "KP": triton_gate.lanes(ranks.shape[1], 2)}
     return (-(-rows // block),), {"p1": p1, "keep": 1 - 2 * FLOOR, "floor": FLOOR, **options}
 
 

@@ -122,7 +122,7 @@ def _triton_select(logits: torch.Tensor, label: torch.Tensor, m: int, cap: float
     position = label.new_empty(rows, dtype=torch.int64)
     masked = label.new_empty(rows, dtype=torch.bool)
     if rows:
-        width = 1 << max(4, (classes - 1).bit_length())
+        width = triton_gate.lanes(classes)
         kernels.label_select[(rows,)](
             logits.contiguous(),
             label.to(torch.int64).contiguous(),
@@ -133,7 +133,7 @@ def _triton_select(logits: torch.Tensor, label: torch.Tensor, m: int, cap: float
             classes,
             cap,
             M=m,
-            MP=1 << (m - 1).bit_length(),
+            MP=triton_gate.lanes(m - 1, 2),
             W=width,
             num_warps=4 if width <= 1024 else 8,
         )

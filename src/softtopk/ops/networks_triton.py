@@ -40,8 +40,8 @@ _ROW_ENTRIES = 128  # rows x wires per program (at least one row)
 
 def _shape(n: int, k: int) -> tuple[int, int, int]:
     """(rows per program, wires W, ranks KW) for rows of ``n`` and ``k`` output ranks."""
-    wires = 1 << max(1, (n - 1).bit_length())
-    return max(1, _ROW_ENTRIES // wires), wires, 1 << max(0, (k - 1).bit_length())
+    wires = triton_gate.lanes(n, 2)
+    return max(1, _ROW_ENTRIES // wires), wires, triton_gate.lanes(k, 1)
 
 
 class TritonLabelSweep(Function):

@@ -48,7 +48,7 @@ TILE = 2048  # float64 entries of a tiled program's (ranks, entries) tile
 def _launch(x: torch.Tensor) -> dict:
     """The kernels' compile-time arguments for rows ``x`` (B, n)."""
     n = x.shape[-1]
-    return {"STEPS": n.bit_length(), "W": 1 << max(4, (n - 1).bit_length()), "WIDE": x.dtype == torch.float64}
+    return {"STEPS": n.bit_length(), "W": triton_gate.lanes(n), "WIDE": x.dtype == torch.float64}
 
 
 class TritonNeuralSort(Function):

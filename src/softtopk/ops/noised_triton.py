@@ -27,7 +27,7 @@ MAX_BLOCK = 1 << 14  # classes x draws a program holds
 
 
 def _widths(classes: int, samples: int) -> tuple[int, int]:
-    return 1 << max(4, (classes - 1).bit_length()), 1 << max(1, (samples - 1).bit_length())
+    return triton_gate.lanes(classes), triton_gate.lanes(samples, 2)
 
 
 def usable(logits: torch.Tensor, samples: int) -> bool:
@@ -57,7 +57,11 @@ def hinge(
     """``relu(scale * (margin_y + top_{k+1,eps}(s) - s_y))`` of rows ``logits`` (R, C) with labels
     ``label`` (R,) and standard draws ``noise`` (R, C, S) (float32), 0 where not ``kept``;
     ``margins`` per class (C,) or one float, ``scale`` None for 1."""
-    margin = margins.to(logits).contiguous() if isinstance(margins, torch.Tensor) else constant((margins,), logits)
+    # per-class margins stay in their dtype: the kernel rounds the label's to the rows' as it loads it
+    if isinstance(margins, torch.Tensor):
+        margin = margins.to(logits.device).contiguous()
+    else:
+        margin = constant((margins,), logits)
     draws = OwnDraws(noise.contiguous(), epsilon)
     return TritonNoisedHinge.apply(logits.contiguous(), label.contiguous(), draws, margin, scale, k, kept.contiguous())[
         0

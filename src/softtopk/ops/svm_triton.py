@@ -24,7 +24,7 @@ MAX_ENTRIES = 4096  # a row held in one program
 
 def _launch(x: torch.Tensor, k: int) -> dict:
     """The kernels' compile-time arguments for rows ``x`` (R, C)."""
-    width = 1 << max(4, (x.shape[-1] - 1).bit_length())
+    width = triton_gate.lanes(x.shape[-1])
     return {"K": k, "KP": 1 << k.bit_length(), "W": width, "FAR": FAR, "LINEAR": SOFTPLUS_LINEAR}
 
 

@@ -58,10 +58,16 @@ KERNEL_HELPERS = ("triton_steps",)  # triton.jit helpers those modules share, ne
 BLOCK = 1024  # entries per step of a row pass
 
 
+def lanes(n: int, least: int = 16) -> int:
+    """The lanes of a block holding ``n`` entries: the smallest power of 2 at least ``n`` and at
+    least ``least`` (a power of 2)."""
+    return 1 << (max(n, least) - 1).bit_length()
+
+
 def rank_block(k: int) -> int:
     """Ranks a program takes at once, of ``k``: ``k`` rounded up to a power of 2 (at least 2), at
     most 16."""
-    return min(16, 1 << max(1, (k - 1).bit_length()))
+    return min(16, lanes(k, 2))
 
 
 def chunking(n: int, least: int) -> tuple[int, int]:
@@ -74,7 +80,7 @@ def chunking(n: int, least: int) -> tuple[int, int]:
 def block_for(n: int) -> int:
     """Entries per step of a pass over rows of ``n``: ``n`` rounded up to a power of 2 (at least
     16), at most :data:`BLOCK` (short rows, e.g. 64 experts, waste no lanes)."""
-    return min(BLOCK, 1 << max(4, (n - 1).bit_length()))
+    return min(BLOCK, lanes(n))
 
 
 @functools.cache
