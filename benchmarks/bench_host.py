@@ -14,9 +14,10 @@ dispatch, allocation and Python, less the launches' own cost; without a GPU, the
 
 Cases: ``F.cross_entropy``; softtopk's ``BalNoisedTopK(5, epsilon=1, n_samples=5)``,
 ``SmoothTopKSVM(k=5)``, ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16; splitter network and
-NeuralSort) and pytopk's ``BalNoisedTopK`` where importable; and the noised losses' selection alone
-on the ``(rows, classes, 5)`` draws along the class axis: ``topk(6)``, and ``kthvalue`` of the same
-entry.
+NeuralSort; and the splitter's kernels chained as three autograd nodes, "three nodes", where they
+run in one: ``ops/topk_ce_triton.py``) and pytopk's ``BalNoisedTopK`` where importable; and the
+noised losses' selection alone on the ``(rows, classes, 5)`` draws along the class axis:
+``topk(6)``, and ``kthvalue`` of the same entry.
 
 Usage::
 
@@ -62,6 +63,12 @@ def cases(rows: int, classes: int, device: torch.device) -> dict[str, tuple[Call
         "TopKCE neuralsort m=16": softtopk.TopKCrossEntropyLoss([0.2] * K, method="neuralsort", m=16),
     }
     try:
+        from softtopk.ops import topk_ce_triton
+    except ImportError:  # a checkout on PYTHONPATH from before the one-node path
+        pass
+    else:
+        losses["TopKCE splitter m=16 (three nodes)"] = _chained(losses["TopKCE splitter m=16"], topk_ce_triton)
+    try:
         import pytopk
 
         losses["pytopk BalNoisedTopK"] = pytopk.BalNoisedTopK(K, 1.0, n_sample=SAMPLES)
@@ -71,6 +78,20 @@ def cases(rows: int, classes: int, device: torch.device) -> dict[str, tuple[Call
     out["draws.topk(6, dim=1)"] = (lambda: draws.topk(K + 1, dim=1), False)
     out["kthvalue(draws, C - 5, dim=1)"] = (lambda: torch.kthvalue(draws, classes - K, dim=1), False)
     return out
+
+
+def _chained(loss: Callable, topk_ce_triton) -> Callable:
+    """``loss`` with top-k cross-entropy's kernels launched by three autograd Functions in a chain,
+    the one-node path (the module ``topk_ce_triton``) switched off for the call."""
+
+    def call(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        usable, topk_ce_triton.usable = topk_ce_triton.usable, lambda rows, m: False
+        try:
+            return loss(logits, target)
+        finally:
+            topk_ce_triton.usable = usable
+
+    return call
 
 
 def loop_us(call: Callable, backward: bool, calls: int, sync: Callable) -> tuple[float, float]:

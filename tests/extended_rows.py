@@ -45,3 +45,14 @@ SELECTION_ROWS = [
     list(range(40)),
 ]
 SELECTION_LABELS = ([2, 0, 7, 1, 1, 39], [1, 39, 0, 0, 2, 5], [7, 5, 39, 3, 0, 0])
+
+# top-k cross-entropy's rows: the label at -inf, +inf classes, a NaN (twice: the second row's target
+# is ignored) and fewer finite classes than m = 4; LOSS_TARGETS (the second NaN row ignored)
+LOSS_ROWS = [
+    [-INF, 1.0, 2.0, 0.0, -1.0, 3.0, 0.5, 0.25],
+    [INF, 1.0, 2.0, INF, -1.0, 3.0, 0.5, 0.25],
+    [1.0, float("nan"), 2.0, 0.0, -1.0, 3.0, 0.5, 0.25],
+    [1.0, float("nan"), 2.0, 0.0, -1.0, 3.0, 0.5, 0.25],
+    [-INF] * 6 + [1.0, 2.0],
+]
+LOSS_TARGETS = [0, 1, 2, -100, 6]

@@ -16,11 +16,11 @@ from softtopk.ops import ce_head_kernels, ce_head_triton
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
+from extended_rows import LOSS_ROWS, LOSS_TARGETS  # noqa: E402
 from triton_kernels import DEVICE, both_paths, count_kernels, needs_triton, route_kernels, seeded_rows  # noqa: E402
 
 pytestmark = needs_triton
 
-INF, NAN = float("inf"), float("nan")
 KERNELS = ("head_forward", "head_backward")
 
 
@@ -62,17 +62,8 @@ def test_weights_and_every_class_relaxed():
 def test_infinities_and_nan():
     """The label at ``-inf`` gives ``inf`` (gradient 0), ``+inf`` entries their stand-in, a NaN row
     NaN; the rows of an ignored target 0 whatever they hold."""
-    x = torch.tensor(
-        [
-            [-INF, 1.0, 2.0, 0.0, -1.0, 3.0, 0.5, 0.25],
-            [INF, 1.0, 2.0, INF, -1.0, 3.0, 0.5, 0.25],
-            [1.0, NAN, 2.0, 0.0, -1.0, 3.0, 0.5, 0.25],
-            [1.0, NAN, 2.0, 0.0, -1.0, 3.0, 0.5, 0.25],
-            [-INF] * 6 + [1.0, 2.0],
-        ],
-        dtype=torch.float64,
-    ).to(DEVICE)
-    target = torch.tensor([0, 1, 2, -100, 6]).to(DEVICE)
+    x = torch.tensor(LOSS_ROWS, dtype=torch.float64).to(DEVICE)
+    target = torch.tensor(LOSS_TARGETS).to(DEVICE)
     for top1_mode in ("sm", "smce"):
         _close(x, target, 1e-12, p_k=[0.5, 0.5], method="softsort", m=4, top1_mode=top1_mode, reduction="none")
 

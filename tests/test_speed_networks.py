@@ -9,7 +9,7 @@ import torch
 
 import softtopk
 from dispatch_counter import count_call
-from softtopk.ops import sorting_networks
+from softtopk.ops import networks, sorting_networks
 from softtopk.ops.networks import NETWORK_TYPES, build_network
 from softtopk.ops.sorting_networks import network_label_ranks
 
@@ -90,7 +90,7 @@ def test_meta_device_forward_and_backward(method):
 def test_vmap_on_the_first_call(method):
     """n = 23: the bitonic layout is checked (with exact comparators) when it is first built."""
     build_network.cache_clear()
-    sorting_networks._cached_plan.cache_clear()
+    networks._cached_plan.cache_clear()
     x = torch.randn(3, 4, 23, generator=torch.Generator().manual_seed(0))
     mask = torch.vmap(lambda t: softtopk.soft_topk(t, 5, method=method))(x)
     ranks = torch.vmap(lambda t: softtopk.soft_topk_ranks(t, 5, method=method))(x)

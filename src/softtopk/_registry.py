@@ -29,10 +29,10 @@ from .ops.compute import label_row
 from .ops.gumbel import RELAXATIONS, gumbel_keys, gumbel_ranks_rows
 from .ops.lapsum import lapsum_mask
 from .ops.networks import NETWORK_TYPES
-from .ops.neuralsort import neuralsort_label_ranks, neuralsort_mask, neuralsort_ranks
+from .ops.neuralsort import neuralsort_label_ranks, neuralsort_label_stage, neuralsort_mask, neuralsort_ranks
 from .ops.perturbed import NOISE_KINDS, perturbed_topk_rows
 from .ops.softsort import softsort_mask, softsort_ranks
-from .ops.sorting_networks import network_label_ranks, network_mask, network_ranks
+from .ops.sorting_networks import network_label_ranks, network_label_stage, network_mask, network_ranks
 from .ops.sparse import sparse_mask_rows
 from .ops.swaps import DISTRIBUTIONS
 
@@ -61,6 +61,7 @@ class _Method:
     checks: dict[str, Check] = field(default_factory=dict)
     tensor_args: tuple[str, ...] = ()  # arguments that may be tensors, one value per row ("k", ...)
     joint: Callable[[dict[str, Any], str], None] | None = None  # a check of several parameters
+    label_stage: Callable[..., Any] | None = None  # the label's ranks as kernels (ops/topk_ce_triton.py)
 
     def rank_kernel(self) -> Callable[..., torch.Tensor]:
         """``ranks`` (:func:`resolve` gives the ranks and permutation outputs only to methods with one)."""
@@ -170,8 +171,8 @@ def _network_mask(kind: str) -> Callable[..., torch.Tensor]:
 
 def _network_method(kind: str) -> _Method:
     ranks = _ranks_with_hard(functools.partial(network_ranks, network=kind))
-
     label_ranks = _label_with_hard(ranks, functools.partial(network_label_ranks, network=kind))
+    stage = functools.partial(network_label_stage, network=kind)
 
     info = MethodInfo(
         name=kind,
@@ -189,18 +190,18 @@ def _network_method(kind: str) -> _Method:
         "art_lambda": functools.partial(check_real, low=0.0, below=1.0),
         "hard": check_bool,
     }
-    return _Method(info, ranks, _network_mask(kind), label_ranks, checks, tensor_args=("steepness",))
+    return _Method(info, ranks, _network_mask(kind), label_ranks, checks, ("steepness",), label_stage=stage)
 
 
 _REGISTRY: dict[str, _Method] = {kind: _network_method(kind) for kind in NETWORK_TYPES}
 
 
 def _permutation_method(
-    name: str, paper: str, cost: str, ranks, mask, label=None, **extra: tuple[Any, Callable]
+    name: str, paper: str, cost: str, ranks, mask, label=None, stage=None, **extra: tuple[Any, Callable]
 ) -> _Method:
     """NeuralSort and SoftSort: exact on every row, ``tau`` a float or per-row tensor; ``label``
-    the label's row of the ranks where the method has its own; ``extra`` maps further parameters
-    to ``(default, check)``."""
+    the label's row of the ranks where the method has its own (``stage``: by kernels); ``extra``
+    maps further parameters to ``(default, check)``."""
     rank_kernel = _exact_with_hard(ranks, ranks=True)
     return _Method(
         MethodInfo(
@@ -221,6 +222,7 @@ def _permutation_method(
             **{key: check for key, (_, check) in extra.items()},
         },
         tensor_args=("tau",),
+        label_stage=stage,
     )
 
 
@@ -231,6 +233,7 @@ _REGISTRY["neuralsort"] = _permutation_method(
     neuralsort_ranks,
     neuralsort_mask,
     neuralsort_label_ranks,
+    neuralsort_label_stage,
 )
 _REGISTRY["softsort"] = _permutation_method(
     "softsort",
@@ -252,8 +255,7 @@ def _mask_method(
     summary: str,
     **options: Any,
 ) -> _Method:
-    """A method with a mask output only (no rank kernel); ``options``: the ``checks``, ``tensor_args``
-    and ``joint`` of its ``_Method``."""
+    """A mask-only method (no rank kernel); ``options``: its ``_Method``'s ``checks``, ``tensor_args``, ``joint``."""
     info = MethodInfo(name, ("mask",), stochastic, cost, params, summary)
     return _Method(info, None, mask, **options)
 

@@ -29,7 +29,7 @@ import torch
 
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
-from ..ops import ce_head_triton
+from ..ops import ce_head_triton, topk_ce_triton
 from ..ops._function import Function
 from ..ops.ce_head_triton import FLOOR as _FLOOR
 from ..ops.compute import constant, filled, label_row, zero_unless
@@ -175,22 +175,17 @@ def topk_cross_entropy(
         )
 
     weights, p1 = rank_weights(p_k, top1_mode), p_k[0] if top1_mode != "sort" else 0.0
+    mode = top1_mode if p1 else "sort"  # the head's
     m = _effective_m(m, classes, k)
 
     def per_row(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-        scores, _, position, masked = LabelSelect.apply(logits, label, classes if m is None else m)
-        if spec.label_ranks is not None:
-            label_ranks = spec.label_ranks(scores, position, k, **params)
+        n = classes if m is None else m
+        fused = spec.label_stage is not None and topk_ce_triton.usable(logits, n)
+        stage = spec.label_stage(logits, n, k, **params) if fused else None
+        if stage is not None:  # the selection, the label's ranks and the head in one node
+            loss = topk_ce_triton.loss_rows(logits, label, kept, n, stage, weights, p1, mode)
         else:
-            label_ranks = label_row(spec.ranks(scores, k, **params), position)
-        if ce_head_triton.usable(scores):
-            loss = ce_head_triton.head(
-                scores, label_ranks, position, masked, kept, weights, p1, top1_mode if p1 else "sort"
-            )
-        else:
-            loss = zero_unless(
-                kept, _Head.apply(scores, label_ranks, position, masked, weights, p1, top1_mode == "smce")[0]
-            )
+            loss = chained(logits, label, kept, n)
         if top1_mode != "smce" or not p1:
             return loss
         # the cross-entropy term's limit with another class at +inf and the label below: inf, not
@@ -198,6 +193,17 @@ def topk_cross_entropy(
         label_inf = logits.gather(-1, label.unsqueeze(-1)).squeeze(-1) == math.inf
         beaten = torch.isposinf(logits).any(-1) & ~label_inf & ~logits.isnan().any(-1)
         return torch.where(beaten & kept, math.inf, loss)
+
+    def chained(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor, n: int) -> torch.Tensor:
+        scores, _, position, masked = LabelSelect.apply(logits, label, n)
+        if spec.label_ranks is not None:
+            label_ranks = spec.label_ranks(scores, position, k, **params)
+        else:
+            label_ranks = label_row(spec.ranks(scores, k, **params), position)
+        if ce_head_triton.usable(scores):
+            return ce_head_triton.head(scores, label_ranks, position, masked, kept, weights, p1, mode)
+        head = _Head.apply(scores, label_ranks, position, masked, weights, p1, mode == "smce")[0]
+        return zero_unless(kept, head)
 
     return class_loss(
         input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction, masks_rows=True

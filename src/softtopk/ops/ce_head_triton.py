@@ -54,22 +54,11 @@ def head(
 
 class TritonHead(Function):
     """``(scores (R, m), label_ranks (R, K), position (R,), masked (R,), kept (R,), weights, p1,
-    mode)`` -> each row's loss (R,): ``inf`` where ``masked`` (the label at ``-inf``), 0 where not
-    ``kept`` (an ignored target), both with gradient 0; the torch path's ``_Head`` otherwise
-    (``mode``: ``'sort'``, or ``'sm'``/``'smce'`` with ``p1 > 0``)."""
+    mode)`` -> each row's loss (R,) by :func:`forward_rows`, the gradients by :func:`backward_rows`."""
 
     @staticmethod
     def forward(scores, label_ranks, position, masked, kept, weights, p1, mode):
-        from . import ce_head_kernels as kernels  # imports triton: only once a kernel runs
-
-        loss = scores.new_empty(scores.shape[0])
-        if scores.shape[0]:
-            grid, args = _launch(scores, label_ranks, p1, mode)
-            w = constant(weights, scores)
-            kernels.head_forward[grid](
-                scores, label_ranks, w, position, kept, masked, loss, *scores.shape, label_ranks.shape[1], **args
-            )
-        return loss
+        return forward_rows(scores, label_ranks, position, masked, kept, weights, p1, mode)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -80,27 +69,53 @@ class TritonHead(Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises
     def backward(ctx, grad):
-        from . import ce_head_kernels as kernels
-
         if grad is None:
             return (None,) * 8
-        scores, label_ranks, position, masked, kept = ctx.saved_tensors
-        grad_scores = torch.empty_like(scores) if ctx.mode != "sort" else None
-        grad_ranks = torch.empty_like(label_ranks)
-        if scores.shape[0]:
-            grid, args = _launch(scores, label_ranks, ctx.p1, ctx.mode)
-            kernels.head_backward[grid](
-                grad.contiguous(),
-                scores,
-                label_ranks,
-                constant(ctx.weights, scores),
-                position,
-                kept,
-                masked,
-                grad_ranks if grad_scores is None else grad_scores,  # unwritten for 'sort'
-                grad_ranks,
-                *scores.shape,
-                label_ranks.shape[1],
-                **args,
-            )
-        return grad_scores, grad_ranks, None, None, None, None, None, None
+        scores, ranks, position, masked, kept = ctx.saved_tensors
+        grads = backward_rows(grad, scores, ranks, position, masked, kept, ctx.weights, ctx.p1, ctx.mode)
+        return *grads, None, None, None, None, None, None
+
+
+def forward_rows(scores, label_ranks, position, masked, kept, weights, p1: float, mode: str) -> torch.Tensor:
+    """Each row's loss (R,) of contiguous rows ``scores`` (R, m), ``label_ranks`` (R, K),
+    ``position``, ``masked``, ``kept`` (R,): ``inf`` where ``masked`` (the label at ``-inf``), 0
+    where not ``kept`` (an ignored target), both with gradient 0; the torch path's ``_Head``
+    otherwise (``mode``: ``'sort'``, or ``'sm'``/``'smce'`` with ``p1 > 0``)."""
+    from . import ce_head_kernels as kernels  # imports triton: only once a kernel runs
+
+    loss = scores.new_empty(scores.shape[0])
+    if scores.shape[0]:
+        grid, args = _launch(scores, label_ranks, p1, mode)
+        w = constant(weights, scores)
+        kernels.head_forward[grid](
+            scores, label_ranks, w, position, kept, masked, loss, *scores.shape, label_ranks.shape[1], **args
+        )
+    return loss
+
+
+def backward_rows(
+    grad, scores, label_ranks, position, masked, kept, weights, p1: float, mode: str
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The gradients of :func:`forward_rows`' scores (None for ``'sort'``) and label ranks from the
+    losses' ``grad`` (R,), recomputing the softmax."""
+    from . import ce_head_kernels as kernels
+
+    grad_scores = torch.empty_like(scores) if mode != "sort" else None
+    grad_ranks = torch.empty_like(label_ranks)
+    if scores.shape[0]:
+        grid, args = _launch(scores, label_ranks, p1, mode)
+        kernels.head_backward[grid](
+            grad.contiguous(),
+            scores,
+            label_ranks,
+            constant(weights, scores),
+            position,
+            kept,
+            masked,
+            grad_ranks if grad_scores is None else grad_scores,  # unwritten for 'sort'
+            grad_ranks,
+            *scores.shape,
+            label_ranks.shape[1],
+            **args,
+        )
+    return grad_scores, grad_ranks

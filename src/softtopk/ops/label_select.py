@@ -68,8 +68,8 @@ class LabelSelect(Function):
         cap = torch.finfo(logits.dtype).max / INF_MARGIN
         if usable(logits, m):
             return _kernel_select(logits, label, m, cap)
-        if triton_gate.usable(logits, m) and m <= MAX_M and logits.shape[-1] <= MAX_CLASSES:
-            return _triton_select(logits, label, m, cap)
+        if triton_usable(logits, m):
+            return triton_select(logits, label, m)
         label = label.unsqueeze(-1)
         label_score = logits.gather(-1, label)
         masked = label_score == -math.inf
@@ -97,7 +97,18 @@ class LabelSelect(Function):
         if grad is None:
             return None, None, None
         (index,) = ctx.saved_tensors
-        return put_rows(grad.new_zeros(grad.shape[0], ctx.classes), index, grad), None, None
+        return to_classes(grad, index, ctx.classes), None, None
+
+
+def to_classes(grad: torch.Tensor, index: torch.Tensor, classes: int) -> torch.Tensor:
+    """The selected scores' gradient ``grad`` (R, m) scattered to their classes ``index`` (R, m):
+    the rows' gradient (R, C)."""
+    return put_rows(grad.new_zeros(grad.shape[0], classes), index, grad)
+
+
+def triton_usable(logits: torch.Tensor, m: int) -> bool:
+    """Whether the selection of ``m`` scores from rows ``logits`` (R, C) runs on the Triton kernel."""
+    return not usable(logits, m) and triton_gate.usable(logits, m) and m <= MAX_M and logits.shape[-1] <= MAX_CLASSES
 
 
 def _kernel_select(logits: torch.Tensor, label: torch.Tensor, m: int, cap: float):
@@ -113,7 +124,10 @@ def _kernel_select(logits: torch.Tensor, label: torch.Tensor, m: int, cap: float
     return scores, index, position, masked
 
 
-def _triton_select(logits: torch.Tensor, label: torch.Tensor, m: int, cap: float):
+def triton_select(logits: torch.Tensor, label: torch.Tensor, m: int):
+    """:class:`LabelSelect`'s outputs by the Triton kernel, without autograd (where
+    :func:`triton_usable`; top-k cross-entropy's one-node path, :mod:`softtopk.ops.topk_ce_triton`,
+    calls it too)."""
     from . import select_kernels as kernels  # imports triton: only once the kernel runs
 
     rows, classes = logits.shape
@@ -131,7 +145,7 @@ def _triton_select(logits: torch.Tensor, label: torch.Tensor, m: int, cap: float
             position,
             masked,
             classes,
-            cap,
+            torch.finfo(logits.dtype).max / INF_MARGIN,
             M=m,
             MP=triton_gate.lanes(m - 1, 2),
             W=width,

@@ -1,4 +1,5 @@
-"""Sorting and selection network topologies (comparator layouts only, no relaxation).
+"""Sorting and selection network topologies (comparator layouts, and their index tensors: the
+relaxed sweeps' :func:`network_plan`; no relaxation).
 
 A network acts on ``n`` wires. Each layer is a set of comparators on disjoint wires; a comparator
 ``(hi, lo)`` leaves the larger of its two values on wire ``hi`` and the smaller on wire ``lo``.
@@ -36,6 +37,8 @@ import random
 from dataclasses import dataclass
 
 import torch
+
+from .compute import constant_result
 
 NETWORK_TYPES = ("bitonic", "odd_even", "splitter_selection")
 
@@ -210,3 +213,28 @@ def _layer_tensors(network: Network, device: str) -> tuple[torch.Tensor, torch.T
             partner[index, hi], partner[index, lo] = lo, hi
             sign[index, hi], sign[index, lo] = 1.0, -1.0
     return partner.to(device), sign.to(device)
+
+
+@constant_result
+def network_plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
+    """``(depth, partner (L, n), sign (L, n, 1), out_wires[:k] (k,), half (1,), starts, flat)`` of a
+    network, on ``device`` in ``dtype`` (constants of the traced graph under ``torch.compile``);
+    ``starts`` (k + 1, n): the indicators of the wires of ranks ``0..k-1``, then of all of them (the
+    mask's); ``flat`` (L n,): the partners as rows of the layers stacked (``l n + partner[l]``)."""
+    return _cached_plan(kind, n, k, device, dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
+    network = build_network(kind, n, k if kind == "splitter_selection" else n)
+    partner, sign = layer_tensors(network, torch.device("cpu"))
+    if not network.layers:  # one wire: an idle layer (every wire its own partner, sign 0) keeps it
+        partner, sign = torch.arange(n).unsqueeze(0), torch.zeros(1, n)
+    real = getattr(torch, dtype.removeprefix("torch."))
+    out = torch.tensor(network.out_wires[:k], dtype=torch.long)
+    half = torch.full((1,), 0.5, dtype=real)
+    starts = torch.zeros(k + 1, n, dtype=real)
+    starts[torch.arange(k), out] = starts[k, out] = 1.0
+    flat = (partner + n * torch.arange(len(partner)).unsqueeze(-1)).flatten()
+    tensors = (partner, sign.to(real).unsqueeze(-1), out, half, starts, flat)
+    return (len(partner), *(t.to(device) for t in tensors))

@@ -46,7 +46,7 @@ def label_forward(wires: torch.Tensor, plan: tuple, far: float) -> tuple:
 
 def label_backward(grad: torch.Tensor, plan: tuple, ctx, far: float) -> torch.Tensor:
     """The gradient of the scores (B, n) from that of the label's ranks ``grad`` (k, B), through the
-    network ``plan`` (:func:`softtopk.ops.sorting_networks._plan`'s tuple) and the sweep saved in
+    network ``plan`` (:func:`softtopk.ops.networks.network_plan`'s tuple) and the sweep saved in
     ``ctx`` (its wires, differences and swap probabilities; its steepness ``β``)."""
     from . import networks_numba_kernels as kernels
 

@@ -28,6 +28,8 @@ on a GPU they are timed by ``benchmarks/bench_gpu.py`` (``benchmarks/results/gpu
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import triton_gate
@@ -44,60 +46,82 @@ def _shape(n: int, k: int) -> tuple[int, int, int]:
     return max(1, _ROW_ENTRIES // wires), wires, triton_gate.lanes(k, 1)
 
 
-class TritonLabelSweep(Function):
-    """``(x (B, n), position (B,), partner (L, n), sign (L, n), out_wires (k,), β, far)`` →
-    ``P[b, position[b], :k]`` (B, k) and the saved differences, swap probabilities and riding-row
-    differences ``(L, B, W)`` each."""
+class LabelStage(NamedTuple):
+    """The label sweep's launches through one network, without autograd (:class:`TritonLabelSweep`
+    and top-k cross-entropy's one-node path, :mod:`softtopk.ops.topk_ce_triton`, wrap them):
+    ``partner``, ``sign`` (L, n) and ``out_wires`` (k,) from the network's plan, ``β`` its
+    steepness, ``far`` the stand-in of the infinities."""
 
-    @staticmethod
-    def forward(x, position, partner, sign, out_wires, beta: float, far: float):
+    partner: torch.Tensor
+    sign: torch.Tensor
+    out_wires: torch.Tensor
+    beta: float
+    far: float
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``P[b, position[b], :k]`` (B, k) of contiguous rows ``x`` (B, n), and what the backward
+        reads: the differences, swap probabilities and riding-row differences ``(3, L, B, W)``."""
         from . import networks_kernels as kernels  # imports triton: only once a kernel runs
 
-        x = x.contiguous()
         rows, n = x.shape
-        k, depth = out_wires.shape[0], partner.shape[0]
+        k, depth = self.out_wires.shape[0], self.partner.shape[0]
         per, wires, kw = _shape(n, k)
         out = x.new_empty((rows, k))
         saved = x.new_empty((3, depth, rows, wires))
         if rows:
             kernels.label_forward[(triton_grid(rows, per),)](
-                *(x, position.contiguous(), partner, sign, out_wires, out, saved),
-                *(rows, n, k, depth, rows * wires, beta, far),
+                *(x, position, self.partner, self.sign, self.out_wires, out, saved),
+                *(rows, n, k, depth, rows * wires, self.beta, self.far),
                 ROWS=per,
                 W=wires,
                 KW=kw,
             )
-        return out, saved
+        return out, (saved,)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        x, _, partner, sign, out_wires, ctx.beta, ctx.far = inputs
-        ctx.mark_non_differentiable(output[1])
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x, partner, sign, out_wires, output[1])
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises
-    def backward(ctx, grad, _saved):
+    def backward(
+        self, grad: torch.Tensor, x: torch.Tensor, position: torch.Tensor, saved: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
+        """The rows' gradient (B, n) from the ranks' ``grad`` (B, k) (``position`` rides in ``saved``)."""
         from . import networks_kernels as kernels
 
-        if grad is None or not ctx.needs_input_grad[0]:
-            return None, None, None, None, None, None, None
-        x, partner, sign, out_wires, saved = ctx.saved_tensors
-        x = x.contiguous()
         rows, n = x.shape
-        k, depth = out_wires.shape[0], partner.shape[0]
+        k, depth = self.out_wires.shape[0], self.partner.shape[0]
         per, wires, kw = _shape(n, k)
         grad_x = torch.empty_like(x)
         if rows:
             kernels.label_backward[(triton_grid(rows, per),)](
-                *(grad.contiguous(), x, partner, sign, out_wires, saved, grad_x),
-                *(rows, n, k, depth, rows * wires, ctx.beta, ctx.far),
+                *(grad.contiguous(), x, self.partner, self.sign, self.out_wires, saved[0], grad_x),
+                *(rows, n, k, depth, rows * wires, self.beta, self.far),
                 ROWS=per,
                 W=wires,
                 KW=kw,
             )
-        return grad_x, None, None, None, None, None, None
+        return grad_x
+
+
+class TritonLabelSweep(Function):
+    """``(x (B, n), position (B,), stage)`` → ``P[b, position[b], :k]`` (B, k) by the
+    :class:`LabelStage`'s kernels, and the planes they save."""
+
+    @staticmethod
+    def forward(x, position, stage):
+        out, (saved,) = stage.forward(x.contiguous(), position.contiguous())
+        return out, saved
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, position, ctx.stage = inputs
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, position, output[1])
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises
+    def backward(ctx, grad, _saved):
+        if grad is None or not ctx.needs_input_grad[0]:
+            return None, None, None
+        x, position, saved = ctx.saved_tensors
+        return ctx.stage.backward(grad, x.contiguous(), position, (saved,)), None, None
 
 
 def triton_grid(rows: int, per: int) -> int:
@@ -105,21 +129,27 @@ def triton_grid(rows: int, per: int) -> int:
     return -(-rows // per)
 
 
-def usable(x: torch.Tensor, k: object, params: dict, mode: str, wires: int) -> bool:
-    """Whether a sweep of rows ``x`` runs on the kernels: the Cauchy swap with a float steepness
-    whose infinities saturate (``mode``), at most ``wires`` wires, and
+def usable(x: torch.Tensor, k: object, params: dict, mode: str, wires: int, n: int | None = None) -> bool:
+    """Whether a sweep of rows ``x`` (of ``n`` entries, if given: rows like ``x``) runs on the
+    kernels: the Cauchy swap with a float steepness whose infinities saturate (``mode``), at most
+    ``wires`` wires, and
     :func:`softtopk.ops.triton_gate.usable`'s device and context."""
     steepness = params["steepness"]
     if params["distribution"] != "cauchy" or mode != "stand-in" or isinstance(steepness, torch.Tensor):
         return False
-    return x.shape[-1] <= wires and triton_gate.usable(x, k, float(steepness))
+    return (x.shape[-1] if n is None else n) <= wires and triton_gate.usable(x, k, float(steepness))
 
 
-def label_sweep(x: torch.Tensor, position: torch.Tensor, plan: tuple, steepness: float, far: float) -> torch.Tensor:
-    """``P[b, position[b], :k]`` (B, k) of rows ``x`` (B, n) through the network ``plan``
-    (:func:`softtopk.ops.sorting_networks._plan`'s tuple) by the kernels."""
+def label_stage(plan: tuple, steepness: float, far: float) -> LabelStage:
+    """The label sweep's kernels through the network ``plan``
+    (:func:`softtopk.ops.networks.network_plan`'s tuple)."""
     _, partner, sign, out_wires = plan[:4]
-    return TritonLabelSweep.apply(x, position, partner, sign[..., 0], out_wires, float(steepness), far)[0]
+    return LabelStage(partner, sign[..., 0], out_wires, float(steepness), far)
+
+
+def label_sweep(x: torch.Tensor, position: torch.Tensor, stage: LabelStage) -> torch.Tensor:
+    """``P[b, position[b], :k]`` (B, k) of rows ``x`` (B, n) by the ``stage``'s kernels."""
+    return TritonLabelSweep.apply(x, position, stage)[0]
 
 
 class TritonNetworkMask(Function):

@@ -139,9 +139,19 @@ def neuralsort_label_ranks(
 ) -> torch.Tensor:
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` (B,) lands among the top-k
     ranks of ``x`` (B, n) (top-k cross-entropy's label), the rows of :func:`neuralsort_ranks`."""
-    if isinstance(tau, float) and neuralsort_triton.label_usable(x, k, tau):
-        return neuralsort_triton.triton_label_ranks(x, position, k, tau, _far(x.dtype))
+    stage = neuralsort_label_stage(x, x.shape[-1], k, tau=tau)
+    if stage is not None:
+        return neuralsort_triton.triton_label_ranks(x, position, stage)
     return label_row(neuralsort_ranks(x, k, tau=tau), position)
+
+
+def neuralsort_label_stage(
+    x: torch.Tensor, n: int, k: int, *, tau: float | torch.Tensor, hard: bool = False
+) -> neuralsort_triton.Stage | None:
+    """The label's NeuralSort kernels for rows of ``n`` entries like ``x`` (None where they do not run)."""
+    if hard or not isinstance(tau, float) or not neuralsort_triton.label_usable(x, k, tau, n):
+        return None
+    return neuralsort_triton.Stage(k, tau, _far(x.dtype))
 
 
 def neuralsort_mask(x: torch.Tensor, k: int, *, tau: float | torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,8 @@ CPU against the torch path, values and gradients; on a GPU they are timed by
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import triton_gate
@@ -51,14 +53,19 @@ def _launch(x: torch.Tensor) -> dict:
     return {"STEPS": n.bit_length(), "W": triton_gate.lanes(n), "WIDE": x.dtype == torch.float64}
 
 
-class TritonNeuralSort(Function):
-    """``(x (B, n), position (B,) or None, τ, k, M)`` → the mask (B, n) for ``position`` None, else
-    ``P[b, position[b], :k]`` (B, k), where each row's label lands (top-k cross-entropy's
-    NeuralSort); and the sorted rows and their permutation, saved (``M`` the torch path's stand-in
-    for ``+inf`` in the logits)."""
+class Stage(NamedTuple):
+    """The row kernels' launches for ``k`` ranks at ``τ``, without autograd (:class:`TritonNeuralSort`
+    and top-k cross-entropy's one-node path, :mod:`softtopk.ops.topk_ce_triton`, wrap them);
+    ``big`` is ``M``, the torch path's stand-in for ``+inf`` in the logits."""
 
-    @staticmethod
-    def forward(x: torch.Tensor, position: torch.Tensor | None, tau: float, k: int, big: float):
+    k: int
+    tau: float
+    big: float
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor | None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The mask (B, n) of rows ``x`` (B, n) for ``position`` None, else ``P[b, position[b], :k]``
+        (B, k) (``position`` contiguous), where each row's label lands (top-k cross-entropy's
+        NeuralSort); and what the backward reads: the sorted rows and their permutation."""
         from . import neuralsort_kernels as kernels  # imports triton: only once a kernel runs
 
         ordered, order = sort_rows(x)
@@ -68,37 +75,54 @@ class TritonNeuralSort(Function):
             out = torch.empty_like(x)
             kernel, args = kernels.mask_forward, (ordered, order, out)
         else:
-            out = x.new_empty((x.shape[0], k))
-            kernel, args = kernels.label_forward, (ordered, order, position.contiguous(), out)
+            out = x.new_empty((x.shape[0], self.k))
+            kernel, args = kernels.label_forward, (ordered, order, position, out)
         if x.shape[0]:
-            kernel[(x.shape[0],)](*args, x.shape[-1], k, tau, big, **_launch(x))
-        return out, ordered, order
+            kernel[(x.shape[0],)](*args, x.shape[-1], self.k, self.tau, self.big, **_launch(x))
+        return out, (ordered, order)
 
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        _, position, ctx.tau, ctx.k, ctx.big = inputs
-        ctx.mark_non_differentiable(output[1], output[2])
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(output[1], output[2], position)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises
-    def backward(ctx, grad, *_):
+    def backward(
+        self, grad: torch.Tensor, x: torch.Tensor, position: torch.Tensor | None, saved: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
+        """The rows' gradient (B, n) from the output's ``grad``."""
         from . import neuralsort_kernels as kernels
 
-        if grad is None or not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
-        ordered, order, position = ctx.saved_tensors
+        ordered, order = saved
         grad_x = torch.empty_like(ordered)
         if ordered.shape[0]:
             label = position is not None
             kernels.backward[(ordered.shape[0],)](
-                *(ordered, order, position.contiguous() if label else order, grad.contiguous(), grad_x),
-                *(ordered.shape[-1], ctx.k, ctx.tau, ctx.big),
+                *(ordered, order, position if label else order, grad.contiguous(), grad_x),
+                *(ordered.shape[-1], self.k, self.tau, self.big),
                 **_launch(ordered),
                 LABEL=label,
             )
-        return grad_x, None, None, None, None
+        return grad_x
+
+
+class TritonNeuralSort(Function):
+    """``(x (B, n), position (B,) or None, stage)`` → the :class:`Stage`'s output, and the sorted
+    rows and their permutation, saved."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, position: torch.Tensor | None, stage: Stage):
+        out, (ordered, order) = stage.forward(x, None if position is None else position.contiguous())
+        return out, ordered, order
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        _, position, ctx.stage = inputs
+        ctx.mark_non_differentiable(output[1], output[2])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(output[1], output[2], None if position is None else position.contiguous())
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises
+    def backward(ctx, grad, *_):
+        if grad is None or not ctx.needs_input_grad[0]:
+            return None, None, None
+        ordered, order, position = ctx.saved_tensors
+        return ctx.stage.backward(grad, ordered, position, (ordered, order)), None, None
 
 
 class TiledNeuralSort(Function):
@@ -194,9 +218,10 @@ def usable(x: torch.Tensor, k: int, tau: object) -> bool:
     return triton_gate.usable(x, k, tau) and 0 < k < x.shape[-1]  # k an int first
 
 
-def label_usable(x: torch.Tensor, k: int, tau: object) -> bool:
-    """Whether the label's NeuralSort ranks of rows ``x`` run on the kernels."""
-    return usable(x, k, tau) and x.shape[-1] <= MAX_ENTRIES
+def label_usable(x: torch.Tensor, k: int, tau: object, n: int | None = None) -> bool:
+    """Whether the label's NeuralSort ranks of rows ``x`` (of ``n`` entries, if given: rows like
+    ``x``) run on the kernels."""
+    return triton_gate.usable(x, k, tau) and 0 < k < (x.shape[-1] if n is None else n) <= MAX_ENTRIES
 
 
 def triton_mask(x: torch.Tensor, k: int, tau: float, big: float) -> torch.Tensor:
@@ -204,9 +229,9 @@ def triton_mask(x: torch.Tensor, k: int, tau: float, big: float) -> torch.Tensor
     long rows or many ranks."""
     if x.shape[-1] > MAX_ENTRIES or x.shape[-1] * k > ROW_WORK:
         return TiledNeuralSort.apply(x, tau, k, big)[0]
-    return TritonNeuralSort.apply(x, None, tau, k, big)[0]
+    return TritonNeuralSort.apply(x, None, Stage(k, tau, big))[0]
 
 
-def triton_label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, tau: float, big: float) -> torch.Tensor:
-    """``P[b, position[b], :k]`` (B, k) of rows ``x`` (B, n) by the kernels, ``M = big``."""
-    return TritonNeuralSort.apply(x, position, tau, k, big)[0]
+def triton_label_ranks(x: torch.Tensor, position: torch.Tensor, stage: Stage) -> torch.Tensor:
+    """``P[b, position[b], :k]`` (B, k) of rows ``x`` (B, n) by the ``stage``'s kernels."""
+    return TritonNeuralSort.apply(x, position, stage)[0]

@@ -48,33 +48,8 @@ from torch.autograd.function import once_differentiable
 from . import networks_numba, networks_triton
 from ._function import Function
 from .compute import add_product_, constant_result
-from .networks import build_network, layer_tensors
+from .networks import network_plan as _plan
 from .swaps import ART_DELTA, signed_swap_probability, swap_slope
-
-
-@constant_result
-def _plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
-    """``(depth, partner (L, n), sign (L, n, 1), out_wires[:k] (k,), half (1,), starts, flat)`` of a
-    network, on ``device`` in ``dtype`` (constants of the traced graph under ``torch.compile``);
-    ``starts`` (k + 1, n): the indicators of the wires of ranks ``0..k-1``, then of all of them (the
-    mask's); ``flat`` (L n,): the partners as rows of the layers stacked (``l n + partner[l]``)."""
-    return _cached_plan(kind, n, k, device, dtype)
-
-
-@functools.lru_cache(maxsize=256)
-def _cached_plan(kind: str, n: int, k: int, device: str, dtype: str) -> tuple:
-    network = build_network(kind, n, k if kind == "splitter_selection" else n)
-    partner, sign = layer_tensors(network, torch.device("cpu"))
-    if not network.layers:  # one wire: an idle layer (every wire its own partner, sign 0) keeps it
-        partner, sign = torch.arange(n).unsqueeze(0), torch.zeros(1, n)
-    real = getattr(torch, dtype.removeprefix("torch."))
-    out = torch.tensor(network.out_wires[:k], dtype=torch.long)
-    half = torch.full((1,), 0.5, dtype=real)
-    starts = torch.zeros(k + 1, n, dtype=real)
-    starts[torch.arange(k), out] = starts[k, out] = 1.0
-    flat = (partner + n * torch.arange(len(partner)).unsqueeze(-1)).flatten()
-    tensors = (partner, sign.to(real).unsqueeze(-1), out, half, starts, flat)
-    return (len(partner), *(t.to(device) for t in tensors))
 
 
 def _far(dtype: torch.dtype) -> float:
@@ -358,10 +333,12 @@ def _columns(x: torch.Tensor, k: int, network: str, params: dict, ranks: bool) -
     return _ColumnSweep.apply(x, scale, _key(network, x, k), params, mode, ranks)[0]
 
 
-def _kernel_plan(x: torch.Tensor, k: int, network: str, params: dict, wires: int) -> tuple | None:
-    """The network's plan where its sweep of ``x`` runs on the Triton kernels (:mod:`.networks_triton`)."""
-    usable = networks_triton.usable(x, k, params, _infinities(x, params), wires)
-    return _plan(*_key(network, x, k), str(x.device), str(x.dtype)) if usable else None
+def _kernel_plan(x: torch.Tensor, k: int, network: str, params: dict, wires: int, n: int | None = None):
+    """The network's plan where its sweep of ``x`` (or of rows of ``n`` entries like it) runs on the
+    Triton kernels (:mod:`.networks_triton`), else None."""
+    usable = networks_triton.usable(x, k, params, _infinities(x, params), wires, n)
+    key = _key(network, x, k) if n is None else (network, n, k)
+    return _plan(*key, str(x.device), str(x.dtype)) if usable else None
 
 
 def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
@@ -390,11 +367,17 @@ def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Te
     return torch.where(full | short, closed, mask)
 
 
+def network_label_stage(x: torch.Tensor, n: int, k: int, *, network: str, hard: bool = False, **params):
+    """The label sweep's Triton kernels for rows of ``n`` entries like ``x`` (None where they do not run)."""
+    plan = None if hard else _kernel_plan(x, k, network, params, networks_triton.MAX_WIRES, n)
+    return None if plan is None else networks_triton.label_stage(plan, params["steepness"], _far(x.dtype))
+
+
 def network_label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
     """``P[b, position[b], :k]`` ``(B, k)``: where the item at ``position`` lands, in one sweep."""
-    plan = _kernel_plan(x, k, network, params, networks_triton.MAX_WIRES)
-    if plan is not None:
-        return networks_triton.label_sweep(x, position, plan, params["steepness"], _far(x.dtype))
+    stage = network_label_stage(x, x.shape[-1], k, network=network, **params)
+    if stage is not None:
+        return networks_triton.label_sweep(x, position, stage)
     params, scale = _split_scale(params, x)
     mode = _infinities(x, params)
     return _LabelSweep.apply(x, scale, _key(network, x, k), params, mode, position)[0].T

@@ -1,0 +1,95 @@
+"""Top-k cross-entropy's accelerator path as one autograd node (optional, CUDA): the selection's
+Triton kernel (:mod:`softtopk.ops.label_select`), the method's kernels for the label's ranks (a
+network's label sweep, :mod:`softtopk.ops.networks_triton`, or NeuralSort's,
+:mod:`softtopk.ops.neuralsort_triton`) and the head's (:mod:`softtopk.ops.ce_head_triton`),
+launched in turn by one ``torch.autograd.Function``, forward and backward.
+
+Chained as three Functions, the same launches cost the host three autograd nodes, their Python
+forward and backward calls, and one more op in the backward (the sum of the two gradients that
+reach the selected scores); here the backward adds the head's share to the ranks' in place. The
+values and gradients are the three Functions' (``tests/test_topk_ce_triton.py``).
+
+Scope: where the selection runs on its Triton kernel (CUDA with triton, outside
+``torch.compile`` and ``vmap``, at most ``label_select.MAX_M`` scores from rows of at most
+``label_select.MAX_CLASSES`` classes) and the method has a kernel stage for those scores
+(:meth:`softtopk._registry._Method.label_stage`); elsewhere the loss chains the Functions (or
+takes the torch path).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from . import ce_head_triton, label_select
+from ._function import Function
+
+
+class Stage(Protocol):
+    """The label's ranks by a method's kernels, without autograd."""
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``P[b, position[b], :k]`` (B, k) of contiguous rows ``x`` (B, n), and what the backward reads."""
+        ...
+
+    def backward(
+        self, grad: torch.Tensor, x: torch.Tensor, position: torch.Tensor, saved: tuple[torch.Tensor, ...]
+    ) -> torch.Tensor:
+        """The rows' gradient (B, n) from the ranks' ``grad`` (B, k)."""
+        ...
+
+
+def usable(logits: torch.Tensor, m: int) -> bool:
+    """Whether the loss of rows ``logits`` (R, C) with ``m`` selected scores can take one node."""
+    return label_select.triton_usable(logits, m) and m <= ce_head_triton.MAX_M
+
+
+def loss_rows(
+    logits: torch.Tensor,
+    label: torch.Tensor,
+    kept: torch.Tensor,
+    m: int,
+    stage: Stage,
+    weights: tuple[float, ...],
+    p1: float,
+    mode: str,
+) -> torch.Tensor:
+    """Each row's loss (R,) of ``logits`` (R, C) with labels ``label`` (R,): the ``m`` selected
+    scores, the ``stage``'s label ranks and the head (``weights``, ``p1``, ``mode``: as
+    :func:`softtopk.ops.ce_head_triton.forward_rows`), 0 where ``kept`` (R,) is False."""
+    return TopKCERows.apply(logits, label, kept, m, stage, weights, p1, mode)[0]
+
+
+class TopKCERows(Function):
+    """``(logits (R, C), label (R,), kept (R,), m, stage, weights, p1, mode)`` -> each row's loss
+    (R,), and what the backward reads: the selected scores, their classes and the label's position,
+    the masked rows, the label's ranks and the stage's own."""
+
+    @staticmethod
+    def forward(logits, label, kept, m, stage, weights, p1, mode):
+        scores, index, position, masked = label_select.triton_select(logits, label, m)
+        ranks, saved = stage.forward(scores, position)
+        loss = ce_head_triton.forward_rows(scores, ranks, position, masked, kept.contiguous(), weights, p1, mode)
+        return (loss, scores, index, position, masked, ranks, *saved)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(inputs[2], *output[1:])
+        ctx.classes = inputs[0].shape[-1]
+        ctx.stage, ctx.weights, ctx.p1, ctx.mode = inputs[4:]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # kernels' outputs: a second derivative raises
+    def backward(ctx, grad, *_unused):
+        if grad is None:
+            return (None,) * 8
+        kept, scores, index, position, masked, ranks, *saved = ctx.saved_tensors
+        head = (scores, ranks, position, masked, kept.contiguous(), ctx.weights, ctx.p1, ctx.mode)
+        grad_scores, grad_ranks = ce_head_triton.backward_rows(grad, *head)
+        grad_x = ctx.stage.backward(grad_ranks, scores, position, tuple(saved))
+        if grad_scores is not None:
+            grad_x = grad_x.add_(grad_scores)
+        return label_select.to_classes(grad_x, index, ctx.classes), None, None, None, None, None, None, None
