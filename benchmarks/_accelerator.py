@@ -69,3 +69,22 @@ def stubbed_kernels() -> Iterator[None]:
         for module, name in list(kernels()):
             stack.enter_context(mock.patch.object(module, name, _Stub(name)))
         yield
+
+
+def three_nodes(loss):
+    """``loss`` (a top-k cross-entropy) with its kernels launched by three chained autograd
+    Functions, the one-node path (``ops/topk_ce_triton.py``) switched off for the call; None for a
+    checkout on ``PYTHONPATH`` from before that path."""
+    try:
+        from softtopk.ops import topk_ce_triton
+    except ImportError:
+        return None
+
+    def call(logits, target):
+        usable, topk_ce_triton.usable = topk_ce_triton.usable, lambda rows, m: False
+        try:
+            return loss(logits, target)
+        finally:
+            topk_ce_triton.usable = usable
+
+    return call

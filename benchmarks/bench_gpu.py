@@ -21,7 +21,8 @@ Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven rep
   2^25, NeuralSort and SoftSort at 64 x 1e5, which take seconds a call there), except NeuralSort
   and SoftSort on their Triton kernels (O(n) memory).
 * losses at 512 x 1000 and 4096 x 1000 (float32): ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16,
-  splitter network, on CUDA by its Triton kernels and by the torch path, and NeuralSort),
+  splitter network, on CUDA by its Triton kernels, in one autograd node and chained as three,
+  and by the torch path, and NeuralSort),
   ``SmoothTopKSVM(k=5)`` (on CUDA by its Triton kernels and by the torch path),
   ``BalNoisedTopK(5, epsilon=1, n_samples=5)``, pytopk's ``BalNoisedTopK``
   and difftopk's NeuralSort loss where importable.
@@ -62,6 +63,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _accelerator import three_nodes
 from _inputs import Pool
 from _machine import machine_info, steady_malloc
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -319,6 +321,21 @@ def _loss_torch_path(make: Callable) -> Callable:
     return build
 
 
+def _loss_three_nodes(make: Callable) -> Callable:
+    """A top-k cross-entropy made by ``make(device)`` with its kernels chained as three autograd
+    nodes (``_accelerator.three_nodes``), where they run in one by default (CUDA with triton)."""
+
+    def build(device):
+        if torch.device(device).type != "cuda" or importlib.util.find_spec("triton") is None:
+            raise Skip("the same as the kernels' row here: they run on CUDA with triton installed")
+        call = three_nodes(make(device))
+        if call is None:
+            raise Skip("this checkout has no one-node path")
+        return call
+
+    return build
+
+
 def loss_cases() -> dict[str, Callable]:
     def topk_ce(method):
         return lambda d: softtopk.TopKCrossEntropyLoss([0.2] * 5, method=method, m=16)
@@ -326,6 +343,7 @@ def loss_cases() -> dict[str, Callable]:
     return {
         "cross_entropy": _loss_case(lambda d: F.cross_entropy),
         "TopKCE splitter m=16": _loss_case(topk_ce("splitter_selection")),
+        "TopKCE splitter m=16 (three nodes)": _loss_case(_loss_three_nodes(topk_ce("splitter_selection"))),
         "TopKCE splitter m=16 (torch path)": _loss_case(_loss_torch_path(topk_ce("splitter_selection"))),
         "TopKCE neuralsort m=16": _loss_case(topk_ce("neuralsort")),
         "SmoothTopKSVM k=5": _loss_case(lambda d: softtopk.SmoothTopKSVM(k=5)),

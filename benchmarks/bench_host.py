@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _accelerator import stubbed_kernels
+from _accelerator import stubbed_kernels, three_nodes
 from _machine import machine_info
 
 import softtopk
@@ -62,12 +62,9 @@ def cases(rows: int, classes: int, device: torch.device) -> dict[str, tuple[Call
         "TopKCE splitter m=16": softtopk.TopKCrossEntropyLoss([0.2] * K, method="splitter_selection", m=16),
         "TopKCE neuralsort m=16": softtopk.TopKCrossEntropyLoss([0.2] * K, method="neuralsort", m=16),
     }
-    try:
-        from softtopk.ops import topk_ce_triton
-    except ImportError:  # a checkout on PYTHONPATH from before the one-node path
-        pass
-    else:
-        losses["TopKCE splitter m=16 (three nodes)"] = _chained(losses["TopKCE splitter m=16"], topk_ce_triton)
+    chained = three_nodes(losses["TopKCE splitter m=16"])
+    if chained is not None:
+        losses["TopKCE splitter m=16 (three nodes)"] = chained
     try:
         import pytopk
 
@@ -78,20 +75,6 @@ def cases(rows: int, classes: int, device: torch.device) -> dict[str, tuple[Call
     out["draws.topk(6, dim=1)"] = (lambda: draws.topk(K + 1, dim=1), False)
     out["kthvalue(draws, C - 5, dim=1)"] = (lambda: torch.kthvalue(draws, classes - K, dim=1), False)
     return out
-
-
-def _chained(loss: Callable, topk_ce_triton) -> Callable:
-    """``loss`` with top-k cross-entropy's kernels launched by three autograd Functions in a chain,
-    the one-node path (the module ``topk_ce_triton``) switched off for the call."""
-
-    def call(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        usable, topk_ce_triton.usable = topk_ce_triton.usable, lambda rows, m: False
-        try:
-            return loss(logits, target)
-        finally:
-            topk_ce_triton.usable = usable
-
-    return call
 
 
 def loop_us(call: Callable, backward: bool, calls: int, sync: Callable) -> tuple[float, float]:
