@@ -109,6 +109,7 @@ def _calls():
             yield lambda x=x, method=method: softtopk.TopKCrossEntropyLoss([0.5, 0.5], method=method, m=8)(x, target)
         for mode in ("smce", "sort"):  # the head's other variants
             yield lambda x=x, mode=mode: softtopk.TopKCrossEntropyLoss([0.5, 0.5], m=8, top1_mode=mode)(x, target)
+        yield lambda x=x: softtopk.TopKCrossEntropyLoss([0.5, 0.5], m=8, reduction="sum")(x, target)
         yield lambda x=x: softtopk.SmoothTopKSVM(k=3)(x, target)
         for epsilon in (1.0, 0.0):
             yield lambda x=x, epsilon=epsilon: softtopk.BalNoisedTopK(3, epsilon=epsilon)(x, target)

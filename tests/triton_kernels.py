@@ -63,13 +63,14 @@ def count_kernels(monkeypatch, module, *names: str, launched: list | None = None
 
 
 def count_loss_kernels(monkeypatch, launched: list | None = None) -> list:
-    """Counts the launches of top-k cross-entropy's own kernels (the selection and the head), so
-    that a test of another kernel family can route the whole loss to its kernels and still count
-    aten ops only (a counted kernel's interpreter data moves are hidden)."""
+    """Counts the launches of top-k cross-entropy's own kernels (the selection, the head and the
+    reduction), so that a test of another kernel family can route the whole loss to its kernels
+    and still count aten ops only (a counted kernel's interpreter data moves are hidden)."""
     from softtopk.ops import ce_head_kernels, select_kernels
 
     launched = count_kernels(monkeypatch, select_kernels, "label_select", launched=launched)
-    return count_kernels(monkeypatch, ce_head_kernels, "head_forward", "head_backward", launched=launched)
+    names = ("head_forward", "head_backward", "reduce_rows")
+    return count_kernels(monkeypatch, ce_head_kernels, *names, launched=launched)
 
 
 def usable_on_any_device(x, k=0, scale=0.0):

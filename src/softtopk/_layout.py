@@ -101,6 +101,11 @@ def reduce_loss(
                 loss = loss / total.masked_fill(total == 0, 1.0)
     if reduction == "none":
         loss = loss.reshape(shape)
+    return in_input_dtype(loss, input)
+
+
+def in_input_dtype(loss: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """A class loss's result in ``input``'s dtype, or float32 under autocast (as ``F.cross_entropy``'s)."""
     autocast = torch.amp.is_autocast_available(input.device.type) and torch.is_autocast_enabled(input.device.type)
     return loss if autocast else loss.to(input.dtype)
 

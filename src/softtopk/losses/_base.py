@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .._layout import class_rows, reduce_loss
+from .._layout import class_rows, in_input_dtype, reduce_loss
 from .._validation import (
     check_class_input,
     check_class_target,
@@ -30,6 +30,7 @@ def class_loss(
     ignore_index: int,
     reduction: str,
     masks_rows: bool = False,
+    reduces: bool = False,
 ) -> torch.Tensor:
     """Apply ``per_row(logits (R, C), label (R,)) -> (R,)`` to ``input (N, C, d1, ...)`` and reduce
     as ``nn.CrossEntropyLoss`` does.
@@ -40,7 +41,10 @@ def class_loss(
     target is ignored); the result has ``input``'s dtype (float32 under autocast). With
     ``masks_rows``, ``per_row(logits, label, kept)`` also takes the bool ``(R,)`` mask of the rows
     that count and returns 0, with gradient 0, at the others (an autograd Function can do so within
-    its own ops, so the reduction adds no masking op forward or backward).
+    its own ops, so the reduction adds no masking op forward or backward). With ``reduces`` (and
+    ``masks_rows``), ``per_row(logits, label, kept, reduction)`` also takes the reduction it may
+    apply itself, ``'sum'`` or ``'mean'`` where there is no ``weight`` (else ``'none'``), and
+    returns the rows' losses or, reduced, a 0-dim tensor (one fused step instead of a few ops).
 
     Values are never read on an accelerator: the target's range and the weights' signs are checked
     only for CPU tensors outside ``torch.compile``/``vmap`` (as PyTorch's own losses do; on CUDA a
@@ -52,7 +56,12 @@ def class_loss(
     target = check_class_target(input, target, ignore_index)
     weight = check_class_weight(weight, input.shape[1])
     logits, label, kept = class_rows(input, target, ignore_index)
-    per_sample = per_row(logits, label, kept) if masks_rows else per_row(logits, label)
+    if reduces:
+        per_sample = per_row(logits, label, kept, reduction if weight is None else "none")
+        if per_sample.dim() == 0:  # reduced by per_row
+            return in_input_dtype(per_sample, input)
+    else:
+        per_sample = per_row(logits, label, kept) if masks_rows else per_row(logits, label)
     return reduce_loss(
         per_sample,
         label,

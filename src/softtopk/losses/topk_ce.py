@@ -178,12 +178,13 @@ def topk_cross_entropy(
     mode = top1_mode if p1 else "sort"  # the head's
     m = _effective_m(m, classes, k)
 
-    def per_row(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    def per_row(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor, reduction: str) -> torch.Tensor:
         n = classes if m is None else m
         fused = spec.label_stage is not None and topk_ce_triton.usable(logits, n)
         stage = spec.label_stage(logits, n, k, **params) if fused else None
         if stage is not None:  # the selection, the label's ranks and the head in one node
-            loss = topk_ce_triton.loss_rows(logits, label, kept, n, stage, weights, p1, mode)
+            own = reduction if mode != "smce" else "none"  # 'smce' rows may still become inf below
+            loss = topk_ce_triton.loss_rows(logits, label, kept, n, stage, weights, p1, mode, own)
         else:
             loss = chained(logits, label, kept, n)
         if top1_mode != "smce" or not p1:
@@ -206,7 +207,14 @@ def topk_cross_entropy(
         return zero_unless(kept, head)
 
     return class_loss(
-        input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction, masks_rows=True
+        input,
+        target,
+        per_row,
+        weight=weight,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        masks_rows=True,
+        reduces=True,
     )
 
 
