@@ -17,7 +17,7 @@ from softtopk.ops import noised_kernels, noised_triton
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_kernels import by_value  # noqa: E402
 from dispatch_counter import accelerator_steps, count_call  # noqa: E402
-from triton_kernels import DEVICE, both_paths, needs_triton, route_kernels, seeded_rows  # noqa: E402
+from triton_kernels import DEVICE, both_paths, count_kernels, needs_triton, route_kernels, seeded_rows  # noqa: E402
 
 pytestmark = needs_triton
 
@@ -29,28 +29,38 @@ def _generator() -> torch.Generator:
     return torch.Generator(device=DEVICE).manual_seed(7)
 
 
-def _close(x, target, tol: float, imbalanced: bool = False, ties: bool = False, **kwargs) -> None:
-    """The loss (reduction 'none') and its gradient on the kernels equal the torch path's on the
-    same draws, NaN where it has NaN; with ``ties`` the gradient summed over the classes of equal
-    score (of tied scores, ``kthvalue`` may pick any one)."""
+def _close(x, target, tol: float, imbalanced: bool = False, ties: bool = False, launches: int = 2, **kwargs):
+    """The loss (reduction 'none' unless given) and its gradient on the kernels (``launches`` of
+    them) equal the torch path's on the same draws, NaN where it has NaN; with ``ties`` the
+    gradient summed over the classes of equal score (of tied scores, ``kthvalue`` may pick any
+    one). Returns the kernels' loss and gradient."""
 
     def loss(s):
-        if imbalanced:
-            counts = list(range(3, 3 + x.shape[1]))
-            fn = softtopk.ImbalNoisedTopK(generator=_generator(), cls_num_list=counts, reduction="none", **kwargs)
-        else:
-            fn = softtopk.BalNoisedTopK(generator=_generator(), reduction="none", **kwargs)
-        return fn(s, target)
+        return _loss(imbalanced, **{"reduction": "none", **kwargs})(s, target)
 
     with accelerator_steps():
-        (v0, g0), (v1, g1) = both_paths(noised_kernels, KERNELS, loss, x)
+        (v0, g0), (v1, g1) = both_paths(noised_kernels, KERNELS, loss, x, launches)
     torch.testing.assert_close(v1, v0, rtol=tol, atol=tol, equal_nan=True)
     if not ties:
         torch.testing.assert_close(g1, g0, rtol=tol, atol=tol, equal_nan=True)
-        return
+        return v1, g1
     rows = x.movedim(1, -1).reshape(-1, x.shape[1]).cpu()
     for a, b in zip(by_value(rows, _rows(g1)), by_value(rows, _rows(g0)), strict=True):
         assert a == pytest.approx(b, rel=tol, abs=tol, nan_ok=True)
+    return v1, g1
+
+
+def _loss(imbalanced: bool, **kwargs):
+    """The balanced or imbalanced loss (classes counted 3, 4, ...: as many as the scores have),
+    drawing from a fixed generator."""
+    if not imbalanced:
+        return softtopk.BalNoisedTopK(generator=_generator(), **kwargs)
+
+    def imbalanced_loss(s, target):
+        counts = list(range(3, 3 + s.shape[1]))
+        return softtopk.ImbalNoisedTopK(generator=_generator(), cls_num_list=counts, **kwargs)(s, target)
+
+    return imbalanced_loss
 
 
 def _rows(grad: torch.Tensor) -> torch.Tensor:
@@ -120,13 +130,35 @@ def test_a_second_derivative_raises(monkeypatch):
 
 def test_the_loss_runs_the_kernels_within_the_launch_budget(monkeypatch):
     """One fwd+bwd of ``BalNoisedTopK(5, epsilon=1)`` at 64 rows x 1000 classes: the draw, the two
-    kernels and the class-loss reduction (issue 21's budget: 24); no value read."""
+    kernels and the reduction's (issue 21's budget: 24), in one autograd node; no value read."""
+    from softtopk.ops import reduce_kernels
+
     monkeypatch.setattr(_validation, "values_checked", lambda value: False)
     launched = route_kernels(monkeypatch, noised_kernels, *KERNELS)
+    count_kernels(monkeypatch, reduce_kernels, "reduce_rows", launched=launched)
     logits = seeded_rows(64, 1000, torch.float32, seed=6)
     target = _target(64, 1000, 3)
     loss = softtopk.BalNoisedTopK(5, epsilon=1.0)
     counts = count_call(lambda s: loss(s, target), logits)
-    kernels = len(launched) - 1  # count_call runs a warm-up forward first
-    assert kernels == 2 and counts.reads == 0
-    assert counts.launches + kernels <= 16, counts.ops
+    kernels = len(launched) - 2  # count_call runs a warm-up forward first
+    assert kernels == 3 and counts.reads == 0
+    assert counts.launches + kernels <= 14, counts.ops
+    with accelerator_steps():  # the path a CUDA tensor takes (no numba draws)
+        assert type(loss(logits.requires_grad_(), target).grad_fn).__name__ == "TritonNoisedHingeBackward"
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("imbalanced", [False, True])
+def test_the_reduction_in_the_kernels_equals_the_torch_path(reduction, imbalanced):
+    """'mean' and 'sum' by the reduction's kernel: the torch path's within the last bits (a sum in
+    another order), ignored rows left out; every row ignored, or none at all, gives 0."""
+    x = seeded_rows(6, 12, torch.float64, seed=8)
+    target = _target(6, 12, 4)
+    target[1] = -100
+    kwargs = {"k": 2, "epsilon": 0.5, "reduction": reduction}
+    if imbalanced:
+        kwargs |= {"max_m": 0.3, "scale": 2.0}
+    for rows, labels in ((x, target), (x, torch.full_like(target, -100)), (x[:0], target[:0])):
+        value, grad = _close(rows, labels, 1e-14, imbalanced=imbalanced, launches=2 if len(rows) else 0, **kwargs)
+        assert value.dim() == 0 and (bool(value != 0) if labels.ne(-100).any() else value.item() == 0.0)
+        assert bool(grad[1].eq(0).all()) if len(rows) else grad.numel() == 0

@@ -41,9 +41,9 @@ def class_loss(
     target is ignored); the result has ``input``'s dtype (float32 under autocast). With
     ``masks_rows``, ``per_row(logits, label, kept)`` also takes the bool ``(R,)`` mask of the rows
     that count and returns 0, with gradient 0, at the others (an autograd Function can do so within
-    its own ops, so the reduction adds no masking op forward or backward). With ``reduces`` (and
-    ``masks_rows``), ``per_row(logits, label, kept, reduction)`` also takes the reduction it may
-    apply itself, ``'sum'`` or ``'mean'`` where there is no ``weight`` (else ``'none'``), and
+    its own ops, so the reduction adds no masking op forward or backward). With ``reduces`` (which
+    implies ``masks_rows``), ``per_row(logits, label, kept, reduction)`` also takes the reduction it
+    may apply itself, ``'sum'`` or ``'mean'`` where there is no ``weight`` (else ``'none'``), and
     returns the rows' losses or, reduced, a 0-dim tensor (one fused step instead of a few ops).
 
     Values are never read on an accelerator: the target's range and the weights' signs are checked
@@ -70,7 +70,7 @@ def class_loss(
         reduction=reduction,
         shape=target.shape,
         input=input,
-        masked=masks_rows,
+        masked=masks_rows or reduces,
     )
 
 

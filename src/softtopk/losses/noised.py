@@ -49,7 +49,7 @@ from .._validation import (
     check_real,
     check_scale,
 )
-from ..ops import noised_numba, noised_triton
+from ..ops import noised_numba, noised_triton, reduce_triton
 from ..ops.compute import compute_dtype, owns_rows
 from ..ops.noised_hinge import NoisedHinge
 from ._base import ClassLoss, class_loss
@@ -106,7 +106,7 @@ def noised_hinge(
     if scale is not None:
         check_scale("scale", scale, input.dtype)
 
-    def per_row(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    def per_row(logits: torch.Tensor, label: torch.Tensor, kept: torch.Tensor, reduction: str) -> torch.Tensor:
         fresh = None if noise is not None else noised_numba.fresh(logits, epsilon, n_samples, generator)
         if fresh is not None:  # CPU rows: the kernel draws what it needs
             return NoisedHinge.apply(logits, label, fresh, _label_margins(margins, logits, label), scale, k, kept)[0]
@@ -118,8 +118,9 @@ def noised_hinge(
         else:
             check_noise("noise", given, input.shape, samples=0)
         rows = given.movedim(1, -2).reshape(-1, input.shape[1], given.shape[-1])
-        if noise is None and noised_triton.usable(logits, n_samples):  # CUDA: two kernels on our own draws
-            return noised_triton.hinge(logits, label, rows, epsilon, margins, scale, k, kept)
+        if noise is None and noised_triton.usable(logits, n_samples):  # CUDA: kernels on our own draws
+            own = reduce_triton.usable(logits.shape[0], reduction)  # reduced by one more kernel
+            return noised_triton.hinge(logits, label, rows, epsilon, margins, scale, k, kept, own)
         margin = _label_margins(margins, logits, label)
         if epsilon == 0:  # exact (k+1)-th value; the RNG still advanced
             rows = rows[..., :1]
@@ -131,7 +132,7 @@ def noised_hinge(
         return NoisedHinge.apply(logits, label, scaled, margin, scale, k, kept)[0]
 
     return class_loss(
-        input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction, masks_rows=True
+        input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction, reduces=True
     )
 
 

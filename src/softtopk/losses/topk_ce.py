@@ -29,7 +29,7 @@ import torch
 
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
-from ..ops import ce_head_triton, topk_ce_triton
+from ..ops import ce_head_triton, reduce_triton, topk_ce_triton
 from ..ops._function import Function
 from ..ops.ce_head_triton import FLOOR as _FLOOR
 from ..ops.compute import constant, filled, label_row, zero_unless
@@ -183,7 +183,8 @@ def topk_cross_entropy(
         fused = spec.label_stage is not None and topk_ce_triton.usable(logits, n)
         stage = spec.label_stage(logits, n, k, **params) if fused else None
         if stage is not None:  # the selection, the label's ranks and the head in one node
-            own = reduction if mode != "smce" else "none"  # 'smce' rows may still become inf below
+            # the kernels reduce the rows too, but for 'smce' (whose rows may still become inf below)
+            own = reduce_triton.usable(logits.shape[0], reduction) if mode != "smce" else "none"
             loss = topk_ce_triton.loss_rows(logits, label, kept, n, stage, weights, p1, mode, own)
         else:
             loss = chained(logits, label, kept, n)
@@ -207,14 +208,7 @@ def topk_cross_entropy(
         return zero_unless(kept, head)
 
     return class_loss(
-        input,
-        target,
-        per_row,
-        weight=weight,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        masks_rows=True,
-        reduces=True,
+        input, target, per_row, weight=weight, ignore_index=ignore_index, reduction=reduction, reduces=True
     )
 
 

@@ -1,8 +1,8 @@
 """Triton kernels of top-k cross-entropy's head (see :mod:`softtopk.ops.ce_head_triton`, which
 launches them; importing this module imports triton): from the ``m`` selected scores and the
 label's relaxed ranks, each row's loss forward, and backward the gradients of both, recomputing the
-softmax; and the rows' sum or mean over the kept rows, in one program. A program of the head holds
-``ROWS`` rows; the formulas are the torch path's (``softtopk.losses.topk_ce._Head``)."""
+softmax. A program holds ``ROWS`` rows; the formulas are the torch path's
+(``softtopk.losses.topk_ce._Head``)."""
 
 import triton
 import triton.language as tl
@@ -68,33 +68,9 @@ def head_forward(
 
 
 @triton.jit
-def reduce_rows(
-    loss_ptr,  # (R,) the rows' losses (0 at the rows not kept)
-    kept_ptr,  # (R,) the rows that count
-    out_ptr,  # () out: the sum, or (MEAN) the mean over the kept rows, 0 where none is
-    scale_ptr,  # () out: what each kept row's loss is weighted by, 1 or 1 / max(kept, 1)
-    rows,
-    MEAN: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    lanes = tl.arange(0, BLOCK)
-    total = tl.zeros([BLOCK], dtype=loss_ptr.dtype.element_ty)
-    count = tl.zeros([BLOCK], dtype=tl.int64)
-    for start in range(0, rows, BLOCK):
-        row = start + lanes
-        total += tl.load(loss_ptr + row, mask=row < rows, other=0.0)
-        count += tl.load(kept_ptr + row, mask=row < rows, other=0).to(tl.int64)
-    scale = tl.full([], 1.0, loss_ptr.dtype.element_ty)
-    if MEAN:
-        scale = scale / tl.maximum(tl.sum(count, 0), 1).to(loss_ptr.dtype.element_ty)
-    tl.store(out_ptr, tl.sum(total, 0) * scale)
-    tl.store(scale_ptr, scale)
-
-
-@triton.jit
 def head_backward(
     grad_ptr,  # (R,) the loss's gradient, or (SCALAR) the reduced loss's ()
-    scale_ptr,  # () with SCALAR: the weight reduce_rows gave each kept row
+    scale_ptr,  # () with SCALAR: the weight the reduction gave each kept row (reduce_kernels)
     scores_ptr,
     ranks_ptr,
     weights_ptr,

@@ -93,23 +93,13 @@ def forward_rows(scores, label_ranks, position, masked, kept, weights, p1: float
     return loss
 
 
-def reduce_rows(loss: torch.Tensor, kept: torch.Tensor, mean: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sum of the rows' losses ``loss`` (R,), or with ``mean`` their mean over the rows ``kept``
-    (0 where none is; the others' losses are 0), as one program; and the weight of each kept row
-    in it (0-dim each), which :func:`backward_rows` takes as ``scale``."""
-    from . import ce_head_kernels as kernels
-
-    out, scale = loss.new_empty(()), loss.new_empty(())
-    kernels.reduce_rows[(1,)](loss, kept, out, scale, loss.shape[0], MEAN=mean, BLOCK=triton_gate.BLOCK)
-    return out, scale
-
-
 def backward_rows(
     grad, scores, label_ranks, position, masked, kept, weights, p1: float, mode: str, scale=None
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The gradients of :func:`forward_rows`' scores (None for ``'sort'``) and label ranks from the
-    losses' ``grad`` (R,), or from the gradient ``grad`` (0-dim) of :func:`reduce_rows`' result and
-    its ``scale``, recomputing the softmax."""
+    losses' ``grad`` (R,), or from the gradient ``grad`` (0-dim) of their reduction and the weight
+    ``scale`` it gave each kept row (:func:`softtopk.ops.reduce_triton.reduce_rows`), recomputing
+    the softmax."""
     from . import ce_head_kernels as kernels
 
     grad_scores = torch.empty_like(scores) if mode != "sort" else None

@@ -60,7 +60,8 @@ def hinge_forward(
 
 @triton.jit
 def hinge_backward(
-    grad_ptr,  # (R,) the loss's gradient
+    grad_ptr,  # (R,) the loss's gradient, or (SCALAR) the reduced loss's ()
+    weight_ptr,  # () with SCALAR: the weight the reduction gave each kept row (reduce_kernels)
     loss_ptr,  # (R,) the loss
     label_ptr,
     index_ptr,  # (R, S') the draws' classes
@@ -68,13 +69,14 @@ def hinge_backward(
     classes,
     used,
     scale: tl.float64,
+    SCALAR: tl.constexpr,
     W: tl.constexpr,
     SP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cls = tl.arange(0, W)
     draws = tl.arange(0, SP)
-    g = tl.load(grad_ptr + row)
+    g = tl.load(grad_ptr) * tl.load(weight_ptr) if SCALAR else tl.load(grad_ptr + row)  # 0 where not kept: loss 0
     share = tl.where(tl.load(loss_ptr + row) > 0, g, 0.0) * steps.in_dtype(scale, g)  # relu's backward, then the scale
     index = tl.load(index_ptr + row * used + draws, mask=draws < used, other=-1)
     counts = tl.sum((cls[:, None] == index[None, :]).to(g.dtype), 1)

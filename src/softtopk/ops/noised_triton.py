@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import torch
 
-from . import triton_gate
+from . import reduce_triton, triton_gate
+from ._function import Function
 from .compute import constant
-from .noised_hinge import NoisedHinge
 
 MAX_BLOCK = 1 << 14  # classes x draws a program holds
 
@@ -53,28 +53,32 @@ def hinge(
     scale: float | None,
     k: int,
     kept: torch.Tensor,
+    reduction: str = "none",
 ) -> torch.Tensor:
     """``relu(scale * (margin_y + top_{k+1,eps}(s) - s_y))`` of rows ``logits`` (R, C) with labels
     ``label`` (R,) and standard draws ``noise`` (R, C, S) (float32), 0 where not ``kept``;
-    ``margins`` per class (C,) or one float, ``scale`` None for 1."""
+    ``margins`` per class (C,) or one float, ``scale`` None for 1; with ``reduction`` ``'sum'`` or
+    ``'mean'``, their sum or their mean over the kept rows, by one more kernel
+    (:mod:`softtopk.ops.reduce_triton`)."""
     # per-class margins stay in their dtype: the kernel rounds the label's to the rows' as it loads it
     if isinstance(margins, torch.Tensor):
         margin = margins.to(logits.device).contiguous()
     else:
         margin = constant((margins,), logits)
     draws = OwnDraws(noise.contiguous(), epsilon)
-    return TritonNoisedHinge.apply(logits.contiguous(), label.contiguous(), draws, margin, scale, k, kept.contiguous())[
-        0
-    ]
+    rows = (logits.contiguous(), label.contiguous(), draws, margin, scale, k, kept.contiguous())
+    return TritonNoisedHinge.apply(*rows, reduction)[0]
 
 
-class TritonNoisedHinge(NoisedHinge):
+class TritonNoisedHinge(Function):
     """:class:`~softtopk.ops.noised_hinge.NoisedHinge` on the kernels: ``(logits (R, C), label (R,),
-    OwnDraws, margin (C,) per class or (1,), scale or None, k, kept (R,))`` -> the hinge of each
-    row (R,) and each draw's class (R, S); the gradient of ``logits`` only."""
+    OwnDraws, margin (C,) per class or (1,), scale or None, k, kept (R,), reduction)`` -> the hinge
+    of each row (R,) or its reduction (0-dim), each draw's class (R, S), and what the backward reads
+    (the rows' hinge, reduced; and each kept row's weight in the reduction); the gradient of
+    ``logits`` only."""
 
     @staticmethod
-    def forward(logits, label, noise, margin, scale, k, kept):
+    def forward(logits, label, noise, margin, scale, k, kept, reduction):
         from . import noised_kernels as kernels  # imports triton: only once a kernel runs
 
         rows, classes = logits.shape
@@ -104,22 +108,39 @@ class TritonNoisedHinge(NoisedHinge):
                 SP=draws,
                 num_warps=4 if width * draws <= 4096 else 8,
             )
-        return loss, index
+        if reduction == "none":
+            return loss, index
+        return (*reduce_triton.reduce_rows(loss, kept, reduction == "mean"), index, loss)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        logits, label, *_, ctx.scale, _, _, reduction = inputs
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.set_materialize_grads(False)
+        if reduction == "none":
+            ctx.save_for_backward(label, output[1], output[0], None)
+        else:
+            ctx.save_for_backward(label, output[2], output[3], output[1])
+        ctx.classes = logits.shape[1]
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # a kernel's output: a second derivative raises
-    def backward(ctx, grad, _unused):
+    def backward(ctx, grad, *_unused):
         from . import noised_kernels as kernels
 
         if grad is None:
-            return (None,) * 7
-        label, index, loss = ctx.saved_tensors
+            return (None,) * 8
+        label, index, loss, weight = ctx.saved_tensors
         rows, used = index.shape
         grad_logits = loss.new_empty((rows, ctx.classes))
         if rows:
             width, draws = _widths(ctx.classes, used)
             scale = 1.0 if ctx.scale is None else float(ctx.scale)
             kernels.hinge_backward[(rows,)](
-                grad.contiguous(), loss, label, index, grad_logits, ctx.classes, used, scale, W=width, SP=draws
+                *(grad.contiguous(), grad if weight is None else weight, loss, label, index, grad_logits),
+                *(ctx.classes, used, scale),
+                SCALAR=weight is not None,
+                W=width,
+                SP=draws,
             )
-        return grad_logits, None, None, None, None, None, None
+        return grad_logits, *(None,) * 7

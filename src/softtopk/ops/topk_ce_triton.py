@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from . import ce_head_triton, label_select
+from . import ce_head_triton, label_select, reduce_triton
 from ._function import Function
 
 
@@ -82,7 +82,7 @@ class TopKCERows(Function):
         loss = ce_head_triton.forward_rows(scores, ranks, position, masked, kept, weights, p1, mode)
         if reduction == "none":
             return (loss, scores, index, position, masked, ranks, *saved)
-        loss, scale = ce_head_triton.reduce_rows(loss, kept, reduction == "mean")
+        loss, scale = reduce_triton.reduce_rows(loss, kept, reduction == "mean")
         return (loss, scores, index, position, masked, ranks, *saved, scale)
 
     @staticmethod

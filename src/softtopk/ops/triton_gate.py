@@ -52,6 +52,7 @@ KERNEL_MODULES = (
     "select_kernels",
     "ce_head_kernels",
     "noised_kernels",
+    "reduce_kernels",
 )
 KERNEL_HELPERS = ("triton_steps",)  # triton.jit helpers those modules share, never launched
 
