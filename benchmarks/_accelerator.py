@@ -71,20 +71,33 @@ def stubbed_kernels() -> Iterator[None]:
         yield
 
 
-def three_nodes(loss):
-    """``loss`` (a top-k cross-entropy) with its kernels launched by three chained autograd
-    Functions, the one-node path (``ops/topk_ce_triton.py``) switched off for the call; None for a
-    checkout on ``PYTHONPATH`` from before that path."""
+def switched(loss, module: str, name: str, value):
+    """``loss`` with ``softtopk.ops.<module>.<name>`` set to ``value`` for the call (a fast path
+    switched off, to time it against the path it replaced in the same run); None for a checkout on
+    ``PYTHONPATH`` from before that module."""
     try:
-        from softtopk.ops import topk_ce_triton
+        ops = importlib.import_module(f"softtopk.ops.{module}")
     except ImportError:
         return None
 
     def call(logits, target):
-        usable, topk_ce_triton.usable = topk_ce_triton.usable, lambda rows, m: False
+        saved = getattr(ops, name)
+        setattr(ops, name, value)
         try:
             return loss(logits, target)
         finally:
-            topk_ce_triton.usable = usable
+            setattr(ops, name, saved)
 
     return call
+
+
+def three_nodes(loss):
+    """A top-k cross-entropy ``loss`` with its kernels launched by three chained autograd
+    Functions and its rows reduced by torch ops: the one-node path (``ops/topk_ce_triton.py``) off."""
+    return switched(loss, "topk_ce_triton", "usable", lambda rows, m: False)
+
+
+def reduced_by_torch(loss):
+    """``loss`` with its rows reduced by torch ops (``_layout.reduce_loss``), not by the
+    reduction's kernel in its kernels' node (``ops/reduce_triton.py``)."""
+    return switched(loss, "reduce_triton", "usable", lambda rows, reduction: "none")

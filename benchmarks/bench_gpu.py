@@ -24,7 +24,8 @@ Cases (``--quick``: the shapes of issue 21's CPU targets and two more, seven rep
   splitter network, on CUDA by its Triton kernels, in one autograd node and chained as three,
   and by the torch path, and NeuralSort),
   ``SmoothTopKSVM(k=5)`` (on CUDA by its Triton kernels and by the torch path),
-  ``BalNoisedTopK(5, epsilon=1, n_samples=5)``, pytopk's ``BalNoisedTopK``
+  ``BalNoisedTopK(5, epsilon=1, n_samples=5)`` (on CUDA reduced by its kernels and by torch ops),
+  pytopk's ``BalNoisedTopK``
   and difftopk's NeuralSort loss where importable.
   Baseline: ``F.cross_entropy``; a row of cross-entropy plus the draw of five noise samples per
   score shows the floor of every noised loss.
@@ -63,7 +64,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _accelerator import three_nodes
+from _accelerator import reduced_by_torch, three_nodes
 from _inputs import Pool
 from _machine import machine_info, steady_malloc
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -321,16 +322,16 @@ def _loss_torch_path(make: Callable) -> Callable:
     return build
 
 
-def _loss_three_nodes(make: Callable) -> Callable:
-    """A top-k cross-entropy made by ``make(device)`` with its kernels chained as three autograd
-    nodes (``_accelerator.three_nodes``), where they run in one by default (CUDA with triton)."""
+def _loss_switched(make: Callable, switch: Callable) -> Callable:
+    """A loss made by ``make(device)`` with a fast path of its kernels switched off by ``switch``
+    (``_accelerator.three_nodes``, ``reduced_by_torch``): on CUDA with triton, where they run."""
 
     def build(device):
         if torch.device(device).type != "cuda" or importlib.util.find_spec("triton") is None:
             raise Skip("the same as the kernels' row here: they run on CUDA with triton installed")
-        call = three_nodes(make(device))
+        call = switch(make(device))
         if call is None:
-            raise Skip("this checkout has no one-node path")
+            raise Skip("this checkout has no such path")
         return call
 
     return build
@@ -340,16 +341,20 @@ def loss_cases() -> dict[str, Callable]:
     def topk_ce(method):
         return lambda d: softtopk.TopKCrossEntropyLoss([0.2] * 5, method=method, m=16)
 
+    def noised(device):
+        return softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5)
+
     return {
         "cross_entropy": _loss_case(lambda d: F.cross_entropy),
         "TopKCE splitter m=16": _loss_case(topk_ce("splitter_selection")),
-        "TopKCE splitter m=16 (three nodes)": _loss_case(_loss_three_nodes(topk_ce("splitter_selection"))),
+        "TopKCE splitter m=16 (three nodes)": _loss_case(_loss_switched(topk_ce("splitter_selection"), three_nodes)),
         "TopKCE splitter m=16 (torch path)": _loss_case(_loss_torch_path(topk_ce("splitter_selection"))),
         "TopKCE neuralsort m=16": _loss_case(topk_ce("neuralsort")),
         "SmoothTopKSVM k=5": _loss_case(lambda d: softtopk.SmoothTopKSVM(k=5)),
         "SmoothTopKSVM k=5 (torch path)": _loss_case(_loss_torch_path(lambda d: softtopk.SmoothTopKSVM(k=5))),
-        "BalNoisedTopK k=5 eps=1 S=5": _loss_case(
-            lambda d: softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5), stochastic=True
+        "BalNoisedTopK k=5 eps=1 S=5": _loss_case(noised, stochastic=True),
+        "BalNoisedTopK k=5 eps=1 S=5 (torch's reduction)": _loss_case(
+            _loss_switched(noised, reduced_by_torch), stochastic=True
         ),
         "cross_entropy + noise draw randn(B, C, 5)": _loss_case(_noise_floor, stochastic=True),
         "pytopk BalNoisedTopK": _loss_case(_pytopk, stochastic=True),

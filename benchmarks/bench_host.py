@@ -15,7 +15,8 @@ dispatch, allocation and Python, less the launches' own cost; without a GPU, the
 Cases: ``F.cross_entropy``; softtopk's ``BalNoisedTopK(5, epsilon=1, n_samples=5)``,
 ``SmoothTopKSVM(k=5)``, ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16; splitter network and
 NeuralSort; and the splitter's kernels chained as three autograd nodes, "three nodes", where they
-run in one: ``ops/topk_ce_triton.py``) and pytopk's ``BalNoisedTopK`` where importable; and the
+run in one: ``ops/topk_ce_triton.py``; and ``BalNoisedTopK`` reduced by torch ops, where its
+kernels reduce it: ``ops/reduce_triton.py``) and pytopk's ``BalNoisedTopK`` where importable; and the
 noised losses' selection alone on the ``(rows, classes, 5)`` draws along the class axis:
 ``topk(6)``, and ``kthvalue`` of the same entry.
 
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _accelerator import stubbed_kernels, three_nodes
+from _accelerator import reduced_by_torch, stubbed_kernels, three_nodes
 from _machine import machine_info
 
 import softtopk
@@ -62,9 +63,11 @@ def cases(rows: int, classes: int, device: torch.device) -> dict[str, tuple[Call
         "TopKCE splitter m=16": softtopk.TopKCrossEntropyLoss([0.2] * K, method="splitter_selection", m=16),
         "TopKCE neuralsort m=16": softtopk.TopKCrossEntropyLoss([0.2] * K, method="neuralsort", m=16),
     }
-    chained = three_nodes(losses["TopKCE splitter m=16"])
-    if chained is not None:
-        losses["TopKCE splitter m=16 (three nodes)"] = chained
+    variants = {
+        "TopKCE splitter m=16 (three nodes)": three_nodes(losses["TopKCE splitter m=16"]),
+        "BalNoisedTopK k=5 eps=1 S=5 (torch's reduction)": reduced_by_torch(losses["BalNoisedTopK k=5 eps=1 S=5"]),
+    }
+    losses |= {name: loss for name, loss in variants.items() if loss is not None}
     try:
         import pytopk
 
