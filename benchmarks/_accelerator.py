@@ -100,4 +100,4 @@ def three_nodes(loss):
 def reduced_by_torch(loss):
     """``loss`` with its rows reduced by torch ops (``_layout.reduce_loss``), not by the
     reduction's kernel in its kernels' node (``ops/reduce_triton.py``)."""
-    return switched(loss, "reduce_triton", "usable", lambda rows, reduction: "none")
+    return switched(loss, "reduce_triton", "kernel_reduction", lambda rows, reduction: "none")

@@ -12,7 +12,7 @@ import torch
 
 import softtopk
 from softtopk import _validation
-from softtopk.ops import label_select, topk_ce_triton, triton_gate
+from softtopk.ops import label_select, reduce_kernels, reduce_triton, topk_ce_triton, triton_gate
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dispatch_counter import count_call  # noqa: E402
@@ -114,6 +114,18 @@ def test_every_row_ignored_or_none_at_all(reduction):
         loss, grad, one = _run(rows, target, "kernels", p_k=[0.5, 0.5], m=8, reduction=reduction)
         assert one and loss.item() == 0.0 and bool(grad.eq(0).all())
         _agree(rows, target, 0.0, p_k=[0.5, 0.5], m=8, reduction=reduction)
+
+
+def test_more_rows_than_the_reduction_kernel_takes(monkeypatch):
+    """Above ``reduce_triton.MAX_ROWS`` rows the node returns the rows and the torch ops reduce
+    them: the chained Functions' mean bit for bit."""
+    monkeypatch.setattr(reduce_triton, "MAX_ROWS", 5)
+    launched = count_kernels(monkeypatch, reduce_kernels, "reduce_rows")
+    x, target = seeded_rows(6, 30, torch.float64, seed=9), _target(6, 30, 3)
+    (v1, g1, one), (v2, g2, _) = (_run(x, target, path, p_k=[0.5, 0.5], m=8) for path in ("kernels", "chained"))
+    assert one and launched == []
+    torch.testing.assert_close(v1, v2, rtol=0, atol=0)
+    torch.testing.assert_close(g1, g2, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

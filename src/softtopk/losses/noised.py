@@ -119,7 +119,7 @@ def noised_hinge(
             check_noise("noise", given, input.shape, samples=0)
         rows = given.movedim(1, -2).reshape(-1, input.shape[1], given.shape[-1])
         if noise is None and noised_triton.usable(logits, n_samples):  # CUDA: kernels on our own draws
-            own = reduce_triton.usable(logits.shape[0], reduction)  # reduced by one more kernel
+            own = reduce_triton.kernel_reduction(logits.shape[0], reduction)  # reduced by one more kernel
             return noised_triton.hinge(logits, label, rows, epsilon, margins, scale, k, kept, own)
         margin = _label_margins(margins, logits, label)
         if epsilon == 0:  # exact (k+1)-th value; the RNG still advanced

@@ -184,7 +184,7 @@ def topk_cross_entropy(
         stage = spec.label_stage(logits, n, k, **params) if fused else None
         if stage is not None:  # the selection, the label's ranks and the head in one node
             # the kernels reduce the rows too, but for 'smce' (whose rows may still become inf below)
-            own = reduce_triton.usable(logits.shape[0], reduction) if mode != "smce" else "none"
+            own = reduce_triton.kernel_reduction(logits.shape[0], reduction) if mode != "smce" else "none"
             loss = topk_ce_triton.loss_rows(logits, label, kept, n, stage, weights, p1, mode, own)
         else:
             loss = chained(logits, label, kept, n)

@@ -20,7 +20,7 @@ from . import triton_gate
 MAX_ROWS = 1 << 16  # rows one program reduces; above, the loss's rows go to reduce_loss
 
 
-def usable(rows: int, reduction: str) -> str:
+def kernel_reduction(rows: int, reduction: str) -> str:
     """The reduction a loss's kernels apply to ``rows`` rows themselves: ``reduction`` (``'sum'``
     or ``'mean'``) up to :data:`MAX_ROWS` rows, else ``'none'`` (the rows are returned)."""
     return reduction if reduction in ("sum", "mean") and rows <= MAX_ROWS else "none"

@@ -15,9 +15,10 @@ three Functions' bit for bit, the reduced ones within the last bits of a sum in 
 
 Scope: where the selection runs on its Triton kernel (CUDA with triton, outside
 ``torch.compile`` and ``vmap``, at most ``label_select.MAX_M`` scores from rows of at most
-``label_select.MAX_CLASSES`` classes) and the method has a kernel stage for those scores
-(:meth:`softtopk._registry._Method.label_stage`); elsewhere the loss chains the Functions (or
-takes the torch path).
+``label_select.MAX_CLASSES`` classes) and the method has a kernel stage for those scores (the
+registry's ``label_stage``); elsewhere the loss chains the Functions (or takes the torch path).
+The reduction's kernel takes batches of up to ``reduce_triton.MAX_ROWS`` rows (more go to the
+torch ops), and not ``'smce'``'s rows, which the loss may still set to ``inf`` after the node.
 """
 
 from __future__ import annotations
