@@ -303,28 +303,10 @@ def _noise_floor(device):
     return loss
 
 
-def _loss_torch_path(make: Callable) -> Callable:
-    """A loss made by ``make(device)`` with the Triton kernels (their default on CUDA) switched off."""
-
-    def build(device):
-        if torch.device(device).type != "cuda" or importlib.util.find_spec("triton") is None:
-            raise Skip("the same as the kernels' row here: they run on CUDA with triton installed")
-        loss = make(device)
-
-        def call(x, target):
-            from softtopk.ops import triton_gate
-
-            with triton_gate.torch_path():
-                return loss(x, target)
-
-        return call
-
-    return build
-
-
 def _loss_switched(make: Callable, switch: Callable) -> Callable:
-    """A loss made by ``make(device)`` with a fast path of its kernels switched off by ``switch``
-    (``_accelerator.three_nodes``, ``reduced_by_torch``): on CUDA with triton, where they run."""
+    """A loss made by ``make(device)`` with its kernels, or a fast path of theirs, switched off by
+    ``switch`` (:func:`_torch_path`, as for the masks; ``_accelerator.three_nodes``,
+    ``reduced_by_torch``): on CUDA with triton, where they run."""
 
     def build(device):
         if torch.device(device).type != "cuda" or importlib.util.find_spec("triton") is None:
@@ -341,6 +323,9 @@ def loss_cases() -> dict[str, Callable]:
     def topk_ce(method):
         return lambda d: softtopk.TopKCrossEntropyLoss([0.2] * 5, method=method, m=16)
 
+    def svm(device):
+        return softtopk.SmoothTopKSVM(k=5)
+
     def noised(device):
         return softtopk.BalNoisedTopK(5, epsilon=1.0, n_samples=5)
 
@@ -348,10 +333,10 @@ def loss_cases() -> dict[str, Callable]:
         "cross_entropy": _loss_case(lambda d: F.cross_entropy),
         "TopKCE splitter m=16": _loss_case(topk_ce("splitter_selection")),
         "TopKCE splitter m=16 (three nodes)": _loss_case(_loss_switched(topk_ce("splitter_selection"), three_nodes)),
-        "TopKCE splitter m=16 (torch path)": _loss_case(_loss_torch_path(topk_ce("splitter_selection"))),
+        "TopKCE splitter m=16 (torch path)": _loss_case(_loss_switched(topk_ce("splitter_selection"), _torch_path)),
         "TopKCE neuralsort m=16": _loss_case(topk_ce("neuralsort")),
-        "SmoothTopKSVM k=5": _loss_case(lambda d: softtopk.SmoothTopKSVM(k=5)),
-        "SmoothTopKSVM k=5 (torch path)": _loss_case(_loss_torch_path(lambda d: softtopk.SmoothTopKSVM(k=5))),
+        "SmoothTopKSVM k=5": _loss_case(svm),
+        "SmoothTopKSVM k=5 (torch path)": _loss_case(_loss_switched(svm, _torch_path)),
         "BalNoisedTopK k=5 eps=1 S=5": _loss_case(noised, stochastic=True),
         "BalNoisedTopK k=5 eps=1 S=5 (torch's reduction)": _loss_case(
             _loss_switched(noised, reduced_by_torch), stochastic=True

@@ -70,7 +70,7 @@ def head_forward(
 @triton.jit
 def head_backward(
     grad_ptr,  # (R,) the loss's gradient, or (SCALAR) the reduced loss's ()
-    scale_ptr,  # () with SCALAR: the weight the reduction gave each kept row (reduce_kernels)
+    weight_ptr,  # () with SCALAR: the weight the reduction gave each kept row (reduce_kernels)
     scores_ptr,
     ranks_ptr,
     weights_ptr,
@@ -98,10 +98,7 @@ def head_backward(
     stop = (tl.load(masked_ptr + row, mask=row < rows, other=1) != 0) | (
         tl.load(kept_ptr + row, mask=row < rows, other=0) == 0
     )
-    if SCALAR:
-        grad = tl.where(stop, 0.0, tl.load(grad_ptr) * tl.load(scale_ptr))
-    else:
-        grad = tl.where(stop, 0.0, tl.load(grad_ptr + row, mask=row < rows, other=0.0))
+    grad = tl.where(stop, 0.0, steps.row_grad(grad_ptr, weight_ptr, row, row < rows, SCALAR))
     q_y = tl.sum(tl.where(at, q, 0.0), 1)
     if MODE == 1:
         mass = mass + steps.in_dtype(p1, mass) * q_y

@@ -94,11 +94,11 @@ def forward_rows(scores, label_ranks, position, masked, kept, weights, p1: float
 
 
 def backward_rows(
-    grad, scores, label_ranks, position, masked, kept, weights, p1: float, mode: str, scale=None
+    grad, scores, label_ranks, position, masked, kept, weights, p1: float, mode: str, weight=None
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """The gradients of :func:`forward_rows`' scores (None for ``'sort'``) and label ranks from the
     losses' ``grad`` (R,), or from the gradient ``grad`` (0-dim) of their reduction and the weight
-    ``scale`` it gave each kept row (:func:`softtopk.ops.reduce_triton.reduce_rows`), recomputing
+    ``weight`` it gave each kept row (:func:`softtopk.ops.reduce_triton.reduce_rows`), recomputing
     the softmax."""
     from . import ce_head_kernels as kernels
 
@@ -108,7 +108,7 @@ def backward_rows(
         grid, args = _launch(scores, label_ranks, p1, mode)
         kernels.head_backward[grid](
             grad.contiguous(),
-            grad if scale is None else scale,  # read only with SCALAR
+            grad if weight is None else weight,  # read only with SCALAR
             scores,
             label_ranks,
             constant(weights, scores),
@@ -119,7 +119,7 @@ def backward_rows(
             grad_ranks,
             *scores.shape,
             label_ranks.shape[1],
-            SCALAR=scale is not None,
+            SCALAR=weight is not None,
             **args,
         )
     return grad_scores, grad_ranks

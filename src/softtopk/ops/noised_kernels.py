@@ -76,7 +76,7 @@ def hinge_backward(
     row = tl.program_id(0).to(tl.int64)
     cls = tl.arange(0, W)
     draws = tl.arange(0, SP)
-    g = tl.load(grad_ptr) * tl.load(weight_ptr) if SCALAR else tl.load(grad_ptr + row)  # 0 where not kept: loss 0
+    g = steps.row_grad(grad_ptr, weight_ptr, row, row >= 0, SCALAR)  # a row not kept has loss 0: share 0
     share = tl.where(tl.load(loss_ptr + row) > 0, g, 0.0) * steps.in_dtype(scale, g)  # relu's backward, then the scale
     index = tl.load(index_ptr + row * used + draws, mask=draws < used, other=-1)
     counts = tl.sum((cls[:, None] == index[None, :]).to(g.dtype), 1)

@@ -12,7 +12,7 @@ def reduce_rows(
     loss_ptr,  # (R,) the rows' losses (0 at the rows not kept)
     kept_ptr,  # (R,) the rows that count
     out_ptr,  # () out: the sum, or (MEAN) the mean over the kept rows, 0 where none is
-    scale_ptr,  # () out: what each kept row's loss is weighted by, 1 or 1 / max(kept, 1)
+    weight_ptr,  # () out: what each kept row's loss is weighted by, 1 or 1 / max(kept, 1)
     rows,
     MEAN: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -24,8 +24,8 @@ def reduce_rows(
         row = start + lanes
         total += tl.load(loss_ptr + row, mask=row < rows, other=0.0)
         count += tl.load(kept_ptr + row, mask=row < rows, other=0).to(tl.int64)
-    scale = tl.full([], 1.0, loss_ptr.dtype.element_ty)
+    weight = tl.full([], 1.0, loss_ptr.dtype.element_ty)
     if MEAN:
-        scale = scale / tl.maximum(tl.sum(count, 0), 1).to(loss_ptr.dtype.element_ty)
-    tl.store(out_ptr, tl.sum(total, 0) * scale)
-    tl.store(scale_ptr, scale)
+        weight = weight / tl.maximum(tl.sum(count, 0), 1).to(loss_ptr.dtype.element_ty)
+    tl.store(out_ptr, tl.sum(total, 0) * weight)
+    tl.store(weight_ptr, weight)

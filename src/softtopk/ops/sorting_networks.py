@@ -333,12 +333,10 @@ def _columns(x: torch.Tensor, k: int, network: str, params: dict, ranks: bool) -
     return _ColumnSweep.apply(x, scale, _key(network, x, k), params, mode, ranks)[0]
 
 
-def _kernel_plan(x: torch.Tensor, k: int, network: str, params: dict, wires: int, n: int | None = None):
-    """The network's plan where its sweep of ``x`` (or of rows of ``n`` entries like it) runs on the
-    Triton kernels (:mod:`.networks_triton`), else None."""
-    usable = networks_triton.usable(x, k, params, _infinities(x, params), wires, n)
-    key = _key(network, x, k) if n is None else (network, n, k)
-    return _plan(*key, str(x.device), str(x.dtype)) if usable else None
+def _kernel_plan(x: torch.Tensor, k: int, network: str, params: dict, wires: int) -> tuple | None:
+    """The network's plan where its sweep of ``x`` runs on the Triton kernels (:mod:`.networks_triton`)."""
+    usable = networks_triton.usable(x, k, params, _infinities(x, params), wires)
+    return _plan(*_key(network, x, k), str(x.device), str(x.dtype)) if usable else None
 
 
 def network_ranks(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:
@@ -369,8 +367,17 @@ def network_mask(x: torch.Tensor, k: int, *, network: str, **params) -> torch.Te
 
 def network_label_stage(x: torch.Tensor, n: int, k: int, *, network: str, hard: bool = False, **params):
     """The label sweep's Triton kernels for rows of ``n`` entries like ``x`` (None where they do not run)."""
-    plan = None if hard else _kernel_plan(x, k, network, params, networks_triton.MAX_WIRES, n)
-    return None if plan is None else networks_triton.label_stage(plan, params["steepness"], _far(x.dtype))
+    mode = _infinities(x, params)
+    if hard or not networks_triton.usable(x, k, params, mode, networks_triton.MAX_WIRES, n):
+        return None
+    return _label_stage((network, n, k, str(x.device), str(x.dtype)), float(params["steepness"]), _far(x.dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _label_stage(key: tuple, steepness: float, far: float) -> networks_triton.LabelStage:
+    """The label sweep's kernels through the network of ``key`` (:func:`network_plan`'s), made once
+    per key and steepness (the stage slices the plan's signs: a view a call need not make again)."""
+    return networks_triton.label_stage(_plan(*key), steepness, far)
 
 
 def network_label_ranks(x: torch.Tensor, position: torch.Tensor, k: int, *, network: str, **params) -> torch.Tensor:

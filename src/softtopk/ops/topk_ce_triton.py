@@ -83,8 +83,8 @@ class TopKCERows(Function):
         loss = ce_head_triton.forward_rows(scores, ranks, position, masked, kept, weights, p1, mode)
         if reduction == "none":
             return (loss, scores, index, position, masked, ranks, *saved)
-        loss, scale = reduce_triton.reduce_rows(loss, kept, reduction == "mean")
-        return (loss, scores, index, position, masked, ranks, *saved, scale)
+        loss, weight = reduce_triton.reduce_rows(loss, kept, reduction == "mean")
+        return (loss, scores, index, position, masked, ranks, *saved, weight)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -101,8 +101,8 @@ class TopKCERows(Function):
         if grad is None:
             return (None,) * 9
         kept, scores, index, position, masked, ranks, *saved = ctx.saved_tensors
-        scale = saved.pop() if ctx.reduced else None
-        head = (scores, ranks, position, masked, kept.contiguous(), ctx.weights, ctx.p1, ctx.mode, scale)
+        weight = saved.pop() if ctx.reduced else None
+        head = (scores, ranks, position, masked, kept.contiguous(), ctx.weights, ctx.p1, ctx.mode, weight)
         grad_scores, grad_ranks = ce_head_triton.backward_rows(grad, *head)
         grad_x = ctx.stage.backward(grad_ranks, scores, position, tuple(saved))
         if grad_scores is not None:

@@ -27,3 +27,11 @@ def next_largest(v, nan, left):
     pick = tl.where(top == float("-inf"), first, tl.argmax(value, 0, tie_break_left=True))
     pick = tl.where(has_nan, tl.argmax(nan_left, 0, tie_break_left=True), pick)
     return tl.where(has_nan, float("nan"), top), pick
+
+
+@triton.jit
+def row_grad(grad_ptr, weight_ptr, row, inside, SCALAR: tl.constexpr):
+    """The gradient that reaches a loss's row(s) ``row`` (``inside`` the rows): its entry of the
+    rows' gradient ``grad`` (R,), or with ``SCALAR`` the reduced loss's gradient ``grad`` () times
+    the weight the reduction gave each kept row (:mod:`softtopk.ops.reduce_kernels`)."""
+    return tl.load(grad_ptr) * tl.load(weight_ptr) if SCALAR else tl.load(grad_ptr + row, mask=inside, other=0.0)
