@@ -400,3 +400,18 @@ def test_a_tensor_parameter_on_another_device_is_named(method, name):
         softtopk.soft_topk(x, torch.tensor([1.0, 2.0]))
     # a 0-d CPU tensor is accepted on any device, as in PyTorch's own ops
     assert softtopk.soft_topk(x, 2, method=method, **{name: torch.tensor(0.5)}).device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    "method, name",
+    [("neuralsort", "tau"), ("bitonic", "steepness"), ("softsort", "tau"), ("splitter_selection", "steepness")],
+)
+def test_a_loss_tensor_parameter_on_another_device_is_named_or_moved(method, name):
+    """Top-k CE's tensor scales follow the operators' rule: a 0-d CPU tensor is moved to the
+    input's device (run 15 on a GPU: it reached the kernels' launchers on the CPU), others raise."""
+    x, target = torch.randn(4, 10, device="meta"), torch.zeros(4, dtype=torch.long, device="meta")
+    loss = softtopk.topk_cross_entropy(x, target, [0.5, 0.5], method=method, **{name: torch.tensor(0.5)})
+    assert loss.device.type == "meta"
+    moved = rf"^{name} must be on the same device as input \(meta\), got a tensor on cpu$"
+    with pytest.raises(ValueError, match=moved):
+        softtopk.topk_cross_entropy(x, target, [0.5, 0.5], method=method, **{name: torch.full((1,), 0.5)})

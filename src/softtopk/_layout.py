@@ -30,13 +30,20 @@ def along_rows(
     return out if last else out.movedim(-1 if extra is None else -2, dim)
 
 
-def per_row(name: str, value: torch.Tensor, batch: torch.Size, device: torch.device) -> torch.Tensor:
-    """A scalar or per-row tensor argument as ``(B, 1)``, aligned with :func:`along_rows`' rows; it
-    must be on the scores' ``device`` (a 0-d CPU tensor is moved there, as PyTorch's ops accept one)."""
+def on_device(name: str, value: torch.Tensor, device: torch.device, input: str = "x") -> torch.Tensor:
+    """A tensor argument on the scores' ``device``: a 0-d CPU tensor is moved there (PyTorch's ops
+    accept one beside any device's tensors; the move is a copy per call), any other must be there."""
     if value.device != device:
         if value.dim() or value.device.type != "cpu":
-            raise ValueError(f"{name} must be on the same device as x ({device}), got a tensor on {value.device}")
+            raise ValueError(f"{name} must be on the same device as {input} ({device}), got a tensor on {value.device}")
         value = value.to(device)
+    return value
+
+
+def per_row(name: str, value: torch.Tensor, batch: torch.Size, device: torch.device) -> torch.Tensor:
+    """A scalar or per-row tensor argument as ``(B, 1)``, aligned with :func:`along_rows`' rows, on
+    the scores' ``device`` (:func:`on_device`)."""
+    value = on_device(name, value, device)
     try:
         return value.expand(batch).reshape(-1, 1)
     except RuntimeError:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .._layout import on_device
 from .._registry import resolve
 from .._validation import check_choice, check_class_input, check_int, check_p_k, check_scales
 from ..ops import ce_head_triton, reduce_triton, topk_ce_triton
@@ -164,6 +165,7 @@ def topk_cross_entropy(
     classes = check_class_input(input).shape[1]
     p_k, m, top1_mode, spec, params = _topk_ce_params(p_k, method, m, top1_mode, params, classes)
     check_scales(params, input.dtype)
+    params = {key: on_device(key, v, input.device, "input") if torch.is_tensor(v) else v for key, v in params.items()}
     k = len(p_k)
     if m is None and classes > _MANY_CLASSES:
         warnings.warn(
