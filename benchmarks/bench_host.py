@@ -4,13 +4,13 @@ On a GPU the top-k losses at 512 x 1000 take several times what their CUDA graph
 (``bench_gpu.py``): the host, which launches the ops one by one, is the bound. This script times,
 per case, loops of ``--calls`` calls (forward, and forward + backward): the host's time until the
 loop's last call returns ("host", the device still busy or not), and until the device has finished
-("loop"), per call, median of ``--repeats`` loops; then profiles a loop of forwards with cProfile
-(the functions with the most own time, per call). On a CPU "host" and "loop" are the same time;
-small shapes (``--rows 8 --classes 50``) make it the per-op overhead. ``--stubbed-kernels`` (CPU,
-with triton installed) runs the CPU tensors down a CUDA tensor's path with every Triton kernel
-routed in and stubbed out (``_accelerator.py``): what the calls cost the host that drives a GPU,
-dispatch, allocation and Python, less the launches' own cost; without a GPU, the CPU's proxy of
-``--device cuda``'s host column.
+("loop"), per call, median of ``--repeats`` loops; then profiles with cProfile a loop of forwards
+and one of forwards and backwards (the functions with the most own time, per call). On a CPU "host"
+and "loop" are the same time; small shapes (``--rows 8 --classes 50``) make it the per-op
+overhead. ``--stubbed-kernels`` (CPU, with triton installed) runs the CPU tensors down a CUDA
+tensor's path with every Triton kernel routed in and stubbed out (``_accelerator.py``): what the
+calls cost the host that drives a GPU, dispatch, allocation and Python, less the launches' own
+cost; without a GPU, the CPU's proxy of ``--device cuda``'s host column.
 
 Cases: ``F.cross_entropy``; softtopk's ``BalNoisedTopK(5, epsilon=1, n_samples=5)``,
 ``SmoothTopKSVM(k=5)``, ``TopKCrossEntropyLoss`` (P_K = [.2]*5, m = 16; splitter network and
@@ -94,15 +94,21 @@ def loop_us(call: Callable, backward: bool, calls: int, sync: Callable) -> tuple
     return (host - start) / calls * 1e6, (end - start) / calls * 1e6
 
 
-def profile(call: Callable, calls: int, sync: Callable, top: int) -> list[tuple[str, float, float]]:
-    """(function, calls per call, own microseconds per call) of the ``top`` functions by own time."""
+def profile(call: Callable, calls: int, sync: Callable, top: int, backward: bool) -> list[tuple[str, float, float]]:
+    """(function, calls per call, own microseconds per call) of the ``top`` functions by own time,
+    over a loop of forwards, or with ``backward`` of forwards and backwards; the backward then runs
+    in the calling thread (a CUDA tensor's backward runs in autograd's device thread, which
+    cProfile does not see)."""
     profiler = cProfile.Profile()
     sync()
-    profiler.enable()
-    for _ in range(calls):
-        call()
-    sync()
-    profiler.disable()
+    with torch.autograd.set_multithreading_enabled(not backward):
+        profiler.enable()
+        for _ in range(calls):
+            out = call()
+            if backward:
+                out.backward()
+        sync()
+        profiler.disable()
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     rows = []
     for (path, line, name), (_, ncalls, own, _, _) in stats.items():
@@ -168,7 +174,8 @@ def measure(opts, device: torch.device, sync: Callable) -> tuple[list, list]:
         table.append(row)
         print(f"{name}: {row}", flush=True)
         if differentiable:
-            profiles.append((name, profile(call, opts.calls, sync, opts.top)))
+            for backward in (False, True):
+                profiles.append((name, backward, profile(call, opts.calls, sync, opts.top, backward)))
     return table, profiles
 
 
@@ -194,8 +201,9 @@ def write(out: Path, opts, device, table, profiles, seconds: float) -> None:
         cells = [f"{row['fwd'][0]:.1f}", f"{row['fwd'][1]:.1f}"]
         cells += [f"{both[0]:.1f}", f"{both[1]:.1f}", f"{row['ratio']:.2f}"] if both else ["—", "—", "—"]
         lines.append(f"| {row['case']} | " + " | ".join(cells) + " |")
-    for case, rows in profiles:
-        lines += ["", f"## {case}: forward, own time per call (cProfile)", ""]
+    for case, backward, rows in profiles:
+        what = "forward + backward (the backward in the calling thread)" if backward else "forward"
+        lines += ["", f"## {case}: {what}, own time per call (cProfile)", ""]
         lines += ["| function | calls | µs |", "|---|---|---|"]
         lines += [f"| `{where}` | {calls:g} | {own:.1f} |" for where, calls, own in rows]
     out.write_text("\n".join(lines) + "\n")
