@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import softtopk
+from softtopk import _validation
 from softtopk.ops import isotonic, isotonic_numba, pav_kernels, pav_triton, permutahedron
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -112,7 +113,8 @@ def test_the_fit_is_the_projection(values, power):
 @pytest.mark.parametrize("call", ["rank", "sort"])
 def test_soft_rank_and_sort_on_the_kernel_equal_the_torch_path(monkeypatch, dtype, regularization, call):
     """One launch each (their backward uses the fit's blocks, not the kernel); values and
-    gradients as the level merges give them, ``±inf`` included."""
+    gradients as the level merges give them, ``±inf`` included. A tensor strength: a float one
+    takes the l2 sort's and rank's own kernels (``test_permutahedron_triton.py``)."""
     monkeypatch.setattr(isotonic, "can_inspect", lambda value: False)
     monkeypatch.setattr(permutahedron, "can_inspect", lambda value: False)
     fn = softtopk.soft_rank if call == "rank" else softtopk.soft_sort
@@ -120,17 +122,20 @@ def test_soft_rank_and_sort_on_the_kernel_equal_the_torch_path(monkeypatch, dtyp
     x[1, 7], x[2, 3] = float("inf"), float("-inf")
     kernel = "pav_" + regularization
     (v0, g0), (v1, g1) = both_paths(
-        pav_kernels, (kernel,), lambda t: fn(t, regularization=regularization, strength=0.5), x, 1
+        pav_kernels, (kernel,), lambda t: fn(t, regularization=regularization, strength=torch.tensor(0.5)), x, 1
     )
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(v1, v0, rtol=tol, atol=tol)
     torch.testing.assert_close(g1, g0, rtol=tol, atol=tol)
 
 
-def test_soft_rank_launches_fewer_ops_on_the_kernel(kernel_launches):
+def test_soft_rank_launches_fewer_ops_on_the_kernel(kernel_launches, monkeypatch):
     """At 64 x 1000 the level merges launch 365 ops (``launches.md``); with the kernel the soft
     rank's forward and backward read no value and launch at most 110 (the general path's handling
-    of ``±inf`` and NaN, which the CPU skips for rows it can read, is most of them)."""
-    counts = count_call(lambda v: softtopk.soft_rank(v, strength=0.1), seeded_rows(2, 1000, torch.float32))
+    of ``±inf`` and NaN, which the CPU skips for rows it can read, is most of them). A tensor
+    strength keeps this path (a float one takes fewer: ``test_permutahedron_triton.py``)."""
+    monkeypatch.setattr(_validation, "values_checked", lambda value: False)  # a GPU's: no check of the strength
+    strength = torch.tensor(0.1)
+    counts = count_call(lambda v: softtopk.soft_rank(v, strength=strength), seeded_rows(2, 1000, torch.float32))
     assert counts.reads == 0 and len(kernel_launches) == 2  # a warm-up forward, then the counted one
     assert counts.launches + 1 <= 110, counts.ops

@@ -115,6 +115,8 @@ def _calls():
             yield lambda x=x, epsilon=epsilon: softtopk.BalNoisedTopK(3, epsilon=epsilon)(x, target)
         yield lambda x=x: softtopk.ImbalNoisedTopK(3, epsilon=0.5, max_m=0.3, cls_num_list=range(1, 41))(x, target)
         yield lambda x=x: softtopk.soft_rank(x)
+        yield lambda x=x: softtopk.soft_sort(x)
+        yield lambda x=x: softtopk.soft_rank(x, strength=torch.tensor(0.5))  # a tensor strength: PAV's kernel
         yield lambda x=x: softtopk.soft_sort(x, regularization="kl")
     long = seeded_rows(2, 1500, torch.float32, seed=2).requires_grad_()  # longer than one tile
     for p in (4.0 / 3.0, 2.0):

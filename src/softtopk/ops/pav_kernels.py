@@ -6,31 +6,7 @@ do on the CPU, with its stack of blocks in scratch rows of the device's memory."
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _violates(sums, counts, top, total, count):
-    """Whether the block on top of the stack (at ``top``; none below 0) has a mean at most the
-    new block's ``total / count``, and that block's sum and count (read at 0 when there is none)."""
-    below = tl.maximum(top, 0)
-    s, c = tl.load(sums + below), tl.load(counts + below)
-    return (top >= 0) & (s * count.to(tl.float64) <= total * c.to(tl.float64)), s, c
-
-
-@triton.jit
-def _write_blocks(out_row, values, counts, top, VALUES: tl.constexpr, BLOCK: tl.constexpr):
-    """Writes each block of the stack (``0..top``) over its points: its value (``VALUES``) or its
-    sum over its size (the mean)."""
-    lanes, start = tl.arange(0, BLOCK), tl.full([], 0, tl.int64)
-    for t in range(0, top + 1):
-        c = tl.load(counts + t)
-        if VALUES:
-            value = tl.load(values + t).to(out_row.dtype.element_ty)
-        else:
-            value = (tl.load(values + t) / c.to(tl.float64)).to(out_row.dtype.element_ty)
-        for first in range(start, start + c, BLOCK):
-            offs = first + lanes
-            tl.store(out_row + offs, tl.zeros([BLOCK], dtype=out_row.dtype.element_ty) + value, mask=offs < start + c)
-        start += c
+from . import triton_steps as steps
 
 
 @triton.jit
@@ -47,15 +23,15 @@ def pav_l2(
     top = tl.full([], -1, tl.int32)
     for i in range(0, n):
         total, count = tl.load(y_row + i).to(tl.float64), tl.full([], 1, tl.int64)
-        merging, s, c = _violates(sums, counts, top, total, count)
+        merging, s, c = steps.pav_violates(sums, counts, top, total, count)
         while merging:  # pool the block below while its mean is at most the new one's
             total, count, top = total + s, count + c, top - 1
-            merging, s, c = _violates(sums, counts, top, total, count)
+            merging, s, c = steps.pav_violates(sums, counts, top, total, count)
         top += 1
         tl.store(sums + top, total)
         tl.store(counts + top, count)
         tl.debug_barrier()  # stored by some threads, read by all at the next point
-    _write_blocks(out_row, sums, counts, top, 0, BLOCK)
+    steps.write_blocks(out_row, sums, counts, top, 0, BLOCK)
 
 
 @triton.jit
@@ -116,4 +92,4 @@ def pav_kl(
         tl.store(scratch + 4 * n + top, value)
         tl.store(counts + top, count)
         tl.debug_barrier()  # stored by some threads, read by all at the next point
-    _write_blocks(out_row, scratch + 4 * n, counts, top, 1, BLOCK)
+    steps.write_blocks(out_row, scratch + 4 * n, counts, top, 1, BLOCK)

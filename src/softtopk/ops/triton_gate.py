@@ -49,6 +49,7 @@ KERNEL_MODULES = (
     "softsort_kernels",
     "svm_kernels",
     "pav_kernels",
+    "permutahedron_kernels",
     "select_kernels",
     "ce_head_kernels",
     "noised_kernels",

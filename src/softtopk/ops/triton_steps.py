@@ -35,3 +35,30 @@ def row_grad(grad_ptr, weight_ptr, row, inside, SCALAR: tl.constexpr):
     rows' gradient ``grad`` (R,), or with ``SCALAR`` the reduced loss's gradient ``grad`` () times
     the weight the reduction gave each kept row (:mod:`softtopk.ops.reduce_kernels`)."""
     return tl.load(grad_ptr) * tl.load(weight_ptr) if SCALAR else tl.load(grad_ptr + row, mask=inside, other=0.0)
+
+
+@triton.jit
+def pav_violates(sums, counts, top, total, count):
+    """PAV's test (:mod:`softtopk.ops.pav_kernels`): whether the l2 block on top of the stack (at
+    ``top``; none below 0) has a mean at most the new block's ``total / count``, and that block's
+    sum and count (read at 0 when there is none)."""
+    below = tl.maximum(top, 0)
+    s, c = tl.load(sums + below), tl.load(counts + below)
+    return (top >= 0) & (s * count.to(tl.float64) <= total * c.to(tl.float64)), s, c
+
+
+@triton.jit
+def write_blocks(out_row, values, counts, top, VALUES: tl.constexpr, BLOCK: tl.constexpr):
+    """Writes each block of PAV's stack (``0..top``) over its points: its value (``VALUES``) or
+    its sum over its size (the mean)."""
+    lanes, start = tl.arange(0, BLOCK), tl.full([], 0, tl.int64)
+    for t in range(0, top + 1):
+        c = tl.load(counts + t)
+        if VALUES:
+            value = tl.load(values + t).to(out_row.dtype.element_ty)
+        else:
+            value = (tl.load(values + t) / c.to(tl.float64)).to(out_row.dtype.element_ty)
+        for first in range(start, start + c, BLOCK):
+            offs = first + lanes
+            tl.store(out_row + offs, tl.zeros([BLOCK], dtype=out_row.dtype.element_ty) + value, mask=offs < start + c)
+        start += c

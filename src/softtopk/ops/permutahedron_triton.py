@@ -1,0 +1,78 @@
+"""The l2 soft rank and soft sort as one Triton kernel forward and one backward (optional, CUDA).
+
+Off the CPU the torch path of :mod:`softtopk.ops.permutahedron` around PAV's kernel
+(:mod:`softtopk.ops.pav_triton`) is about a hundred small ops per forward and backward: the
+relative ``θ``, the ``±inf`` and NaN handling that a GPU cannot skip without reading values, the
+ranks, the block means of the backward. On short rows the host's launches are the whole cost
+(``benchmarks/results/soft_sort_cuda.md``). Here, after ``torch.sort``, one program per row does
+the forward in its lanes with PAV's stack walk in between, and writes what the torch backward reads
+(the fit, the sorted ranks or values, ``θ``, the NaN rows), so that a second derivative or a
+strength's gradient still takes the torch backward; the backward kernel takes the blocks' means by
+segmented scans.
+
+Scope: l2, a float strength, rows of at most :data:`MAX_N` entries on CUDA with triton
+(:mod:`softtopk.ops.triton_gate`); the backward kernel where no strength gradient is asked for and
+no graph is recorded. Values and gradients are the torch path's to rounding (PAV sums in another
+order than the level merges), ``±inf`` and NaN included (``tests/test_permutahedron_triton.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import triton_gate
+from .compute import sort_rows
+
+MAX_N = 16384  # a row lives in one program's lanes (rows of 10^4 among them)
+WRITE = 128  # entries a store of a block's mean writes at once
+
+
+def usable(x: torch.Tensor, eps: object, kl: bool) -> bool:
+    """Whether the soft rank or sort of rows ``x`` (B, n) with strength ``eps`` runs on the kernels."""
+    return not kl and 0 < x.shape[-1] <= MAX_N and triton_gate.usable(x, 0, eps)
+
+
+def _warps(n: int) -> int:
+    """One warp up to 1024 entries (32 lanes each), then as many as keep 32 entries a thread: PAV's
+    walk, one point at a time, waits at a barrier of all the program's threads at every point."""
+    return max(1, triton_gate.lanes(n) // 1024)
+
+
+def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, rank: bool):
+    """``SoftRankFn``'s outputs ``(out, v, r, θ, perm, nan)`` (``rank``) or ``SoftSortFn``'s ``(h, v,
+    s, perm, nan)`` for rows ``x`` (B, n), the first in ``x``'s dtype; ``eps`` is a float where
+    :func:`usable`."""
+    from . import permutahedron_kernels as kernels  # imports triton: only once a kernel runs
+
+    rows, n = x.shape
+    ordered, perm = sort_rows(x, descending=sign == 1)
+    ordered, perm = ordered.contiguous(), perm.contiguous()
+    out = torch.empty_like(x)
+    v = x.new_empty((rows, n), dtype=torch.float64)
+    r = torch.empty_like(v)
+    theta = torch.empty_like(v) if rank else r
+    nan = x.new_empty((rows, 1), dtype=torch.bool)
+    sums, counts = torch.empty_like(v), x.new_empty((rows, n), dtype=torch.int64)
+    if rows:
+        kernels.project_rows[(rows,)](
+            ordered, perm, out, v, r, theta, nan, sums, counts, n, float(eps), float(sign),
+            RANK=rank, BLOCK=triton_gate.lanes(n), WRITE=WRITE, num_warps=_warps(n),
+        )  # fmt: skip
+    return (out, v, r, theta, perm, nan) if rank else (out, v, r, perm, nan)
+
+
+def backward(grad: torch.Tensor, perm, v, finite, nan, scale: float, rank: bool) -> torch.Tensor:
+    """The rows' gradient, in ``grad``'s dtype, from the outputs' ``grad`` (B, n) and what
+    :func:`forward` saved (``finite``: ``θ`` for ranks, ``s`` for sorts); ``scale = sign/ε``."""
+    from . import permutahedron_kernels as kernels
+
+    rows, n = grad.shape
+    grad, perm, v, finite, nan = (t.contiguous() for t in (grad, perm, v, finite, nan))
+    out = torch.empty_like(grad)
+    if rows:
+        runs = torch.empty_like(v)
+        kernels.project_grad[(rows,)](
+            grad, perm, v, finite, nan, out, runs, n, float(scale),
+            RANK=rank, BLOCK=triton_gate.lanes(n), num_warps=_warps(n),
+        )  # fmt: skip
+    return out
