@@ -12,7 +12,8 @@ of a pool of distinct ones (``_inputs.py``: a sort timed again on one input runs
 CPU has learnt). Candidates: ``torch.sort``
 (``values``), softtopk's ``soft_rank``/``soft_sort`` (l2 and kl, strength 1; on a CPU with numba
 installed, l2 again with the numba kernels off, "no numba": the tensor solver of an install
-without the ``numba`` extra),
+without the ``numba`` extra; on CUDA, l2 again with the sort's and rank's own Triton kernels off,
+"PAV's kernel only": the torch path around PAV's kernel that they replace),
 ``torchsort.soft_rank``/``soft_sort`` (l2) when torchsort is importable (it needs a C++ build), and
 SoftTorch's ``rank``/``sort`` with ``method="fast_soft_sort"`` when it is importable (Python >= 3.12;
 its PAV is numba, row by row): ``mode="c0"`` is the same l2 projection (``standardize=False``, its
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import statistics
 import sys
@@ -58,7 +60,7 @@ except ImportError as error:  # Python >= 3.12, numba, POT and torchopt
     softtorch, SOFTTORCH_ERROR = None, f"{type(error).__name__}: {error}"
 
 
-def candidates() -> dict:
+def candidates(device: str = "cpu") -> dict:
     found = {
         "torch.sort": lambda x: torch.sort(x, -1).values,
         "softtopk.soft_rank l2": lambda x: softtopk.soft_rank(x),
@@ -69,6 +71,9 @@ def candidates() -> dict:
     if isotonic_numba.available():
         found["softtopk.soft_rank l2 (no numba)"] = found["softtopk.soft_rank l2"]
         found["softtopk.soft_sort l2 (no numba)"] = found["softtopk.soft_sort l2"]
+    if device == "cuda" and _fused() is not None:
+        found["softtopk.soft_rank l2 (PAV's kernel only)"] = found["softtopk.soft_rank l2"]
+        found["softtopk.soft_sort l2 (PAV's kernel only)"] = found["softtopk.soft_sort l2"]
     if torchsort is not None:
         found["torchsort.soft_rank l2"] = lambda x: torchsort.soft_rank(x)
         found["torchsort.soft_sort l2"] = lambda x: torchsort.soft_sort(x)
@@ -95,7 +100,30 @@ def setting(name: str) -> contextlib.AbstractContextManager:
     """What a candidate runs under, forward and backward: the numba kernels off for "no numba"."""
     if name.endswith("(no numba)"):
         return _numba_off()
+    if name.endswith("(PAV's kernel only)"):
+        return _fused_off()
     return contextlib.nullcontext()
+
+
+def _fused():
+    """``softtopk.ops.permutahedron_triton`` (the l2 sort's and rank's own kernels), or None for a
+    checkout from before it."""
+    try:
+        return importlib.import_module("softtopk.ops.permutahedron_triton")
+    except ImportError:
+        return None
+
+
+@contextlib.contextmanager
+def _fused_off():
+    """The l2 sort's and rank's kernels off: the torch path around PAV's kernel, as before them."""
+    module = _fused()
+    usable = module.usable
+    module.usable = lambda x, eps, kl: False
+    try:
+        yield
+    finally:
+        module.usable = usable
 
 
 @contextlib.contextmanager
@@ -124,7 +152,7 @@ def run(sizes: list[int], batch: int, repeats: int, device: str) -> list[dict]:
     for n in sizes:
         g = torch.randn(batch, n, generator=torch.Generator().manual_seed(n)).to(device)
         pool = Pool(lambda gen, n=n: torch.randn(batch, n, generator=gen).to(device), batch * n, seed=n)
-        fns = candidates()
+        fns = candidates(device)
         for name, fn in fns.items():  # warm-up (and compile caches)
             time_once(fn, pool.first, g, name)
         times: dict[str, list[float]] = {name: [] for name in fns}
