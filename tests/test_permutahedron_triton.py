@@ -87,9 +87,9 @@ def test_extreme_scales(call, magnitude):
     assert bool(grad.isfinite().all()) and bool(value.isfinite().all())
 
 
-def test_ranks_sum_and_order():
+def test_ranks_sum_and_order(monkeypatch):
     """The ranks of a row sum to ``n (n + 1) / 2`` and follow the entries' order."""
-    launched = route_kernels(pytest.MonkeyPatch(), permutahedron_kernels, *KERNELS)
+    launched = route_kernels(monkeypatch, permutahedron_kernels, *KERNELS)
     x = seeded_rows(4, 64, torch.float64, seed=7)
     r = softtopk.soft_rank(x, strength=0.3)
     assert len(launched) == 1

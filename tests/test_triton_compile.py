@@ -54,6 +54,8 @@ def _signature(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict]:
 
     parameters = inspect.signature(kernel.fn).parameters
     bound = dict(zip(parameters, args, strict=False)) | kwargs
+    names = list(parameters)
+    do_not_specialize = {names[i] if isinstance(i, int) else i for i in getattr(kernel, "do_not_specialize", ())}
     signature, constexprs = {}, {}
     for name, parameter in parameters.items():
         value = bound.get(name, parameter.default)
@@ -63,6 +65,8 @@ def _signature(kernel, args: tuple, kwargs: dict) -> tuple[dict, dict]:
             signature[name] = POINTERS[value.dtype]
         elif isinstance(value, bool):
             signature[name] = "i1"
+        elif isinstance(value, int) and value == 1 and name not in do_not_specialize:
+            signature[name], constexprs[name] = "constexpr", 1  # as Triton's JIT specialises a 1
         elif isinstance(value, int):
             signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
         else:
@@ -116,6 +120,7 @@ def _calls():
         yield lambda x=x: softtopk.ImbalNoisedTopK(3, epsilon=0.5, max_m=0.3, cls_num_list=range(1, 41))(x, target)
         yield lambda x=x: softtopk.soft_rank(x)
         yield lambda x=x: softtopk.soft_sort(x)
+        yield lambda x=x: softtopk.soft_rank(x[:, :1])  # n = 1, which Triton's JIT passes as a constexpr
         yield lambda x=x: softtopk.soft_rank(x, strength=torch.tensor(0.5))  # a tensor strength: PAV's kernel
         yield lambda x=x: softtopk.soft_sort(x, regularization="kl")
     long = seeded_rows(2, 1500, torch.float32, seed=2).requires_grad_()  # longer than one tile

@@ -60,7 +60,7 @@ def project_rows(
     q = tl.sum(((s == float("-inf")) & inside).to(tl.int32), 0)
     w = (n - i).to(tl.float64)
     if RANK:
-        bound = 2.0 * n.to(tl.float64) + 2.0
+        bound = 2.0 * n + 2.0  # n may come as a constexpr 1 (Triton specialises it); 2n + 2 is exact in float32
         before = tl.load(sorted_ptr + first + i - 1, mask=inside & (i > 0), other=0.0).to(tl.float64) * sign
         step = (s - tl.where(before != before, 0.0, before)) / eps
         step = tl.where(step != step, -bound, tl.maximum(step, -bound))  # inf - inf, and overflows
