@@ -10,7 +10,8 @@ the forward in its lanes with PAV's stack walk in between, and writes what the t
 strength's gradient still takes the torch backward; the backward kernel takes the blocks' means by
 segmented scans.
 
-Scope: l2, a float strength, rows of at most :data:`MAX_N` entries on CUDA with triton
+Scope: l2, a float strength, rows of at most :data:`MAX_N` entries (sorts: :data:`MAX_SORT_N`;
+``benchmarks/results/gpu_runs.md``, run 17) on CUDA with triton
 (:mod:`softtopk.ops.triton_gate`); the backward kernel where no strength gradient is asked for and
 no graph is recorded. Values and gradients are the torch path's to rounding (PAV sums in another
 order than the level merges), ``±inf`` and NaN included (``tests/test_permutahedron_triton.py``).
@@ -24,12 +25,14 @@ from . import triton_gate
 from .compute import sort_rows
 
 MAX_N = 16384  # a row lives in one program's lanes (rows of 10^4 among them)
+MAX_SORT_N = 8192  # sorts of 10^4 entries took longer on the kernels than around PAV's (run 17)
 WRITE = 128  # entries a store of a block's mean writes at once
 
 
-def usable(x: torch.Tensor, eps: object, kl: bool) -> bool:
-    """Whether the soft rank or sort of rows ``x`` (B, n) with strength ``eps`` runs on the kernels."""
-    return not kl and 0 < x.shape[-1] <= MAX_N and triton_gate.usable(x, 0, eps)
+def usable(x: torch.Tensor, eps: object, kl: bool, rank: bool = True) -> bool:
+    """Whether the soft rank (``rank``) or sort of rows ``x`` (B, n) with strength ``eps`` runs on
+    the kernels."""
+    return not kl and 0 < x.shape[-1] <= (MAX_N if rank else MAX_SORT_N) and triton_gate.usable(x, 0, eps)
 
 
 def _warps(n: int) -> int:
