@@ -15,7 +15,8 @@ Scope: rows on CUDA with triton (:mod:`softtopk.ops.triton_gate`);
 :func:`~softtopk.ops.isotonic.isotonic_l2` and :func:`~softtopk.ops.isotonic.isotonic_kl` keep
 the level merges under ``torch.compile`` and ``vmap``. The tests run the kernels under
 ``TRITON_INTERPRET=1`` on the CPU against the numba kernels and the level merges, and compile them
-for sm_90 (``tests/test_triton_compile.py``); they have not been timed on a GPU yet.
+for sm_90 (``tests/test_triton_compile.py``). The l2 soft rank and sort of float strengths run
+whole on :mod:`softtopk.ops.permutahedron_triton`'s kernels instead.
 """
 
 from __future__ import annotations
