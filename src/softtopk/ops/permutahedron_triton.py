@@ -6,15 +6,15 @@ relative ``θ``, the ``±inf`` and NaN handling that a GPU cannot skip without r
 ranks, the block means of the backward. On short rows the host's launches are the whole cost
 (``benchmarks/results/soft_sort_cuda.md``). Here, after ``torch.sort``, one program per row does
 the forward in its lanes with PAV's stack walk in between, and writes what the torch backward reads
-(the fit, the sorted ranks or values, ``θ``, the NaN rows), so that a second derivative or a
-strength's gradient still takes the torch backward; the backward kernel takes the blocks' means by
-segmented scans.
+(the fit, the sorted ranks or values, ``θ``, the NaN rows), so that a backward that records its
+graph (a second derivative) still takes the torch backward; the backward kernel takes the blocks'
+means by segmented scans.
 
 Scope: l2, a float strength, rows of at most :data:`MAX_N` entries (sorts: :data:`MAX_SORT_N`;
 ``benchmarks/results/gpu_runs.md``, run 17) on CUDA with triton
-(:mod:`softtopk.ops.triton_gate`); the backward kernel where no strength gradient is asked for and
-no graph is recorded. Values and gradients are the torch path's to rounding (PAV sums in another
-order than the level merges), ``±inf`` and NaN included (``tests/test_permutahedron_triton.py``).
+(:mod:`softtopk.ops.triton_gate`); the backward kernel where no graph is recorded. Values and
+gradients are the torch path's to rounding (PAV sums in another order than the level merges),
+``±inf`` and NaN included (``tests/test_permutahedron_triton.py``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def usable(x: torch.Tensor, eps: object, kl: bool, rank: bool = True) -> bool:
 
 
 def _warps(n: int) -> int:
-    """One warp up to 1024 entries (32 lanes each), then as many as keep 32 entries a thread: PAV's
-    walk, one point at a time, waits at a barrier of all the program's threads at every point."""
+    """One warp up to 1024 entries (32 a thread), then as many warps as keep 32 entries a thread:
+    PAV's walk, one point at a time, waits at a barrier of all the program's threads at every point."""
     return max(1, triton_gate.lanes(n) // 1024)
 
 
