@@ -20,17 +20,7 @@ def pav_l2(
 ):
     row = tl.program_id(0).to(tl.int64)
     y_row, out_row, sums, counts = y_ptr + row * n, out_ptr + row * n, sums_ptr + row * n, counts_ptr + row * n
-    top = tl.full([], -1, tl.int32)
-    for i in range(0, n):
-        total, count = tl.load(y_row + i).to(tl.float64), tl.full([], 1, tl.int64)
-        merging, s, c = steps.pav_violates(sums, counts, top, total, count)
-        while merging:  # pool the block below while its mean is at most the new one's
-            total, count, top = total + s, count + c, top - 1
-            merging, s, c = steps.pav_violates(sums, counts, top, total, count)
-        top += 1
-        tl.store(sums + top, total)
-        tl.store(counts + top, count)
-        tl.debug_barrier()  # stored by some threads, read by all at the next point
+    top = steps.pav_l2_walk(y_row, sums, counts, n)
     steps.write_blocks(out_row, sums, counts, top, 0, BLOCK)
 
 

@@ -71,18 +71,8 @@ def project_rows(
         base = w / eps - s
     tl.store(v_ptr + first + i, base, mask=inside)
     tl.debug_barrier()  # stored by some threads, read one by one below
-    y, fit, sums, counts = v_ptr + first + p, v_ptr + first + p, sums_ptr + first, counts_ptr + first
-    top = tl.full([], -1, tl.int32)
-    for j in range(0, n - p - q):  # PAV over the finite entries, as pav_kernels.pav_l2
-        total, count = tl.load(y + j), tl.full([], 1, tl.int64)
-        merging, t, c = steps.pav_violates(sums, counts, top, total, count)
-        while merging:
-            total, count, top = total + t, count + c, top - 1
-            merging, t, c = steps.pav_violates(sums, counts, top, total, count)
-        top += 1
-        tl.store(sums + top, total)
-        tl.store(counts + top, count)
-        tl.debug_barrier()
+    fit, sums, counts = v_ptr + first + p, sums_ptr + first, counts_ptr + first  # the finite entries' fit, in place
+    top = steps.pav_l2_walk(fit, sums, counts, n - p - q)
     steps.write_blocks(fit, sums, counts, top, 0, WRITE)
     tl.debug_barrier()
     v = tl.load(v_ptr + first + i, mask=inside, other=0.0)

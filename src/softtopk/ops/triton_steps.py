@@ -38,13 +38,33 @@ def row_grad(grad_ptr, weight_ptr, row, inside, SCALAR: tl.constexpr):
 
 
 @triton.jit
-def pav_violates(sums, counts, top, total, count):
-    """PAV's test (:mod:`softtopk.ops.pav_kernels`): whether the l2 block on top of the stack (at
-    ``top``; none below 0) has a mean at most the new block's ``total / count``, and that block's
-    sum and count (read at 0 when there is none)."""
+def _pav_violates(sums, counts, top, total, count):
+    """Whether the l2 block on top of PAV's stack (at ``top``; none below 0) has a mean at most the
+    new block's ``total / count``, and that block's sum and count (read at 0 when there is none)."""
     below = tl.maximum(top, 0)
     s, c = tl.load(sums + below), tl.load(counts + below)
     return (top >= 0) & (s * count.to(tl.float64) <= total * c.to(tl.float64)), s, c
+
+
+@triton.jit
+def pav_l2_walk(y, sums, counts, n):
+    """Pool-Adjacent-Violators' pass over the ``n`` points at ``y`` for the decreasing l2 fit
+    (:mod:`softtopk.ops.pav_kernels`, :mod:`softtopk.ops.permutahedron_kernels`): each point is
+    pushed as a block and pooled with the blocks below while their mean is at most its own, the
+    stack's sums (float64) and sizes (int64) in ``sums`` and ``counts``; returns the index of the
+    top block (-1 for none), for :func:`write_blocks`."""
+    top = tl.full([], -1, tl.int32)
+    for i in range(0, n):
+        total, count = tl.load(y + i).to(tl.float64), tl.full([], 1, tl.int64)
+        merging, s, c = _pav_violates(sums, counts, top, total, count)
+        while merging:
+            total, count, top = total + s, count + c, top - 1
+            merging, s, c = _pav_violates(sums, counts, top, total, count)
+        top += 1
+        tl.store(sums + top, total)
+        tl.store(counts + top, count)
+        tl.debug_barrier()  # stored by some threads, read by all at the next point
+    return top
 
 
 @triton.jit
