@@ -37,6 +37,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 from _inputs import Pool
@@ -97,11 +98,13 @@ def _softtorch(fn, mode: str, rank: bool):
 
 
 def setting(name: str) -> contextlib.AbstractContextManager:
-    """What a candidate runs under, forward and backward: the numba kernels off for "no numba"."""
+    """What a candidate runs under, forward and backward: the numba kernels off for "no numba", the
+    l2 sort's and rank's own kernels off for "PAV's kernel only" (the torch path around PAV's
+    kernel, as before them)."""
     if name.endswith("(no numba)"):
-        return _numba_off()
+        return mock.patch.object(isotonic_numba, "available", lambda: False)
     if name.endswith("(PAV's kernel only)"):
-        return _fused_off()
+        return mock.patch.object(_fused(), "usable", lambda *args, **kwargs: False)
     return contextlib.nullcontext()
 
 
@@ -112,28 +115,6 @@ def _fused():
         return importlib.import_module("softtopk.ops.permutahedron_triton")
     except ImportError:
         return None
-
-
-@contextlib.contextmanager
-def _fused_off():
-    """The l2 sort's and rank's kernels off: the torch path around PAV's kernel, as before them."""
-    module = _fused()
-    usable = module.usable
-    module.usable = lambda x, eps, kl: False
-    try:
-        yield
-    finally:
-        module.usable = usable
-
-
-@contextlib.contextmanager
-def _numba_off():
-    available = isotonic_numba.available
-    isotonic_numba.available = lambda: False
-    try:
-        yield
-    finally:
-        isotonic_numba.available = available
 
 
 def time_once(fn, x: torch.Tensor, g: torch.Tensor, name: str = "") -> float:
