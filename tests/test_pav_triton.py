@@ -72,12 +72,15 @@ def test_the_kl_kernel_equals_the_other_solvers(kernel_launches, dtype, rows, n,
 
 def test_pooling_extremes(kernel_launches):
     """An increasing row pools into one block (its mean), a decreasing one keeps every point, ties
-    and a constant row stay, and the blocks longer than a store's width are written whole."""
+    and a constant row stay, a last point above them all pools a stack of single points read back
+    one by one, and the blocks longer than a write pass's width are written whole."""
     n = 3 * pav_triton.BLOCK + 5
     up = torch.arange(n, dtype=torch.float64).to(DEVICE)
-    rows = torch.stack([up, -up, torch.zeros_like(up), (up // 7).flip(-1), up % 5])
+    last = torch.where(up == n - 1, float(n * n), -up)
+    rows = torch.stack([up, -up, torch.zeros_like(up), (up // 7).flip(-1), up % 5, last])
     v = _check(rows, kernel_launches)
-    torch.testing.assert_close(v[0], torch.full_like(up, float(up.mean())))
+    for pooled in (0, 5):
+        torch.testing.assert_close(v[pooled], torch.full_like(up, float(rows[pooled].mean())))
     assert torch.equal(v[1], -up) and torch.equal(v[2], torch.zeros_like(up)) and torch.equal(v[3], rows[3])
 
 

@@ -14,24 +14,24 @@ def pav_l2(
     y_ptr,  # (B, n) the rows
     out_ptr,  # (B, n) out: argmin_{v_1 >= ... >= v_n} ½ ||v - y||², in y's dtype
     sums_ptr,  # (B, 1, n) float64 scratch: the blocks' sums
-    counts_ptr,  # (B, n) int64 scratch: their sizes
+    starts_ptr,  # (B, n) int64 scratch: their first points
     n,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    y_row, out_row, sums, counts = y_ptr + row * n, out_ptr + row * n, sums_ptr + row * n, counts_ptr + row * n
-    top = steps.pav_l2_walk(y_row, sums, counts, n)
-    steps.write_blocks(out_row, sums, counts, top, 0, BLOCK)
+    y_row, out_row, sums, starts = y_ptr + row * n, out_ptr + row * n, sums_ptr + row * n, starts_ptr + row * n
+    top = steps.pav_l2_walk(y_row, sums, starts, n)
+    steps.write_blocks(out_row, sums, starts, top, n, 0, BLOCK)
 
 
 @triton.jit
-def _kl_top(scratch, counts, n, top):
+def _kl_top(scratch, starts, n, top):
     """The block on top of the stack (read at 0 when there is none): the maxima and sums relative
-    to them of ``exp(y)`` and ``exp(lw)`` over it, its value and its size."""
+    to them of ``exp(y)`` and ``exp(lw)`` over it, its value and its first point."""
     below = tl.maximum(top, 0)
     ymax, ysum = tl.load(scratch + below), tl.load(scratch + n + below)
     lmax, lsum = tl.load(scratch + 2 * n + below), tl.load(scratch + 3 * n + below)
-    return ymax, ysum, lmax, lsum, tl.load(scratch + 4 * n + below), tl.load(counts + below)
+    return ymax, ysum, lmax, lsum, tl.load(scratch + 4 * n + below), tl.load(starts + below)
 
 
 @triton.jit
@@ -47,7 +47,7 @@ def pav_kl(
     lw_ptr,  # (B, n) the log weights
     out_ptr,  # (B, n) out: argmin_{v_1 >= ... >= v_n} <exp(y - v), 1> + <exp(lw), v>, in y's dtype
     scratch_ptr,  # (B, 5, n) float64 scratch: the blocks' maxima and relative sums of exp(y) and exp(lw), values
-    counts_ptr,  # (B, n) int64 scratch: their sizes
+    starts_ptr,  # (B, n) int64 scratch: their first points
     n,
     BLOCK: tl.constexpr,
 ):
@@ -55,24 +55,24 @@ def pav_kl(
     ``y_i - lw_i``, in float64), as the numba kernel's log-sum-exp blocks."""
     row = tl.program_id(0).to(tl.int64)
     y_row, lw_row, out_row = y_ptr + row * n, lw_ptr + row * n, out_ptr + row * n
-    scratch, counts = scratch_ptr + row * 5 * n, counts_ptr + row * n
+    scratch, starts = scratch_ptr + row * 5 * n, starts_ptr + row * n
     top = tl.full([], -1, tl.int32)
     for i in range(0, n):
         ym, lm = tl.load(y_row + i).to(tl.float64), tl.load(lw_row + i).to(tl.float64)
-        ys, ls, count, value = (
+        ys, ls, start, value = (
             tl.full([], 1.0, tl.float64),
             tl.full([], 1.0, tl.float64),
-            tl.full([], 1, tl.int64),
+            tl.zeros([], tl.int64) + i,
             ym - lm,
         )
-        tym, tys, tlm, tls, tvalue, tcount = _kl_top(scratch, counts, n, top)
+        tym, tys, tlm, tls, tvalue, tstart = _kl_top(scratch, starts, n, top)
         merging = (top >= 0) & (tvalue <= value)
         while merging:  # pool the block below while its value is at most the new one's
             ym, ys = _log_add(ym, ys, tym, tys)
             lm, ls = _log_add(lm, ls, tlm, tls)
-            count, top = count + tcount, top - 1
+            start, top = tstart, top - 1
             value = (ym + tl.log(ys)) - (lm + tl.log(ls))
-            tym, tys, tlm, tls, tvalue, tcount = _kl_top(scratch, counts, n, top)
+            tym, tys, tlm, tls, tvalue, tstart = _kl_top(scratch, starts, n, top)
             merging = (top >= 0) & (tvalue <= value)
         top += 1
         tl.store(scratch + top, ym)
@@ -80,6 +80,6 @@ def pav_kl(
         tl.store(scratch + 2 * n + top, lm)
         tl.store(scratch + 3 * n + top, ls)
         tl.store(scratch + 4 * n + top, value)
-        tl.store(counts + top, count)
+        tl.store(starts + top, start)
         tl.debug_barrier()  # stored by some threads, read by all at the next point
-    steps.write_blocks(out_row, scratch + 4 * n, counts, top, 1, BLOCK)
+    steps.write_blocks(out_row, scratch + 4 * n, starts, top, n, 1, BLOCK)

@@ -6,7 +6,7 @@ than torchsort's CUDA kernel on an H200 (``benchmarks/results/soft_sort_cuda.md`
 program per row runs Pool-Adjacent-Violators, as torchsort's kernel and softtopk's numba kernel on
 the CPU do: a pass over the row that pushes each point as a block and pools it with the blocks
 below while their value is at most its own (in float64, the blocks in scratch rows of the
-device's memory: for l2 their sums and sizes, a value the mean; for kl the maxima and relative
+device's memory: for l2 their sums and first points, a value the mean; for kl the maxima and relative
 sums of ``exp(y)`` and ``exp(lw)``, a value ``logsumexp(y_B) - logsumexp(lw_B)``, as the numba
 kernel's log-sum-exp blocks), then a pass that writes each block's value over its points. One
 launch, O(n) work and memory per row; rows run in parallel, each sequential.
@@ -25,7 +25,7 @@ import torch
 
 from . import triton_gate
 
-BLOCK = 128  # entries a store of a block's mean writes at once
+BLOCK = 128  # points the pass that writes the blocks' values takes at once
 
 
 def usable(y: torch.Tensor) -> bool:
@@ -46,15 +46,15 @@ def pav_kl(y: torch.Tensor, lw: torch.Tensor) -> torch.Tensor:
 
 def _solve(name: str, y: torch.Tensor, lw: torch.Tensor | None, planes: int) -> torch.Tensor:
     """One program per row of kernel ``name``, with ``planes`` float64 scratch rows per row (the
-    blocks' numbers) and one int64 (their sizes)."""
+    blocks' numbers) and one int64 (their first points)."""
     from . import pav_kernels  # imports triton: only once a kernel runs
 
     y = y.contiguous()
     out = torch.empty_like(y)
     if y.shape[0]:
         scratch = y.new_empty((y.shape[0], planes, y.shape[-1]), dtype=torch.float64)
-        counts = y.new_empty(y.shape, dtype=torch.int64)
+        starts = y.new_empty(y.shape, dtype=torch.int64)
         rows = (y,) if lw is None else (y, lw.expand_as(y).contiguous())
         kernel = getattr(pav_kernels, name)
-        kernel[(y.shape[0],)](*rows, out, scratch, counts, y.shape[-1], BLOCK=BLOCK, num_warps=1)
+        kernel[(y.shape[0],)](*rows, out, scratch, starts, y.shape[-1], BLOCK=BLOCK, num_warps=1)
     return out

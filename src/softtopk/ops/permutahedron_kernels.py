@@ -35,13 +35,12 @@ def project_rows(
     theta_ptr,  # (B, n) float64 out (RANK): θ, the relative s/ε (±inf kept)
     nan_ptr,  # (B,) bool out: the rows holding a NaN
     sums_ptr,  # (B, n) float64 scratch: PAV's blocks' sums
-    counts_ptr,  # (B, n) int64 scratch: their sizes
+    starts_ptr,  # (B, n) int64 scratch: their first points
     n,
     eps: tl.float64,
     sign: tl.float64,
     RANK: tl.constexpr,
     BLOCK: tl.constexpr,
-    WRITE: tl.constexpr,
 ):
     """``s = sign * sorted`` (decreasing), ``w = (n, ..., 1)``. Rank: ``θ`` as
     ``permutahedron._relative``, the fit ``v`` of ``θ - w`` over the finite entries, ``r = w - (v -
@@ -71,9 +70,9 @@ def project_rows(
         base = w / eps - s
     tl.store(v_ptr + first + i, base, mask=inside)
     tl.debug_barrier()  # stored by some threads, read one by one below
-    fit, sums, counts = v_ptr + first + p, sums_ptr + first, counts_ptr + first  # the finite entries' fit, in place
-    top = steps.pav_l2_walk(fit, sums, counts, n - p - q)
-    steps.write_blocks(fit, sums, counts, top, 0, WRITE)
+    fit, sums, starts = v_ptr + first + p, sums_ptr + first, starts_ptr + first  # the finite entries' fit, in place
+    top = steps.pav_l2_walk(fit, sums, starts, n - p - q)
+    steps.write_blocks(fit, sums, starts, top, n - p - q, 0, BLOCK)
     tl.debug_barrier()
     v = tl.load(v_ptr + first + i, mask=inside, other=0.0)
     if RANK:

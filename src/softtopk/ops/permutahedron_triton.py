@@ -26,7 +26,6 @@ from .compute import sort_rows
 
 MAX_N = 16384  # a row lives in one program's lanes (rows of 10^4 among them)
 MAX_SORT_N = 8192  # sorts of 10^4 entries took longer on the kernels than around PAV's (run 17)
-WRITE = 128  # entries a store of a block's mean writes at once
 
 
 def usable(x: torch.Tensor, eps: object, kl: bool, rank: bool = True) -> bool:
@@ -55,11 +54,11 @@ def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, rank: bool)
     r = torch.empty_like(v)
     theta = torch.empty_like(v) if rank else r
     nan = x.new_empty((rows, 1), dtype=torch.bool)
-    sums, counts = torch.empty_like(v), x.new_empty((rows, n), dtype=torch.int64)
+    sums, starts = torch.empty_like(v), x.new_empty((rows, n), dtype=torch.int64)
     if rows:
         kernels.project_rows[(rows,)](
-            ordered, perm, out, v, r, theta, nan, sums, counts, n, float(eps), float(sign),
-            RANK=rank, BLOCK=triton_gate.lanes(n), WRITE=WRITE, num_warps=_warps(n),
+            ordered, perm, out, v, r, theta, nan, sums, starts, n, float(eps), float(sign),
+            RANK=rank, BLOCK=triton_gate.lanes(n), num_warps=_warps(n),
         )  # fmt: skip
     return (out, v, r, theta, perm, nan) if rank else (out, v, r, perm, nan)
 

@@ -38,47 +38,78 @@ def row_grad(grad_ptr, weight_ptr, row, inside, SCALAR: tl.constexpr):
 
 
 @triton.jit
-def _pav_violates(sums, counts, top, total, count):
-    """Whether the l2 block on top of PAV's stack (at ``top``; none below 0) has a mean at most the
-    new block's ``total / count``, and that block's sum and count (read at 0 when there is none)."""
-    below = tl.maximum(top, 0)
-    s, c = tl.load(sums + below), tl.load(counts + below)
-    return (top >= 0) & (s * count.to(tl.float64) <= total * c.to(tl.float64)), s, c
+def _pav_violates(tsum, tstart, top, total, start, end):
+    """Whether the l2 block on top of PAV's stack (``top``, none below 0; its sum ``tsum``, its
+    points from ``tstart`` up to the new block's ``start``) has a mean at most the new block's
+    (``total`` over the points ``start..end - 1``)."""
+    new = (end - start).to(tl.float64)
+    return (top >= 0) & (tsum * new <= total * (start - tstart).to(tl.float64))
 
 
 @triton.jit
-def pav_l2_walk(y, sums, counts, n):
+def pav_l2_walk(y, sums, starts, n):
     """Pool-Adjacent-Violators' pass over the ``n`` points at ``y`` for the decreasing l2 fit
     (:mod:`softtopk.ops.pav_kernels`, :mod:`softtopk.ops.permutahedron_kernels`): each point is
-    pushed as a block and pooled with the blocks below while their mean is at most its own, the
-    stack's sums (float64) and sizes (int64) in ``sums`` and ``counts``; returns the index of the
-    top block (-1 for none), for :func:`write_blocks`."""
+    pushed as a block and pooled with the blocks below while their mean is at most its own; the
+    stack's sums (float64) and first points (int64) go to ``sums`` and ``starts``. Returns the index
+    of the top block (-1 for none), for :func:`write_blocks`.
+
+    The walk is sequential, so its speed is the latency of each step: the top block is also held
+    in registers (a point that pools with it reads nothing), the points are read four ahead, and
+    the stack is read back (after a barrier: another thread may have stored it) only where a pool
+    reaches below the top."""
     top = tl.full([], -1, tl.int32)
+    tsum, tstart = tl.full([], 0.0, tl.float64), tl.full([], 0, tl.int64)
+    a = tl.load(y + 0, mask=n > 0, other=0.0).to(tl.float64)
+    b = tl.load(y + 1, mask=n > 1, other=0.0).to(tl.float64)
+    c = tl.load(y + 2, mask=n > 2, other=0.0).to(tl.float64)
+    d = tl.load(y + 3, mask=n > 3, other=0.0).to(tl.float64)
     for i in range(0, n):
-        total, count = tl.load(y + i).to(tl.float64), tl.full([], 1, tl.int64)
-        merging, s, c = _pav_violates(sums, counts, top, total, count)
+        total, start = a, tl.zeros([], tl.int64) + i
+        end = start + 1
+        a, b, c = b, c, d
+        d = tl.load(y + i + 4, mask=i + 4 < n, other=0.0).to(tl.float64)
+        merging = _pav_violates(tsum, tstart, top, total, start, end)
         while merging:
-            total, count, top = total + s, count + c, top - 1
-            merging, s, c = _pav_violates(sums, counts, top, total, count)
+            total, start, top = total + tsum, tstart, top - 1
+            if top >= 0:
+                tl.debug_barrier()  # the stack below was stored by another thread
+                tsum, tstart = tl.load(sums + top), tl.load(starts + top)
+            merging = _pav_violates(tsum, tstart, top, total, start, end)
         top += 1
         tl.store(sums + top, total)
-        tl.store(counts + top, count)
-        tl.debug_barrier()  # stored by some threads, read by all at the next point
+        tl.store(starts + top, start)
+        tsum, tstart = total, start
     return top
 
 
 @triton.jit
-def write_blocks(out_row, values, counts, top, VALUES: tl.constexpr, BLOCK: tl.constexpr):
-    """Writes each block of PAV's stack (``0..top``) over its points: its value (``VALUES``) or
-    its sum over its size (the mean)."""
-    lanes, start = tl.arange(0, BLOCK), tl.full([], 0, tl.int64)
-    for t in range(0, top + 1):
-        c = tl.load(counts + t)
+def write_blocks(out_row, values, starts, top, m, VALUES: tl.constexpr, BLOCK: tl.constexpr):
+    """Writes each block of PAV's stack (``0..top``, their first points in ``starts``) over its
+    points (``0..m - 1``): its value (``VALUES``) or its sum over its size (the mean), ``BLOCK``
+    points at a time. The blocks' starts are marked (1) in ``out_row`` first, so that a point's
+    block is the running count of the marks up to it: three vector passes, none per block."""
+    lanes = tl.arange(0, BLOCK)
+    zero = tl.zeros([BLOCK], dtype=out_row.dtype.element_ty)
+    for first in range(0, m, BLOCK):
+        tl.store(out_row + first + lanes, zero, mask=first + lanes < m)
+    tl.debug_barrier()  # the stack (stored by one thread) and the zeros before the marks
+    for first in range(0, top + 1, BLOCK):
+        t = first + lanes
+        at = tl.load(starts + t, mask=t <= top, other=0)
+        tl.store(out_row + at, zero + 1, mask=t <= top)
+    tl.debug_barrier()
+    carry = tl.full([], -1, tl.int32)
+    for first in range(0, m, BLOCK):
+        offs = first + lanes
+        inside = offs < m
+        marks = tl.load(out_row + offs, mask=inside, other=0.0).to(tl.int32)
+        block = tl.minimum(tl.maximum(tl.cumsum(marks, 0) + carry, 0), top)
+        carry += tl.sum(marks, 0)
         if VALUES:
-            value = tl.load(values + t).to(out_row.dtype.element_ty)
+            value = tl.load(values + block, mask=inside, other=0.0)
         else:
-            value = (tl.load(values + t) / c.to(tl.float64)).to(out_row.dtype.element_ty)
-        for first in range(start, start + c, BLOCK):
-            offs = first + lanes
-            tl.store(out_row + offs, tl.zeros([BLOCK], dtype=out_row.dtype.element_ty) + value, mask=offs < start + c)
-        start += c
+            begin = tl.load(starts + block, mask=inside, other=0)
+            end = tl.load(starts + block + 1, mask=inside & (block < top), other=m)
+            value = tl.load(values + block, mask=inside, other=0.0) / (end - begin).to(tl.float64)
+        tl.store(out_row + offs, value.to(out_row.dtype.element_ty), mask=inside)
