@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [[ $phases == *" tests "* ]]; then
     "$py" -m pytest -q -p no:cacheprovider -n "${WORKERS:-4}" -rs tests/test_cuda.py tests/test_lapsum_triton.py \
         tests/test_sparse_triton.py tests/test_networks_triton.py tests/test_neuralsort_triton.py tests/test_svm_triton.py \
-        tests/test_softsort_triton.py tests/test_pav_triton.py tests/test_label_select_triton.py tests/test_ce_head_triton.py tests/test_noised_triton.py tests/test_topk_ce_triton.py \
+        tests/test_softsort_triton.py tests/test_pav_triton.py tests/test_permutahedron_triton.py tests/test_label_select_triton.py tests/test_ce_head_triton.py tests/test_noised_triton.py tests/test_topk_ce_triton.py \
         tests/test_operators.py tests/test_networks.py tests/test_perturbed.py \
         -k "cuda or _triton" \
         2>&1 | tee "$out/tests.log"

@@ -105,7 +105,7 @@ def test_any_row(values, call):
 
 
 def test_scope():
-    """kl, a tensor strength and rows longer than ``MAX_N`` (sorts: ``MAX_SORT_N``) keep the torch path; a backward that
+    """kl, a tensor strength and rows longer than ``MAX_N`` keep the torch path; a backward that
     records its graph (a second derivative) takes the torch backward after the kernel's forward."""
     x = seeded_rows(2, 30, torch.float64, seed=1)
     with pytest.MonkeyPatch.context() as patch:
@@ -114,7 +114,6 @@ def test_scope():
         softtopk.soft_rank(x, strength=torch.full((2,), 0.5, dtype=torch.float64).to(DEVICE))
         patch.setattr(permutahedron_triton, "MAX_N", 29)
         softtopk.soft_rank(x)
-        patch.setattr(permutahedron_triton, "MAX_SORT_N", 29)
         softtopk.soft_sort(x)
         assert launched == []
     for call in ("rank", "sort"):

@@ -56,11 +56,11 @@ def _fused(grad: torch.Tensor) -> bool:
     return can_inspect(grad) and not torch.is_grad_enabled() and isotonic_numba.available()
 
 
-def _kernel_grad(ctx, grad: torch.Tensor, rank: bool) -> bool:
+def _kernel_grad(ctx, grad: torch.Tensor) -> bool:
     """Whether the backward runs on :mod:`softtopk.ops.permutahedron_triton`'s kernel: no strength
     gradient asked for, no graph recorded (``create_graph``), rows the kernels take."""
     plain_backward = not ctx.needs_input_grad[1] and not torch.is_grad_enabled()
-    return plain_backward and permutahedron_triton.usable(grad, ctx.eps, ctx.kl, rank)
+    return plain_backward and permutahedron_triton.usable(grad, ctx.eps, ctx.kl)
 
 
 def _again(x, sign: float, perm, saved):
@@ -222,7 +222,7 @@ class SoftRankFn(Function):
         eps = eps[0].to(torch.float64) if eps else ctx.eps
         if ctx.plain and not ctx.needs_input_grad[1] and _fused(grad):
             return isotonic_numba.rank_grad(grad, perm, v, r, ctx.kl, ctx.sign / eps, ctx.dtype), None, None, None, None
-        if _kernel_grad(ctx, grad, rank=True):
+        if _kernel_grad(ctx, grad):
             grad_x = permutahedron_triton.backward(grad, perm, v, theta, nan, ctx.sign / eps, True)
             return grad_x, None, None, None, None
         if torch.is_grad_enabled():  # create_graph
@@ -253,7 +253,7 @@ class SoftSortFn(Function):
 
     @staticmethod
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
-        if permutahedron_triton.usable(x, eps, kl, rank=False):  # CUDA: one kernel after the sort
+        if permutahedron_triton.usable(x, eps, kl):  # CUDA: one kernel after the sort
             return permutahedron_triton.forward(x, eps, sign, rank=False)
         s, perm, nan, eps64 = _prepared(x, eps, sign, plain)
         if plain and isotonic_numba.available():  # the whole forward in one pass
@@ -290,7 +290,7 @@ class SoftSortFn(Function):
         eps = eps[0].to(torch.float64) if eps else ctx.eps
         if ctx.plain and not ctx.needs_input_grad[1] and _fused(grad):
             return isotonic_numba.sort_grad(grad, perm, v, s, ctx.kl, ctx.dtype), None, None, None, None
-        if _kernel_grad(ctx, grad, rank=False):
+        if _kernel_grad(ctx, grad):
             return permutahedron_triton.backward(grad, perm, v, s, nan, 1.0, False), None, None, None, None
         if torch.is_grad_enabled():  # create_graph: the kl block softmax of s depends on x
             s = _again(x, ctx.sign, perm, s)

@@ -10,8 +10,7 @@ the forward in its lanes with PAV's stack walk in between, and writes what the t
 graph (a second derivative) still takes the torch backward; the backward kernel takes the blocks'
 means by segmented scans.
 
-Scope: l2, a float strength, rows of at most :data:`MAX_N` entries (sorts: :data:`MAX_SORT_N`;
-``benchmarks/results/gpu_runs.md``, run 17) on CUDA with triton
+Scope: l2, a float strength, rows of at most :data:`MAX_N` entries on CUDA with triton
 (:mod:`softtopk.ops.triton_gate`); the backward kernel where no graph is recorded. Values and
 gradients are the torch path's to rounding (PAV sums in another order than the level merges),
 ``±inf`` and NaN included (``tests/test_permutahedron_triton.py``).
@@ -25,18 +24,17 @@ from . import triton_gate
 from .compute import sort_rows
 
 MAX_N = 16384  # a row lives in one program's lanes (rows of 10^4 among them)
-MAX_SORT_N = 8192  # sorts of 10^4 entries took longer on the kernels than around PAV's (run 17)
 
 
-def usable(x: torch.Tensor, eps: object, kl: bool, rank: bool = True) -> bool:
-    """Whether the soft rank (``rank``) or sort of rows ``x`` (B, n) with strength ``eps`` runs on
-    the kernels."""
-    return not kl and 0 < x.shape[-1] <= (MAX_N if rank else MAX_SORT_N) and triton_gate.usable(x, 0, eps)
+def usable(x: torch.Tensor, eps: object, kl: bool) -> bool:
+    """Whether the soft rank or sort of rows ``x`` (B, n) with strength ``eps`` runs on the kernels."""
+    return not kl and 0 < x.shape[-1] <= MAX_N and triton_gate.usable(x, 0, eps)
 
 
 def _warps(n: int) -> int:
-    """One warp up to 1024 entries (32 a thread), then as many warps as keep 32 entries a thread:
-    PAV's walk, one point at a time, waits at a barrier of all the program's threads at every point."""
+    """One warp up to 1024 entries (32 a thread), then as many warps as keep 32 entries a thread (the
+    vector steps' registers); every thread runs PAV's walk, whose barriers (where a pool reaches
+    below the top block) wait for them all."""
     return max(1, triton_gate.lanes(n) // 1024)
 
 
