@@ -57,7 +57,9 @@ def pav_l2_walk(y, sums, starts, n):
     The walk is sequential, so its speed is the latency of each step: the top block is also held
     in registers (a point that pools with it reads nothing), the points are read four ahead, and
     the stack is read back (after a barrier: another thread may have stored it) only where a pool
-    reaches below the top."""
+    reaches below the top. The program's warps run the walk apart between barriers, each storing
+    the same stack in the same order; a block that every thread reads after a barrier is written
+    over only after another one."""
     top = tl.full([], -1, tl.int32)
     tsum, tstart = tl.full([], 0.0, tl.float64), tl.full([], 0, tl.int64)
     a = tl.load(y + 0, mask=n > 0, other=0.0).to(tl.float64)
@@ -69,13 +71,16 @@ def pav_l2_walk(y, sums, starts, n):
         end = start + 1
         a, b, c = b, c, d
         d = tl.load(y + i + 4, mask=i + 4 < n, other=0.0).to(tl.float64)
-        merging = _pav_violates(tsum, tstart, top, total, start, end)
+        merging, read = _pav_violates(tsum, tstart, top, total, start, end), tl.full([], 0, tl.int1)
         while merging:
             total, start, top = total + tsum, tstart, top - 1
             if top >= 0:
                 tl.debug_barrier()  # the stack below was stored by another thread
                 tsum, tstart = tl.load(sums + top), tl.load(starts + top)
+                read = tl.full([], 1, tl.int1)
             merging = _pav_violates(tsum, tstart, top, total, start, end)
+        if read & (top < 0):
+            tl.debug_barrier()  # every thread has read the bottom block before it is written over
         top += 1
         tl.store(sums + top, total)
         tl.store(starts + top, start)
@@ -91,9 +96,10 @@ def write_blocks(out_row, values, starts, top, m, VALUES: tl.constexpr, BLOCK: t
     block is the running count of the marks up to it: three vector passes, none per block."""
     lanes = tl.arange(0, BLOCK)
     zero = tl.zeros([BLOCK], dtype=out_row.dtype.element_ty)
+    tl.debug_barrier()  # the walk's stack is stored, and its points (out_row may hold them) read
     for first in range(0, m, BLOCK):
         tl.store(out_row + first + lanes, zero, mask=first + lanes < m)
-    tl.debug_barrier()  # the stack (stored by one thread) and the zeros before the marks
+    tl.debug_barrier()  # the zeros before the marks
     for first in range(0, top + 1, BLOCK):
         t = first + lanes
         at = tl.load(starts + t, mask=t <= top, other=0)
