@@ -38,12 +38,33 @@ def row_grad(grad_ptr, weight_ptr, row, inside, SCALAR: tl.constexpr):
 
 
 @triton.jit
-def _pav_violates(tsum, tstart, top, total, start, end):
-    """Whether the l2 block on top of PAV's stack (``top``, none below 0; its sum ``tsum``, its
-    points from ``tstart`` up to the new block's ``start``) has a mean at most the new block's
-    (``total`` over the points ``start..end - 1``)."""
-    new = (end - start).to(tl.float64)
-    return (top >= 0) & (tsum * new <= total * (start - tstart).to(tl.float64))
+def _pav_point(y, i, n):
+    """Point ``i`` of the ``n`` at ``y`` in float64 (0 past the end)."""
+    return tl.load(y + i, mask=i < n, other=0.0).to(tl.float64)
+
+
+@triton.jit
+def _pav_push(value, i, n, top, tsum, tcount, tstart, sums, starts):
+    """One step of PAV's l2 walk: point ``i`` (``value``; none from ``n`` on) pushed on the stack
+    whose top block (``top``; none below 0) has sum ``tsum``, size ``tcount`` (float64) and first
+    point ``tstart``, and pooled with the blocks below while their mean is at most its own.
+    Returns the new top and its block."""
+    valid = i < n
+    total, count, start = value, tl.full([], 1.0, tl.float64), tl.zeros([], tl.int64) + i
+    merging, read = valid & (top >= 0) & (tsum * count <= total * tcount), tl.full([], 0, tl.int1)
+    while merging:
+        total, count, start, top = total + tsum, count + tcount, tstart, top - 1
+        if top >= 0:
+            tl.debug_barrier()  # the stack below was stored by another thread
+            tsum, tstart = tl.load(sums + top), tl.load(starts + top)
+            tcount, read = (start - tstart).to(tl.float64), tl.full([], 1, tl.int1)
+        merging = (top >= 0) & (tsum * count <= total * tcount)
+    if read & (top < 0):
+        tl.debug_barrier()  # every thread has read the bottom block before it is written over
+    top = tl.where(valid, top + 1, top)
+    tl.store(sums + top, total, mask=valid)
+    tl.store(starts + top, start, mask=valid)
+    return top, tl.where(valid, total, tsum), tl.where(valid, count, tcount), tl.where(valid, start, tstart)
 
 
 @triton.jit
@@ -54,37 +75,38 @@ def pav_l2_walk(y, sums, starts, n):
     stack's sums (float64) and first points (int64) go to ``sums`` and ``starts``. Returns the index
     of the top block (-1 for none), for :func:`write_blocks`.
 
-    The walk is sequential, so its speed is the latency of each step: the top block is also held
-    in registers (a point that pools with it reads nothing), the points are read four ahead, and
-    the stack is read back (after a barrier: another thread may have stored it) only where a pool
-    reaches below the top. The program's warps run the walk apart between barriers, each storing
-    the same stack in the same order; a block that every thread reads after a barrier is written
-    over only after another one."""
+    The walk is sequential, so its speed is the latency of each step. The top block is also held
+    in registers (a point that pools with it reads nothing); the points come eight at a time, read
+    while the eight before are walked; the stack is read back (after a barrier: another thread may
+    have stored it) only where a pool reaches below the top. The program's warps run the walk apart
+    between barriers, each storing the same stack in the same order; a block that every thread
+    reads after a barrier is written over only after another one."""
     top = tl.full([], -1, tl.int32)
-    tsum, tstart = tl.full([], 0.0, tl.float64), tl.full([], 0, tl.int64)
-    a = tl.load(y + 0, mask=n > 0, other=0.0).to(tl.float64)
-    b = tl.load(y + 1, mask=n > 1, other=0.0).to(tl.float64)
-    c = tl.load(y + 2, mask=n > 2, other=0.0).to(tl.float64)
-    d = tl.load(y + 3, mask=n > 3, other=0.0).to(tl.float64)
-    for i in range(0, n):
-        total, start = a, tl.zeros([], tl.int64) + i
-        end = start + 1
-        a, b, c = b, c, d
-        d = tl.load(y + i + 4, mask=i + 4 < n, other=0.0).to(tl.float64)
-        merging, read = _pav_violates(tsum, tstart, top, total, start, end), tl.full([], 0, tl.int1)
-        while merging:
-            total, start, top = total + tsum, tstart, top - 1
-            if top >= 0:
-                tl.debug_barrier()  # the stack below was stored by another thread
-                tsum, tstart = tl.load(sums + top), tl.load(starts + top)
-                read = tl.full([], 1, tl.int1)
-            merging = _pav_violates(tsum, tstart, top, total, start, end)
-        if read & (top < 0):
-            tl.debug_barrier()  # every thread has read the bottom block before it is written over
-        top += 1
-        tl.store(sums + top, total)
-        tl.store(starts + top, start)
-        tsum, tstart = total, start
+    tsum, tcount, tstart = tl.full([], 0.0, tl.float64), tl.full([], 0.0, tl.float64), tl.full([], 0, tl.int64)
+    p0, p1, p2, p3 = _pav_point(y, 0, n), _pav_point(y, 1, n), _pav_point(y, 2, n), _pav_point(y, 3, n)
+    p4, p5, p6, p7 = _pav_point(y, 4, n), _pav_point(y, 5, n), _pav_point(y, 6, n), _pav_point(y, 7, n)
+    for i in range(0, n, 8):
+        q0, q1, q2, q3 = (
+            _pav_point(y, i + 8, n),
+            _pav_point(y, i + 9, n),
+            _pav_point(y, i + 10, n),
+            _pav_point(y, i + 11, n),
+        )
+        q4, q5, q6, q7 = (
+            _pav_point(y, i + 12, n),
+            _pav_point(y, i + 13, n),
+            _pav_point(y, i + 14, n),
+            _pav_point(y, i + 15, n),
+        )
+        top, tsum, tcount, tstart = _pav_push(p0, i, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p1, i + 1, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p2, i + 2, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p3, i + 3, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p4, i + 4, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p5, i + 5, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p6, i + 6, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p7, i + 7, n, top, tsum, tcount, tstart, sums, starts)
+        p0, p1, p2, p3, p4, p5, p6, p7 = q0, q1, q2, q3, q4, q5, q6, q7
     return top
 
 
