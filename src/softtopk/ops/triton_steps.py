@@ -44,12 +44,11 @@ def _pav_point(y, i, n):
 
 
 @triton.jit
-def _pav_push(value, i, n, top, tsum, tcount, tstart, tstored, sums, starts):
+def _pav_push(value, i, n, top, tsum, tcount, tstart, sums, starts):
     """One step of PAV's l2 walk: point ``i`` (``value``; none from ``n`` on) pushed on the stack
-    whose top block (``top``; none below 0) has sum ``tsum``, size ``tcount`` (float64), first
-    point ``tstart`` and is in memory if ``tstored`` (the blocks below it are), and pooled with the
-    blocks below while their mean is at most its own. A block is stored once another is pushed
-    over it, so a point that pools with the top block stores nothing. Returns the new top block."""
+    whose top block (``top``; none below 0) has sum ``tsum``, size ``tcount`` (float64) and first
+    point ``tstart``, and pooled with the blocks below while their mean is at most its own.
+    Returns the new top and its block."""
     valid = i < n
     total, count, start = value, tl.full([], 1.0, tl.float64), tl.zeros([], tl.int64) + i
     merging, read = valid & (top >= 0) & (tsum * count <= total * tcount), tl.full([], 0, tl.int1)
@@ -58,16 +57,14 @@ def _pav_push(value, i, n, top, tsum, tcount, tstart, tstored, sums, starts):
         if top >= 0:
             tl.debug_barrier()  # the stack below was stored by another thread
             tsum, tstart = tl.load(sums + top), tl.load(starts + top)
-            tcount, tstored, read = (start - tstart).to(tl.float64), tl.full([], 1, tl.int1), tl.full([], 1, tl.int1)
+            tcount, read = (start - tstart).to(tl.float64), tl.full([], 1, tl.int1)
         merging = (top >= 0) & (tsum * count <= total * tcount)
     if read & (top < 0):
         tl.debug_barrier()  # every thread has read the bottom block before it is written over
-    below = valid & (top >= 0) & ~tstored
-    tl.store(sums + top, tsum, mask=below)
-    tl.store(starts + top, tstart, mask=below)
     top = tl.where(valid, top + 1, top)
-    tsum, tcount, tstart = tl.where(valid, total, tsum), tl.where(valid, count, tcount), tl.where(valid, start, tstart)
-    return top, tsum, tcount, tstart, tstored & ~valid
+    tl.store(sums + top, total, mask=valid)
+    tl.store(starts + top, start, mask=valid)
+    return top, tl.where(valid, total, tsum), tl.where(valid, count, tcount), tl.where(valid, start, tstart)
 
 
 @triton.jit
@@ -78,14 +75,13 @@ def pav_l2_walk(y, sums, starts, n):
     stack's sums (float64) and first points (int64) go to ``sums`` and ``starts``. Returns the index
     of the top block (-1 for none), for :func:`write_blocks`.
 
-    The walk is sequential, so its speed is the latency of each step. The top block is held in
-    registers, and stored only once a block is pushed over it (a point that pools with it reads
-    and writes nothing); the points come eight at a time, read while the eight before are walked;
-    the stack is read back (after a barrier: another thread may have stored it) only where a pool
-    reaches below the top. The program's warps run the walk apart between barriers, each storing
-    the same stack in the same order; a block that every thread reads after a barrier is written
-    over only after another one."""
-    top, tstored = tl.full([], -1, tl.int32), tl.full([], 1, tl.int1)
+    The walk is sequential, so its speed is the latency of each step. The top block is also held
+    in registers (a point that pools with it reads nothing); the points come eight at a time, read
+    while the eight before are walked; the stack is read back (after a barrier: another thread may
+    have stored it) only where a pool reaches below the top. The program's warps run the walk apart
+    between barriers, each storing the same stack in the same order; a block that every thread
+    reads after a barrier is written over only after another one."""
+    top = tl.full([], -1, tl.int32)
     tsum, tcount, tstart = tl.full([], 0.0, tl.float64), tl.full([], 0.0, tl.float64), tl.full([], 0, tl.int64)
     p0, p1, p2, p3 = _pav_point(y, 0, n), _pav_point(y, 1, n), _pav_point(y, 2, n), _pav_point(y, 3, n)
     p4, p5, p6, p7 = _pav_point(y, 4, n), _pav_point(y, 5, n), _pav_point(y, 6, n), _pav_point(y, 7, n)
@@ -102,17 +98,15 @@ def pav_l2_walk(y, sums, starts, n):
             _pav_point(y, i + 14, n),
             _pav_point(y, i + 15, n),
         )
-        top, tsum, tcount, tstart, tstored = _pav_push(p0, i, n, top, tsum, tcount, tstart, tstored, sums, starts)
-        top, tsum, tcount, tstart, tstored = _pav_push(p1, i + 1, n, top, tsum, tcount, tstart, tstored, sums, starts)
-        top, tsum, tcount, tstart, tstored = _pav_push(p2, i + 2, n, top, tsum, tcount, tstart, tstored, sums, starts)
-        top, tsum, tcount, tstart, tstored = _pav_push(p3, i + 3, n, top, tsum, tcount, tstart, tstored, sums, starts)
-        top, tsum, tcount, tstart, tstored = _pav_push(p4, i + 4, n, top, tsum, tcount, tstart, tstored, sums, starts)
-        top, tsum, tcount, tstart, tstored = _pav_push(p5, i + 5, n, top, tsum, tcount, tstart, tstored, sums, starts)
-        top, tsum, tcount, tstart, tstored = _pav_push(p6, i + 6, n, top, tsum, tcount, tstart, tstored, sums, starts)
-        top, tsum, tcount, tstart, tstored = _pav_push(p7, i + 7, n, top, tsum, tcount, tstart, tstored, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p0, i, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p1, i + 1, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p2, i + 2, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p3, i + 3, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p4, i + 4, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p5, i + 5, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p6, i + 6, n, top, tsum, tcount, tstart, sums, starts)
+        top, tsum, tcount, tstart = _pav_push(p7, i + 7, n, top, tsum, tcount, tstart, sums, starts)
         p0, p1, p2, p3, p4, p5, p6, p7 = q0, q1, q2, q3, q4, q5, q6, q7
-    tl.store(sums + top, tsum, mask=(top >= 0) & ~tstored)
-    tl.store(starts + top, tstart, mask=(top >= 0) & ~tstored)
     return top
 
 
