@@ -117,7 +117,7 @@ def test_the_fit_is_the_projection(values, power):
 def test_soft_rank_and_sort_on_the_kernel_equal_the_torch_path(monkeypatch, dtype, regularization, call):
     """One launch each (their backward uses the fit's blocks, not the kernel); values and
     gradients as the level merges give them, ``±inf`` included. A tensor strength: a float one
-    takes the l2 sort's and rank's own kernels (``test_permutahedron_triton.py``)."""
+    takes the sort's and rank's own kernels (``test_permutahedron_triton.py``)."""
     monkeypatch.setattr(isotonic, "can_inspect", lambda value: False)
     monkeypatch.setattr(permutahedron, "can_inspect", lambda value: False)
     fn = softtopk.soft_rank if call == "rank" else softtopk.soft_sort

@@ -1,9 +1,10 @@
-"""The Triton kernels of the l2 soft rank and soft sort (one forward, one backward) against the
-torch path that a GPU takes without them (in Triton's interpreter without a GPU:
+"""The Triton kernels of the soft rank and soft sort, l2 and kl (one forward, one backward), against
+the torch path that a GPU takes without them (in Triton's interpreter without a GPU:
 ``triton_kernels.py``)."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -57,13 +58,15 @@ def _same(call: str, x: torch.Tensor, **kwargs) -> None:
 @pytest.mark.parametrize("call", ["rank", "sort"])
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize(("rows", "n"), [(3, 1), (2, 2), (4, 37), (2, 300)])
-def test_the_kernels_equal_the_torch_path(dtype, call, descending, rows, n):
+@pytest.mark.parametrize("regularization", ["l2", "kl"])
+def test_the_kernels_equal_the_torch_path(dtype, call, descending, rows, n, regularization):
     x = (seeded_rows(rows, n, torch.float64, seed=n) * 3.0).to(dtype)
-    _same(call, x, strength=0.5, descending=descending)
+    _same(call, x, strength=0.5, descending=descending, regularization=regularization)
 
 
 @pytest.mark.parametrize("call", ["rank", "sort"])
-def test_infinities_nan_and_ties(call):
+@pytest.mark.parametrize("regularization", ["l2", "kl"])
+def test_infinities_nan_and_ties(call, regularization):
     """``+inf`` entries share the top ranks, ``-inf`` the bottom ones, and take gradient 0; a row
     with a NaN is NaN; ties pool; an all-infinite row has no finite entry to fit."""
     x = seeded_rows(6, 20, torch.float64, seed=3)
@@ -74,16 +77,17 @@ def test_infinities_nan_and_ties(call):
     x[4, :10], x[4, 10:] = -INF, INF
     x[5, 5:8] = 0.25
     for strength in (1e-3, 1.0, 1e3):
-        _same(call, x, strength=strength)
+        _same(call, x, strength=strength, regularization=regularization)
 
 
 @pytest.mark.parametrize("call", ["rank", "sort"])
 @pytest.mark.parametrize("magnitude", [1e-6, 1e6, 1e300])
-def test_extreme_scales(call, magnitude):
+@pytest.mark.parametrize("regularization", ["l2", "kl"])
+def test_extreme_scales(call, magnitude, regularization):
     """Finite in, finite out: the ranks' clamped gaps keep ``θ`` finite for ``1e300`` entries."""
     x = seeded_rows(3, 50, torch.float64, seed=5) * magnitude
-    _same(call, x, strength=1.0)
-    value, grad = both_paths(permutahedron_kernels, KERNELS, _fn(call), x)[1]
+    _same(call, x, strength=1.0, regularization=regularization)
+    value, grad = both_paths(permutahedron_kernels, KERNELS, _fn(call, regularization=regularization), x)[1]
     assert bool(grad.isfinite().all()) and bool(value.isfinite().all())
 
 
@@ -99,30 +103,33 @@ def test_ranks_sum_and_order(monkeypatch):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=40), st.sampled_from(["rank", "sort"]))
-def test_any_row(values, call):
-    _same(call, torch.tensor([values], dtype=torch.float64).to(DEVICE), strength=0.7)
+@given(
+    st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=40),
+    st.sampled_from(["rank", "sort"]),
+    st.sampled_from(["l2", "kl"]),
+)
+def test_any_row(values, call, regularization):
+    _same(call, torch.tensor([values], dtype=torch.float64).to(DEVICE), strength=0.7, regularization=regularization)
 
 
 def test_scope():
-    """kl, a tensor strength and rows longer than ``MAX_N`` keep the torch path; a backward that
-    records its graph (a second derivative) takes the torch backward after the kernel's forward."""
+    """A tensor strength and rows longer than ``MAX_N`` keep the torch path; a backward that records
+    its graph (a second derivative) takes the torch backward after the kernel's forward."""
     x = seeded_rows(2, 30, torch.float64, seed=1)
     with pytest.MonkeyPatch.context() as patch:
         launched = route_kernels(patch, permutahedron_kernels, *KERNELS)
-        softtopk.soft_rank(x, regularization="kl")
         softtopk.soft_rank(x, strength=torch.full((2,), 0.5, dtype=torch.float64).to(DEVICE))
         patch.setattr(permutahedron_triton, "MAX_N", 29)
         softtopk.soft_rank(x)
         softtopk.soft_sort(x)
         assert launched == []
-    for call in ("rank", "sort"):
+    for call, regularization in itertools.product(("rank", "sort"), ("l2", "kl")):
         ref, kernel = [], []
         for out, kernels in ((ref, False), (kernel, True)):
             with pytest.MonkeyPatch.context() as patch:
                 launched = route_kernels(patch, permutahedron_kernels, *KERNELS) if kernels else []
                 leaf = x.clone().requires_grad_()
-                value = _fn(call, strength=0.5)(leaf)
+                value = _fn(call, strength=0.5, regularization=regularization)(leaf)
                 (grad,) = torch.autograd.grad((value * value).sum(), leaf, create_graph=True)
                 (second,) = torch.autograd.grad(grad.sum(), leaf)
                 out += [grad.detach(), second]
@@ -132,10 +139,12 @@ def test_scope():
         torch.testing.assert_close(kernel, ref, rtol=1e-9, atol=1e-9)
 
 
-def test_a_call_launches_few_ops():
+@pytest.mark.parametrize("regularization", ["l2", "kl"])
+def test_a_call_launches_few_ops(regularization):
     """One fwd+bwd: the sort, the two kernels and their buffers, no value read."""
     with pytest.MonkeyPatch.context() as patch:
         launched = route_kernels(patch, permutahedron_kernels, *KERNELS)
-        counts = count_call(lambda v: softtopk.soft_rank(v, strength=0.1), seeded_rows(2, 1000, torch.float32))
+        rank = lambda v: softtopk.soft_rank(v, strength=0.1, regularization=regularization)  # noqa: E731
+        counts = count_call(rank, seeded_rows(2, 1000, torch.float32))
     assert counts.reads == 0 and len(launched) == 3  # a warm-up forward, then the counted forward and backward
     assert counts.launches + 2 <= 16, counts.ops

@@ -122,7 +122,9 @@ def _calls():
         yield lambda x=x: softtopk.soft_sort(x)
         yield lambda x=x: softtopk.soft_rank(x[:, :1])  # n = 1, which Triton's JIT passes as a constexpr
         yield lambda x=x: softtopk.soft_rank(x, strength=torch.tensor(0.5))  # a tensor strength: PAV's kernel
+        yield lambda x=x: softtopk.soft_rank(x, regularization="kl")
         yield lambda x=x: softtopk.soft_sort(x, regularization="kl")
+        yield lambda x=x: softtopk.soft_sort(x, regularization="kl", strength=torch.tensor(0.5))  # PAV's kl kernel
     long = seeded_rows(2, 1500, torch.float32, seed=2).requires_grad_()  # longer than one tile
     for p in (4.0 / 3.0, 2.0):
         yield lambda p=p: softtopk.sparse_topk_mask(long, 5, l=0.1, p=p)

@@ -25,23 +25,6 @@ def pav_l2(
 
 
 @triton.jit
-def _kl_top(scratch, starts, n, top):
-    """The block on top of the stack (read at 0 when there is none): the maxima and sums relative
-    to them of ``exp(y)`` and ``exp(lw)`` over it, its value and its first point."""
-    below = tl.maximum(top, 0)
-    ymax, ysum = tl.load(scratch + below), tl.load(scratch + n + below)
-    lmax, lsum = tl.load(scratch + 2 * n + below), tl.load(scratch + 3 * n + below)
-    return ymax, ysum, lmax, lsum, tl.load(scratch + 4 * n + below), tl.load(starts + below)
-
-
-@triton.jit
-def _log_add(m, s, m2, s2):
-    """``log(s e^m + s2 e^m2)`` as a maximum and a sum relative to it."""
-    top = tl.maximum(m, m2)
-    return top, s * tl.exp(m - top) + s2 * tl.exp(m2 - top)
-
-
-@triton.jit
 def pav_kl(
     y_ptr,  # (B, n) the rows
     lw_ptr,  # (B, n) the log weights
@@ -56,30 +39,5 @@ def pav_kl(
     row = tl.program_id(0).to(tl.int64)
     y_row, lw_row, out_row = y_ptr + row * n, lw_ptr + row * n, out_ptr + row * n
     scratch, starts = scratch_ptr + row * 5 * n, starts_ptr + row * n
-    top = tl.full([], -1, tl.int32)
-    for i in range(0, n):
-        ym, lm = tl.load(y_row + i).to(tl.float64), tl.load(lw_row + i).to(tl.float64)
-        ys, ls, start, value = (
-            tl.full([], 1.0, tl.float64),
-            tl.full([], 1.0, tl.float64),
-            tl.zeros([], tl.int64) + i,
-            ym - lm,
-        )
-        tym, tys, tlm, tls, tvalue, tstart = _kl_top(scratch, starts, n, top)
-        merging = (top >= 0) & (tvalue <= value)
-        while merging:  # pool the block below while its value is at most the new one's
-            ym, ys = _log_add(ym, ys, tym, tys)
-            lm, ls = _log_add(lm, ls, tlm, tls)
-            start, top = tstart, top - 1
-            value = (ym + tl.log(ys)) - (lm + tl.log(ls))
-            tym, tys, tlm, tls, tvalue, tstart = _kl_top(scratch, starts, n, top)
-            merging = (top >= 0) & (tvalue <= value)
-        top += 1
-        tl.store(scratch + top, ym)
-        tl.store(scratch + n + top, ys)
-        tl.store(scratch + 2 * n + top, lm)
-        tl.store(scratch + 3 * n + top, ls)
-        tl.store(scratch + 4 * n + top, value)
-        tl.store(starts + top, start)
-        tl.debug_barrier()  # stored by some threads, read by all at the next point
+    top = steps.pav_kl_walk(y_row, lw_row, scratch, starts, n, n)
     steps.write_blocks(out_row, scratch + 4 * n, starts, top, n, 1, BLOCK)

@@ -60,7 +60,7 @@ def _kernel_grad(ctx, grad: torch.Tensor) -> bool:
     """Whether the backward runs on :mod:`softtopk.ops.permutahedron_triton`'s kernel: no strength
     gradient asked for, no graph recorded (``create_graph``), rows the kernels take."""
     plain_backward = not ctx.needs_input_grad[1] and not torch.is_grad_enabled()
-    return plain_backward and permutahedron_triton.usable(grad, ctx.eps, ctx.kl)
+    return plain_backward and permutahedron_triton.usable(grad, ctx.eps)
 
 
 def _again(x, sign: float, perm, saved):
@@ -170,8 +170,8 @@ class SoftRankFn(Function):
 
     @staticmethod
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
-        if permutahedron_triton.usable(x, eps, kl):  # CUDA: one kernel after the sort
-            return permutahedron_triton.forward(x, eps, sign, rank=True)
+        if permutahedron_triton.usable(x, eps):  # CUDA: one kernel after the sort
+            return permutahedron_triton.forward(x, eps, sign, rank=True, kl=kl)
         s, perm, nan, eps64 = _prepared(x, eps, sign, plain)
         if plain and isotonic_numba.available():  # the whole forward in one pass
             out, r, v, theta = isotonic_numba.rank(s, perm, eps64, kl, x.dtype)  # out: x's dtype
@@ -223,7 +223,7 @@ class SoftRankFn(Function):
         if ctx.plain and not ctx.needs_input_grad[1] and _fused(grad):
             return isotonic_numba.rank_grad(grad, perm, v, r, ctx.kl, ctx.sign / eps, ctx.dtype), None, None, None, None
         if _kernel_grad(ctx, grad):
-            grad_x = permutahedron_triton.backward(grad, perm, v, theta, nan, ctx.sign / eps, True)
+            grad_x = permutahedron_triton.backward(grad, perm, v, theta, r, nan, ctx.sign / eps, True, ctx.kl)
             return grad_x, None, None, None, None
         if torch.is_grad_enabled():  # create_graph
             r, theta = _ranks_again(x, eps, ctx.sign, perm, v, r, theta, ctx.plain, ctx.kl)
@@ -253,8 +253,8 @@ class SoftSortFn(Function):
 
     @staticmethod
     def forward(x: torch.Tensor, eps: float | torch.Tensor, sign: float, kl: bool, plain: bool):
-        if permutahedron_triton.usable(x, eps, kl):  # CUDA: one kernel after the sort
-            return permutahedron_triton.forward(x, eps, sign, rank=False)
+        if permutahedron_triton.usable(x, eps):  # CUDA: one kernel after the sort
+            return permutahedron_triton.forward(x, eps, sign, rank=False, kl=kl)
         s, perm, nan, eps64 = _prepared(x, eps, sign, plain)
         if plain and isotonic_numba.available():  # the whole forward in one pass
             h, v = isotonic_numba.sort(s, eps64, kl, sign, x.dtype)
@@ -291,7 +291,7 @@ class SoftSortFn(Function):
         if ctx.plain and not ctx.needs_input_grad[1] and _fused(grad):
             return isotonic_numba.sort_grad(grad, perm, v, s, ctx.kl, ctx.dtype), None, None, None, None
         if _kernel_grad(ctx, grad):
-            return permutahedron_triton.backward(grad, perm, v, s, nan, 1.0, False), None, None, None, None
+            return permutahedron_triton.backward(grad, perm, v, s, s, nan, 1.0, False, ctx.kl), None, None, None, None
         if torch.is_grad_enabled():  # create_graph: the kl block softmax of s depends on x
             s = _again(x, ctx.sign, perm, s)
         ids = block_ids(v)

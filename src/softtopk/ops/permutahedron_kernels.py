@@ -1,4 +1,4 @@
-"""Triton kernels of the l2 soft rank and soft sort (see :mod:`softtopk.ops.permutahedron_triton`,
+"""Triton kernels of the soft rank and soft sort, l2 and kl (see :mod:`softtopk.ops.permutahedron_triton`,
 which launches them; importing this module imports triton): one program per row holds the sorted
 row in its lanes, forward and backward, and the forward runs PAV's stack walk between its vector
 steps (the formulas: :mod:`softtopk.ops.permutahedron`)."""
@@ -31,22 +31,24 @@ def project_rows(
     perm_ptr,  # (B, n) int64: the sorted entries' positions in their row
     out_ptr,  # (B, n) out, x's dtype: the ranks at the entries' positions (RANK), or the sort
     v_ptr,  # (B, n) float64 out: the isotonic fit (its blocks: runs of equal values; ±inf apart)
-    r_ptr,  # (B, n) float64 out: the sorted ranks (RANK), or s = sign * sorted (NaN read as 0)
+    r_ptr,  # (B, n) float64 out: the sorted ranks (RANK), or s = sign * sorted (NaN read as 0); KL's log weights first
     theta_ptr,  # (B, n) float64 out (RANK): θ, the relative s/ε (±inf kept)
     nan_ptr,  # (B,) bool out: the rows holding a NaN
-    sums_ptr,  # (B, n) float64 scratch: PAV's blocks' sums
+    sums_ptr,  # (B, n) float64 scratch: PAV's blocks' sums; (B, 5, n) for KL (pav_kl_walk's planes)
     starts_ptr,  # (B, n) int64 scratch: their first points
     n,
     eps: tl.float64,
     sign: tl.float64,
     RANK: tl.constexpr,
+    KL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """``s = sign * sorted`` (decreasing), ``w = (n, ..., 1)``. Rank: ``θ`` as
-    ``permutahedron._relative``, the fit ``v`` of ``θ - w`` over the finite entries, ``r = w - (v -
-    (θ - w))``, the ``p`` entries at ``+inf`` sharing the top ``p`` ranks and the ``q`` at ``-inf``
-    the bottom ``q``. Sort: the fit ``v`` of ``w/ε - s`` over the finite entries, ``h = sign (s -
-    (v - (w/ε - s)))``, ``±inf`` entries kept. A row holding a NaN is NaN."""
+    """``s = sign * sorted`` (decreasing), ``w = (n, ..., 1)``, the fits over the finite entries.
+    Rank: ``θ`` as ``permutahedron._relative``; l2: the fit ``v`` of ``θ - w``, ``r = w - (v - (θ -
+    w))``; kl: the kl fit ``v`` of ``(θ, log w)``, ``r = exp((θ - log w) - v) w``; the ``p`` entries
+    at ``+inf`` share the top ``p`` ranks and the ``q`` at ``-inf`` the bottom ``q``. Sort: l2 the
+    fit ``v`` of ``w/ε - s``, kl the kl fit of ``(w/ε, s)``; ``h = sign (s - (v - (w/ε - s)))``,
+    ``±inf`` entries kept. A row holding a NaN is NaN."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     inside = i < n
@@ -65,19 +67,29 @@ def project_rows(
         step = tl.where(step != step, -bound, tl.maximum(step, -bound))  # inf - inf, and overflows
         theta = tl.cumsum(tl.where(i > 0, step, 0.0), 0)
         theta = tl.where(finite, theta, s)
-        base = theta - w
+        lw = tl.log(w) if KL else w  # the kl fit's log weights (l2: its shift)
+        y = theta
     else:
-        base = w / eps - s
-    tl.store(v_ptr + first + i, base, mask=inside)
+        lw = s
+        y = w / eps
+    base = y - lw  # a point's value alone in its block, as the walk computes it
+    tl.store(v_ptr + first + i, y if KL else base, mask=inside)
+    if KL:
+        tl.store(r_ptr + first + i, lw, mask=inside)
     tl.debug_barrier()  # stored by some threads, read one by one below
-    fit, sums, starts = v_ptr + first + p, sums_ptr + first, starts_ptr + first  # the finite entries' fit, in place
-    top = steps.pav_l2_walk(fit, sums, starts, n - p - q)
-    steps.write_blocks(fit, sums, starts, top, n - p - q, 0, BLOCK)
+    fit, starts, m = v_ptr + first + p, starts_ptr + first, n - p - q  # the finite entries' fit, in place
+    if KL:
+        scratch = sums_ptr + row * 5 * n
+        top = steps.pav_kl_walk(fit, r_ptr + first + p, scratch, starts, m, n)
+        steps.write_blocks(fit, scratch + 4 * n, starts, top, m, 1, BLOCK)
+    else:
+        top = steps.pav_l2_walk(fit, sums_ptr + first, starts, m)
+        steps.write_blocks(fit, sums_ptr + first, starts, top, m, 0, BLOCK)
     tl.debug_barrier()
     v = tl.load(v_ptr + first + i, mask=inside, other=0.0)
     if RANK:
         shared = tl.where(s > 0, n - (p - 1).to(tl.float64) / 2.0, (q + 1).to(tl.float64) / 2.0)
-        value = tl.where(finite, w - (v - base), shared)
+        value = tl.where(finite, tl.exp(base - v) * w if KL else w - (v - base), shared)
         tl.store(r_ptr + first + i, value, mask=inside)
         tl.store(theta_ptr + first + i, theta, mask=inside)
         perm = tl.load(perm_ptr + first + i, mask=inside, other=0)
@@ -93,40 +105,67 @@ def project_rows(
 
 
 @triton.jit
+def _block_totals(x, starts, last, runs, i, inside):
+    """Each point's (``i``) block total of ``x`` (blocks from ``starts``; ``last``: each point's
+    block's last point), through the scratch row ``runs``."""
+    running, _ = tl.associative_scan((x, starts), 0, _segment_add)
+    tl.store(runs + i, running, mask=inside)
+    tl.debug_barrier()  # each point reads its block's total, stored by another thread
+    return tl.load(runs + last, mask=inside, other=0.0)
+
+
+@triton.jit
 def project_grad(
     grad_ptr,  # (B, n) the outputs' gradient: at the entries' positions (RANK) or sorted (sort)
     perm_ptr,  # (B, n) int64: the sorted entries' positions
     v_ptr,  # (B, n) float64: the fit
     finite_ptr,  # (B, n) float64: θ (RANK) or s, infinite where the entry is
+    r_ptr,  # (B, n) float64 (RANK and KL): the sorted ranks
     nan_ptr,  # (B,) bool: the rows holding a NaN
     out_ptr,  # (B, n) out: the rows' gradient at the entries' positions, x's dtype
-    runs_ptr,  # (B, n) float64 scratch: the gradient's running sums within each block
+    runs_ptr,  # (B, n) float64 scratch: running sums within each block; (B, 2, n) for KL
     n,
     scale: tl.float64,
     RANK: tl.constexpr,
+    KL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """With ``g`` the gradient in sorted order and ``mean_B`` over each block of the fit: rank
-    ``(g - mean_B g) sign/ε``, sort ``mean_B g``; 0 at infinite entries, NaN in a NaN row."""
+    """With ``g`` the gradient in sorted order and ``mean_B``, ``sum_B`` over each block of the fit:
+    l2 rank ``(g - mean_B g) sign/ε``, l2 sort ``mean_B g``; kl rank ``(g r - r sum_B(g r) / sum_B
+    w) sign/ε``, kl sort ``softmax_B(s) sum_B g``; 0 at infinite entries, NaN in a NaN row."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     inside = i < n
     first = row * n
+    runs = runs_ptr + row * (2 if KL else 1) * n
     perm = tl.load(perm_ptr + first + i, mask=inside, other=0)
     at = perm if RANK else i
     g = tl.load(grad_ptr + first + at, mask=inside, other=0.0).to(tl.float64)
-    finite = tl.abs(tl.load(finite_ptr + first + i, mask=inside, other=0.0)) < float("inf")
+    kept = tl.load(finite_ptr + first + i, mask=inside, other=0.0)
+    finite = tl.abs(kept) < float("inf")
     g = tl.where(finite, g, 0.0)
     v = tl.load(v_ptr + first + i, mask=inside, other=0.0)
     starts = (i == 0) | (v != tl.load(v_ptr + first + i - 1, mask=inside & (i > 0), other=0.0)) | ~inside
     ends = (i == n - 1) | (v != tl.load(v_ptr + first + i + 1, mask=i + 1 < n, other=0.0)) | ~inside
-    runs, _ = tl.associative_scan((g, starts), 0, _segment_add)
-    tl.store(runs_ptr + first + i, runs, mask=inside)
-    tl.debug_barrier()  # each point reads its block's total below, stored by another thread
     last = tl.associative_scan(tl.where(ends, i, BLOCK), 0, _least, reverse=True)
     start = tl.associative_scan(tl.where(starts, i, 0), 0, _largest)
-    mean = tl.load(runs_ptr + first + last, mask=inside, other=0.0) / (last - start + 1).to(tl.float64)
-    d = (g - mean) * scale if RANK else mean
+    if KL:
+        if RANK:
+            r = tl.load(r_ptr + first + i, mask=inside, other=0.0)
+            gr = g * r
+            w = (n - i).to(tl.float64)
+            total = _block_totals(gr, starts, last, runs, i, inside)
+            d = (gr - r * total / _block_totals(w, starts, last, runs + n, i, inside)) * scale
+        else:
+            e = tl.where(finite, tl.exp(kept - tl.load(finite_ptr + first + start, mask=inside, other=0.0)), 0.0)
+            d = (
+                e
+                / _block_totals(e, starts, last, runs, i, inside)
+                * _block_totals(g, starts, last, runs + n, i, inside)
+            )
+    else:
+        mean = _block_totals(g, starts, last, runs, i, inside) / (last - start + 1).to(tl.float64)
+        d = (g - mean) * scale if RANK else mean
     d = tl.where(finite, d, 0.0)
     d = tl.where(tl.load(nan_ptr + row), float("nan"), d)
     tl.store(out_ptr + first + perm, d.to(out_ptr.dtype.element_ty), mask=inside)

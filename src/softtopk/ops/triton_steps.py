@@ -111,6 +111,63 @@ def pav_l2_walk(y, sums, starts, n):
 
 
 @triton.jit
+def _kl_top(scratch, starts, stride, top):
+    """The kl block on top of the stack (read at 0 when there is none): the maxima and sums relative
+    to them of ``exp(y)`` and ``exp(lw)`` over it, its value and its first point (planes ``stride``
+    apart in ``scratch``)."""
+    below = tl.maximum(top, 0)
+    ymax, ysum = tl.load(scratch + below), tl.load(scratch + stride + below)
+    lmax, lsum = tl.load(scratch + 2 * stride + below), tl.load(scratch + 3 * stride + below)
+    return ymax, ysum, lmax, lsum, tl.load(scratch + 4 * stride + below), tl.load(starts + below)
+
+
+@triton.jit
+def _log_add(m, s, m2, s2):
+    """``log(s e^m + s2 e^m2)`` as a maximum and a sum relative to it."""
+    top = tl.maximum(m, m2)
+    return top, s * tl.exp(m - top) + s2 * tl.exp(m2 - top)
+
+
+@triton.jit
+def pav_kl_walk(y, lw, scratch, starts, n, stride):
+    """Pool-Adjacent-Violators' pass over the ``n`` points at ``y`` (log weights at ``lw``) for the
+    decreasing kl fit, a block's value ``logsumexp(y_B) - logsumexp(lw_B)`` (a point alone: ``y_i -
+    lw_i``, in float64), as the numba kernel's log-sum-exp blocks: each point is pushed and pooled
+    with the blocks below while their value is at most its own. The stack's maxima and relative
+    sums of ``exp(y)`` and ``exp(lw)`` and its values go to five planes ``stride`` apart in
+    ``scratch`` (the values, for :func:`write_blocks`, in the fifth), its first points to
+    ``starts``; returns the index of the top block (-1 for none). The program's threads meet at a
+    barrier after every point, so they walk in step."""
+    top = tl.full([], -1, tl.int32)
+    for i in range(0, n):
+        ym, lm = tl.load(y + i).to(tl.float64), tl.load(lw + i).to(tl.float64)
+        ys, ls, start, value = (
+            tl.full([], 1.0, tl.float64),
+            tl.full([], 1.0, tl.float64),
+            tl.zeros([], tl.int64) + i,
+            ym - lm,
+        )
+        tym, tys, tlm, tls, tvalue, tstart = _kl_top(scratch, starts, stride, top)
+        merging = (top >= 0) & (tvalue <= value)
+        while merging:  # pool the block below while its value is at most the new one's
+            ym, ys = _log_add(ym, ys, tym, tys)
+            lm, ls = _log_add(lm, ls, tlm, tls)
+            start, top = tstart, top - 1
+            value = (ym + tl.log(ys)) - (lm + tl.log(ls))
+            tym, tys, tlm, tls, tvalue, tstart = _kl_top(scratch, starts, stride, top)
+            merging = (top >= 0) & (tvalue <= value)
+        top += 1
+        tl.store(scratch + top, ym)
+        tl.store(scratch + stride + top, ys)
+        tl.store(scratch + 2 * stride + top, lm)
+        tl.store(scratch + 3 * stride + top, ls)
+        tl.store(scratch + 4 * stride + top, value)
+        tl.store(starts + top, start)
+        tl.debug_barrier()  # stored by some threads, read by all at the next point
+    return top
+
+
+@triton.jit
 def write_blocks(out_row, values, starts, top, m, VALUES: tl.constexpr, BLOCK: tl.constexpr):
     """Writes each block of PAV's stack (``0..top``, their first points in ``starts``) over its
     points (``0..m - 1``): its value (``VALUES``) or its sum over its size (the mean), ``BLOCK``
