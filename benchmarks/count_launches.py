@@ -165,7 +165,7 @@ def main() -> None:
         "losses' hinge, and top-k CE's and the noised losses' mean of the rows, in one autograd node with",
         "their kernels), their default on a CUDA GPU with triton: aten ops plus kernel launches, counted in",
         "Triton's interpreter on the first two rows (a call launches the same ops at any row count). The",
-        "l2 soft sort and rank by their own kernels after `torch.sort`, kl's isotonic fits by PAV's kernel.",
+        "soft sort and rank, l2 and kl, by their own kernels after `torch.sort`.",
         "",
         "| case | launches | with the Triton kernels | views | host reads | reads on CPU tensors | budget |",
         "|---|---|---|---|---|---|---|",
