@@ -204,16 +204,18 @@ def test_the_device_solver_equals_the_cpu_solver(name, n):
 
 @pytest.mark.parametrize("n", [700, 3000, 9000, 16000])
 @pytest.mark.parametrize("strength", [0.01, 100.0])
+@pytest.mark.parametrize("regularization", ["l2", "kl"])
 @pytest.mark.parametrize("fn", [softtopk.soft_rank, softtopk.soft_sort], ids=["rank", "sort"])
-def test_the_fused_kernels_agree_with_the_cpu_at_every_warp_count(fn, strength, n):
-    """The fused l2 kernels' programs take 1 to 16 warps by n, which run PAV's walk apart between
+def test_the_fused_kernels_agree_with_the_cpu_at_every_warp_count(fn, regularization, strength, n):
+    """The fused kernels' programs take 1 to 16 warps by n, which run PAV's l2 walk apart between
     barriers (run 18 of ``benchmarks/results/gpu_runs.md`` found two races there that one-warp
     rows never show): rows with and without ties, strengths where the fit pools almost every
     point and where it pools almost none."""
     x = 3 * torch.randn(16, n, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
     for rows in (x, x.round(decimals=1)):
+        on_gpu = fn(rows.cuda(), regularization=regularization, strength=strength).cpu()
         torch.testing.assert_close(
-            fn(rows.cuda(), strength=strength).cpu(), fn(rows, strength=strength), rtol=1e-9, atol=1e-9
+            on_gpu, fn(rows, regularization=regularization, strength=strength), rtol=1e-9, atol=1e-9
         )
 
 
