@@ -106,6 +106,18 @@ def test_pav_is_exact(short, monkeypatch):
         np.testing.assert_allclose(kl[i], R.isotonic_kl(y[i], lw[i]), rtol=1e-12, atol=1e-10)
 
 
+@pytest.mark.parametrize("x64", [True, False])
+def test_kl_merges_take_no_overflowing_exponential(x64):
+    """A merge weighs the part of a block above a threshold by ``log(e^g - 1)``, which overflowed
+    for gaps ``g`` above 88 (float32) or 709 (float64) and pooled every point."""
+    y = np.arange(5.0, 0.0, -1.0) / 0.7
+    lw = np.array([283.0, 282.0, 0.0, 0.0, -433.0]) if x64 else np.array([48.0, 47.0, 0.0, 0.0, -48.0])
+    with jax.enable_x64(x64):
+        dtype = jnp.float64 if x64 else jnp.float32
+        got = np.asarray(jax.jit(isotonic_kl)(jnp.asarray(y[None], dtype), jnp.asarray(lw[None], dtype)))[0]
+    np.testing.assert_allclose(got, R.isotonic_kl(y, lw), rtol=1e-12 if x64 else 1e-5, atol=1e-10 if x64 else 1e-4)
+
+
 @jax.jit
 def _transformed(x, eps):
     """``grad`` of the ranks (in x and the strength) and ``vmap`` of the kl sort, in one program."""

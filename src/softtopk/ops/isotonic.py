@@ -254,7 +254,11 @@ def _log_part(a1: torch.Tensor, a2: torch.Tensor, t: torch.Tensor, below: bool) 
     for an empty set."""
     empty = a1 == -torch.inf
     gap = torch.where(empty, 0.0, a2 - a1 - t)
-    body = torch.log(-torch.expm1(gap.clamp(max=0))) if below else torch.log(torch.expm1(gap.clamp(min=0)))
+    if below:
+        body = torch.log(-torch.expm1(gap.clamp(max=0)))
+    else:  # log(e^g - 1) as g + log(1 - e^-g): e^g overflows (from g = 89 in float32, 710 in float64)
+        gap = gap.clamp(min=0)
+        body = gap + torch.log(-torch.expm1(-gap))
     return torch.where(empty, -torch.inf, a1 + body)
 
 

@@ -95,7 +95,11 @@ def _log_part(a1: jax.Array, a2: jax.Array, t: jax.Array, below: bool) -> jax.Ar
     for an empty set."""
     empty = a1 == -jnp.inf
     gap = jnp.where(empty, 0.0, a2 - a1 - t)
-    body = jnp.log(-jnp.expm1(jnp.minimum(gap, 0))) if below else jnp.log(jnp.expm1(jnp.maximum(gap, 0)))
+    if below:
+        body = jnp.log(-jnp.expm1(jnp.minimum(gap, 0)))
+    else:  # log(e^g - 1) as g + log(1 - e^-g): e^g overflows (from g = 89 in float32, 710 in float64)
+        gap = jnp.maximum(gap, 0)
+        body = gap + jnp.log(-jnp.expm1(-gap))
     return jnp.where(empty, -jnp.inf, a1 + body)
 
 
