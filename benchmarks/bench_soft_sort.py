@@ -12,7 +12,7 @@ of a pool of distinct ones (``_inputs.py``: a sort timed again on one input runs
 CPU has learnt). Candidates: ``torch.sort``
 (``values``), softtopk's ``soft_rank``/``soft_sort`` (l2 and kl, strength 1; on a CPU with numba
 installed, l2 again with the numba kernels off, "no numba": the tensor solver of an install
-without the ``numba`` extra; on CUDA, l2 again with the sort's and rank's own Triton kernels off,
+without the ``numba`` extra; on CUDA, l2 and kl again with the sort's and rank's own Triton kernels off,
 "PAV's kernel only": the torch path around PAV's kernel that they replace),
 ``torchsort.soft_rank``/``soft_sort`` (l2) when torchsort is importable (it needs a C++ build), and
 SoftTorch's ``rank``/``sort`` with ``method="fast_soft_sort"`` when it is importable (Python >= 3.12;
@@ -73,8 +73,8 @@ def candidates(device: str = "cpu") -> dict:
         found["softtopk.soft_rank l2 (no numba)"] = found["softtopk.soft_rank l2"]
         found["softtopk.soft_sort l2 (no numba)"] = found["softtopk.soft_sort l2"]
     if device == "cuda" and _fused() is not None:
-        found["softtopk.soft_rank l2 (PAV's kernel only)"] = found["softtopk.soft_rank l2"]
-        found["softtopk.soft_sort l2 (PAV's kernel only)"] = found["softtopk.soft_sort l2"]
+        for name in ("soft_rank l2", "soft_sort l2", "soft_rank kl", "soft_sort kl"):
+            found[f"softtopk.{name} (PAV's kernel only)"] = found[f"softtopk.{name}"]
     if torchsort is not None:
         found["torchsort.soft_rank l2"] = lambda x: torchsort.soft_rank(x)
         found["torchsort.soft_sort l2"] = lambda x: torchsort.soft_sort(x)
@@ -99,7 +99,7 @@ def _softtorch(fn, mode: str, rank: bool):
 
 def setting(name: str) -> contextlib.AbstractContextManager:
     """What a candidate runs under, forward and backward: the numba kernels off for "no numba", the
-    l2 sort's and rank's own kernels off for "PAV's kernel only" (the torch path around PAV's
+    sort's and rank's own kernels off for "PAV's kernel only" (the torch path around PAV's
     kernel, as before them)."""
     if name.endswith("(no numba)"):
         return mock.patch.object(isotonic_numba, "available", lambda: False)
@@ -109,7 +109,7 @@ def setting(name: str) -> contextlib.AbstractContextManager:
 
 
 def _fused():
-    """``softtopk.ops.permutahedron_triton`` (the l2 sort's and rank's own kernels), or None for a
+    """``softtopk.ops.permutahedron_triton`` (the sort's and rank's own kernels), or None for a
     checkout from before it."""
     try:
         return importlib.import_module("softtopk.ops.permutahedron_triton")
