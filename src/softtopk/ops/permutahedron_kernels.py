@@ -123,7 +123,7 @@ def project_grad(
     r_ptr,  # (B, n) float64 (RANK and KL): the sorted ranks
     nan_ptr,  # (B,) bool: the rows holding a NaN
     out_ptr,  # (B, n) out: the rows' gradient at the entries' positions, x's dtype
-    runs_ptr,  # (B, n) float64 scratch: running sums within each block; (B, 2, n) for KL
+    runs_ptr,  # (B, n) float64 scratch: running sums within each block; (B, 2, n) for KL (the sort's two)
     n,
     scale: tl.float64,
     RANK: tl.constexpr,
@@ -153,9 +153,9 @@ def project_grad(
         if RANK:
             r = tl.load(r_ptr + first + i, mask=inside, other=0.0)
             gr = g * r
-            w = (n - i).to(tl.float64)
-            total = _block_totals(gr, starts, last, runs, i, inside)
-            d = (gr - r * total / _block_totals(w, starts, last, runs + n, i, inside)) * scale
+            size = (last - start + 1).to(tl.float64)
+            weights = size * (n - start).to(tl.float64) - size * (size - 1.0) / 2.0  # sum_B w, w = n - i
+            d = (gr - r * _block_totals(gr, starts, last, runs, i, inside) / weights) * scale
         else:
             e = tl.where(finite, tl.exp(kept - tl.load(finite_ptr + first + start, mask=inside, other=0.0)), 0.0)
             d = (
